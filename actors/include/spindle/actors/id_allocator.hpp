@@ -1,0 +1,73 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <unordered_map>
+
+#include <caf/typed_event_based_actor.hpp>
+#include <caf/typed_response_promise.hpp>
+
+#include "spindle/messages/id_allocator.hpp"
+
+namespace spindle {
+
+/// Tuning of the ID allocator.
+struct id_allocator_options {
+  /// Values of the `ctx` counter reserved durably ahead of use.
+  uint64_t context_block = 4096;
+  /// Values reserved ahead for orchestration and task counters. Smaller,
+  /// because at most 736335 of them exist and a restart skips what was
+  /// reserved but not handed out.
+  uint64_t sequence_block = 64;
+  /// How long a load or store at the counter store may take.
+  std::chrono::milliseconds store_timeout{30000};
+};
+
+/// State of the ID allocator (see messages/id_allocator.hpp for its
+/// protocol). For each counter it keeps the next value to hand out and the
+/// durable mark: every value it hands out is at or below a mark the counter
+/// store has confirmed, so a restart resumes above everything handed out.
+/// Reservations are made ahead (a block at a time, renewed when half of it
+/// is used), so the common `next` is answered at once and the store sees
+/// one write per block.
+struct id_allocator_state {
+  static inline const char* name = "spindle.id_allocator";
+
+  /// A request that waits for its counter to load or for a reservation.
+  struct waiter {
+    enum class op : uint8_t { next, advance, peek } what;
+    uint64_t amount;
+    caf::typed_response_promise<id_range> range;
+    caf::typed_response_promise<uint64_t> value;
+  };
+
+  struct counter {
+    counter_kind kind = counter_kind::context;
+    bool loaded = false;
+    bool loading = false;
+    /// The next value to hand out.
+    uint64_t next = 1;
+    /// The largest value covered by a durable reservation.
+    uint64_t durable = 0;
+    /// The mark being stored right now, 0 when no store is in flight.
+    uint64_t storing = 0;
+    std::deque<waiter> waiting;
+  };
+
+  std::unordered_map<std::string, counter> counters;
+  counter_store_actor store;
+  id_allocator_options options;
+};
+
+using id_allocator_pointer
+  = id_allocator_actor::stateful_pointer<id_allocator_state>;
+
+/// Behaviour of the ID allocator. Spawn it once per runtime:
+/// `sys.spawn(id_allocator, store, options)`.
+id_allocator_actor::behavior_type id_allocator(id_allocator_pointer self,
+                                               counter_store_actor store,
+                                               id_allocator_options options);
+
+} // namespace spindle

@@ -1,0 +1,222 @@
+#include "spindle/actors/id_allocator.hpp"
+
+#include <algorithm>
+
+#include <caf/all.hpp>
+
+#include "spindle/messages/error.hpp"
+
+namespace spindle {
+
+namespace {
+
+using state = id_allocator_state;
+using counter = state::counter;
+using waiter = state::waiter;
+
+uint64_t block_of(const state& st, const counter& c) {
+  auto block = c.kind == counter_kind::context ? st.options.context_block
+                                               : st.options.sequence_block;
+  return std::max<uint64_t>(block, 1);
+}
+
+void fail_all(counter& c, const caf::error& err) {
+  for (auto& w : c.waiting) {
+    if (w.what == waiter::op::next)
+      w.range.deliver(err);
+    else
+      w.value.deliver(err);
+  }
+  c.waiting.clear();
+}
+
+void ensure_reserved(id_allocator_pointer self, const std::string& key,
+                     counter& c, uint64_t needed);
+
+// Serves waiters in arrival order while their counter can answer them; stops
+// at the first that needs a larger reservation, so each caller sees its own
+// values increase.
+void drain(id_allocator_pointer self, const std::string& key, counter& c) {
+  if (!c.loaded)
+    return;
+  auto limit = max_sequence(c.kind);
+  while (!c.waiting.empty()) {
+    auto& w = c.waiting.front();
+    switch (w.what) {
+      case waiter::op::next: {
+        if (w.amount > limit || c.next > limit - w.amount + 1) {
+          w.range.deliver(make_error(
+            errc::exhausted, "counter '" + key + "' cannot hand out "
+                               + std::to_string(w.amount)
+                               + " more value(s); its last is "
+                               + std::to_string(limit)));
+          break;
+        }
+        auto last = c.next + w.amount - 1;
+        if (last > c.durable) {
+          ensure_reserved(self, key, c, last);
+          return;
+        }
+        w.range.deliver(id_range{key, c.next, w.amount});
+        c.next = last + 1;
+        break;
+      }
+      case waiter::op::advance: {
+        if (w.amount > c.durable) {
+          ensure_reserved(self, key, c, w.amount);
+          return;
+        }
+        c.next = std::max(c.next, w.amount + 1);
+        w.value.deliver(c.next);
+        break;
+      }
+      case waiter::op::peek:
+        w.value.deliver(c.next);
+        break;
+    }
+    c.waiting.pop_front();
+  }
+  // Renew the reservation once half of it is used, so `next` rarely waits.
+  auto block = block_of(self->state, c);
+  if (c.durable < limit && c.durable - (c.next - 1) < (block + 1) / 2)
+    ensure_reserved(self, key, c, c.next - 1);
+}
+
+// Makes sure a store is in flight whose mark covers `needed` plus a block.
+void ensure_reserved(id_allocator_pointer self, const std::string& key,
+                     counter& c, uint64_t needed) {
+  if (c.storing != 0)
+    return; // its reply drains again and renews if still short
+  auto limit = max_sequence(c.kind);
+  auto block = block_of(self->state, c);
+  auto base = std::max(needed, c.next - 1);
+  auto mark = base > limit - std::min(block, limit) ? limit : base + block;
+  if (mark <= c.durable)
+    return;
+  c.storing = mark;
+  self
+    ->request(self->state.store, self->state.options.store_timeout,
+              store_atom::value, counter_atom::value, key, mark)
+    .then(
+      [self, key](uint64_t stored) {
+        auto& ctr = self->state.counters[key];
+        ctr.storing = 0;
+        ctr.durable = std::max(ctr.durable, stored);
+        drain(self, key, ctr);
+      },
+      [self, key](caf::error& err) {
+        auto& ctr = self->state.counters[key];
+        ctr.storing = 0;
+        fail_all(ctr, make_error(errc::storage_failure,
+                                 "cannot reserve IDs of counter '" + key
+                                   + "': " + describe(err)));
+      });
+}
+
+// Returns the counter for `key`, loading it from the store on first use.
+counter* lookup(id_allocator_pointer self, const std::string& key,
+                caf::error& err) {
+  auto i = self->state.counters.find(key);
+  if (i != self->state.counters.end())
+    return &i->second;
+  auto kind = classify_counter_key(key);
+  if (!kind) {
+    err = kind.error();
+    return nullptr;
+  }
+  auto& c = self->state.counters[key];
+  c.kind = *kind;
+  c.loading = true;
+  self
+    ->request(self->state.store, self->state.options.store_timeout,
+              load_atom::value, counter_atom::value, key)
+    .then(
+      [self, key](uint64_t mark) {
+        auto& ctr = self->state.counters[key];
+        ctr.loading = false;
+        ctr.loaded = true;
+        // Everything up to the stored mark may have been handed out before
+        // a restart; continue above it (gaps are allowed, reuse is not).
+        ctr.durable = mark;
+        ctr.next = mark + 1;
+        drain(self, key, ctr);
+      },
+      [self, key](caf::error& load_err) {
+        auto found = self->state.counters.find(key);
+        if (found == self->state.counters.end())
+          return;
+        fail_all(found->second,
+                 make_error(errc::storage_failure,
+                            "cannot load counter '" + key
+                              + "': " + describe(load_err)));
+        self->state.counters.erase(found);
+      });
+  return &c;
+}
+
+template <class Promise>
+Promise enqueue(id_allocator_pointer self, const std::string& key, counter& c,
+                waiter w, Promise promise) {
+  c.waiting.push_back(std::move(w));
+  drain(self, key, c);
+  return promise;
+}
+
+} // namespace
+
+id_allocator_actor::behavior_type id_allocator(id_allocator_pointer self,
+                                               counter_store_actor store,
+                                               id_allocator_options options) {
+  self->state.store = std::move(store);
+  self->state.options = options;
+  return {
+    [self](next_atom, const std::string& key,
+           uint64_t count) -> caf::result<id_range> {
+      if (count == 0)
+        return make_error(errc::invalid_argument,
+                          "count must be at least 1");
+      caf::error err;
+      auto* c = lookup(self, key, err);
+      if (c == nullptr)
+        return err;
+      // Fast path: loaded, nobody waiting, reservation covers the range.
+      if (c->loaded && c->waiting.empty()
+          && count <= max_sequence(c->kind) - c->next + 1
+          && c->next + count - 1 <= c->durable) {
+        id_range result{key, c->next, count};
+        c->next += count;
+        drain(self, key, *c);
+        return result;
+      }
+      auto rp = self->make_response_promise<id_range>();
+      return enqueue(self, key, *c, waiter{waiter::op::next, count, rp, {}},
+                     rp);
+    },
+    [self](advance_atom, const std::string& key,
+           uint64_t value) -> caf::result<uint64_t> {
+      caf::error err;
+      auto* c = lookup(self, key, err);
+      if (c == nullptr)
+        return err;
+      if (value > max_sequence(c->kind))
+        return make_error(errc::invalid_argument,
+                          "value " + std::to_string(value)
+                            + " is beyond counter '" + key + "'");
+      auto rp = self->make_response_promise<uint64_t>();
+      return enqueue(self, key, *c,
+                     waiter{waiter::op::advance, value, {}, rp}, rp);
+    },
+    [self](peek_atom, const std::string& key) -> caf::result<uint64_t> {
+      caf::error err;
+      auto* c = lookup(self, key, err);
+      if (c == nullptr)
+        return err;
+      if (c->loaded && c->waiting.empty())
+        return c->next;
+      auto rp = self->make_response_promise<uint64_t>();
+      return enqueue(self, key, *c, waiter{waiter::op::peek, 0, {}, rp}, rp);
+    },
+  };
+}
+
+} // namespace spindle

@@ -1,0 +1,75 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <caf/atom.hpp>
+#include <caf/error.hpp>
+#include <caf/expected.hpp>
+
+namespace spindle {
+
+/// spindle's error codes. Errors are values: actors reply with
+/// `caf::make_error(errc::x, "what went wrong")`, the facade returns
+/// `caf::expected<T>`, the CLI and the HTTP server turn them into messages
+/// and status codes. Every code a user can cause carries a context string
+/// that names the offending field or value.
+enum class errc : uint8_t {
+  /// A parameter is outside its documented range (k = 0, max_turns < 2, ...).
+  invalid_argument = 1,
+  /// An ID, prefix, thread or agent name does not match its grammar.
+  invalid_id,
+  /// A counter has no next value (orchestration IDs past ZZZZ).
+  exhausted,
+  /// The thing asked for does not exist.
+  not_found,
+  /// An explicit ID or name is already taken.
+  already_exists,
+  /// The thread or session is busy and the caller asked not to wait.
+  conflict,
+  /// The item does not fit even an empty window (token budget).
+  capacity_exceeded,
+  /// A request did not complete within its timeout.
+  timeout,
+  /// The durable store failed to read or commit.
+  storage_failure,
+  /// A file-system operation failed.
+  io_failure,
+  /// The runtime is stopping or the serving actor is gone.
+  unavailable,
+  /// The LLM provider failed or answered with an error.
+  upstream_failure,
+  /// A value is too large (body, content, count).
+  too_large,
+  /// Malformed input (JSON syntax, wrong types).
+  malformed,
+};
+
+/// Returns the stable snake_case name of `x`, e.g. "invalid_id".
+/// This function is thread-safe.
+std::string to_string(errc x);
+
+/// Parses a name produced by `to_string(errc)`. Returns false for unknown
+/// names. This function is thread-safe.
+bool from_string(const std::string& name, errc& out);
+
+/// Builds an error of spindle's category with a human-readable context.
+caf::error make_error(errc code, std::string context);
+
+/// Maps any non-empty error to the spindle code a caller should act on:
+/// spindle's own codes pass through, CAF's request timeout becomes
+/// `timeout`, every other system error (a dead receiver, a stopped system)
+/// becomes `unavailable`. This function is thread-safe.
+errc classify(const caf::error& err);
+
+/// Renders any error as "name: context", e.g.
+/// "invalid_id: '../x' is not a task ID". Knows spindle's category and CAF's
+/// `sec`; others are rendered by CAF. This function is thread-safe.
+std::string describe(const caf::error& err);
+
+/// The atom naming spindle's error category.
+inline constexpr caf::atom_value error_category = caf::atom("spindle");
+
+} // namespace spindle
+
+CAF_ERROR_CODE_ENUM(spindle::errc, "spindle")

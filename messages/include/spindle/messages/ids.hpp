@@ -1,0 +1,70 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <caf/expected.hpp>
+#include <caf/meta/type_name.hpp>
+
+namespace spindle {
+
+/// Counter keys name the counters the ID allocator owns:
+///   "ctx"      context item IDs       ctx-1, ctx-2, ...
+///   "global"   orchestration IDs      0001, 0002, ..., 9999, A000, ...
+///   <task ID>  children of that task  0001 -> 0001_t1; 0001_t1 -> 0001_t1.1
+/// The same names are the prefixes of the file-protocol counters
+/// (ai_comms/counters/{key}.NextId).
+namespace counter_keys {
+inline constexpr std::string_view context = "ctx";
+inline constexpr std::string_view orchestration = "global";
+} // namespace counter_keys
+
+/// What a counter key counts.
+enum class counter_kind : uint8_t { context, orchestration, task };
+
+/// Classifies and validates a counter key.
+/// Errors: `invalid_id` naming the key and the grammar it failed.
+/// This function is thread-safe.
+caf::expected<counter_kind> classify_counter_key(std::string_view key);
+
+/// The largest sequence value a key may hand out: 2^63 - 1 for context IDs,
+/// hybrid36::max_ordinal (ZZZZ) for orchestrations and task levels.
+uint64_t max_sequence(counter_kind kind) noexcept;
+
+/// Renders the n-th ID of a counter: "ctx-7", "0007", "0001_t7", "0001_t1.7".
+/// Errors: `invalid_id` for a bad key, `exhausted` for n out of range.
+caf::expected<std::string> render_id(std::string_view key, uint64_t n);
+
+/// Formats a context item ID: `ctx-N`.
+std::string format_context_id(uint64_t n);
+
+/// Parses a context item ID in canonical form `ctx-N` (N >= 1, decimal,
+/// no leading zero, below 2^63). Returns nullopt otherwise.
+std::optional<uint64_t> parse_context_id(std::string_view text);
+
+/// A run of consecutive values handed out by one counter: first,
+/// first + 1, ..., first + count - 1. `count` is at least 1.
+struct id_range {
+  std::string key;
+  uint64_t first = 0;
+  uint64_t count = 0;
+
+  /// The last value in the range.
+  uint64_t last() const noexcept {
+    return first + count - 1;
+  }
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, id_range& x) {
+  return f(caf::meta::type_name("id_range"), x.key, x.first, x.count);
+}
+
+/// Renders every ID in the range, in order.
+/// Errors as for `render_id`.
+caf::expected<std::vector<std::string>> render_ids(const id_range& range);
+
+} // namespace spindle

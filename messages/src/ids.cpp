@@ -1,0 +1,83 @@
+#include "spindle/messages/ids.hpp"
+
+#include <limits>
+
+#include "spindle/messages/error.hpp"
+#include "spindle/messages/hybrid36.hpp"
+#include "spindle/messages/task_id.hpp"
+
+namespace spindle {
+
+caf::expected<counter_kind> classify_counter_key(std::string_view key) {
+  if (key == counter_keys::context)
+    return counter_kind::context;
+  if (key == counter_keys::orchestration)
+    return counter_kind::orchestration;
+  auto id = task_id::parse(key);
+  if (!id)
+    return make_error(errc::invalid_id,
+                      "counter key must be 'ctx', 'global' or a task ID: "
+                        + describe(id.error()));
+  return counter_kind::task;
+}
+
+uint64_t max_sequence(counter_kind kind) noexcept {
+  if (kind == counter_kind::context)
+    return static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
+  return hybrid36::max_ordinal;
+}
+
+caf::expected<std::string> render_id(std::string_view key, uint64_t n) {
+  auto kind = classify_counter_key(key);
+  if (!kind)
+    return kind.error();
+  if (n == 0 || n > max_sequence(*kind))
+    return make_error(errc::exhausted, "value " + std::to_string(n)
+                                         + " is outside counter '"
+                                         + std::string{key} + "'");
+  switch (*kind) {
+    case counter_kind::context:
+      return format_context_id(n);
+    case counter_kind::orchestration:
+      return *hybrid36::format(n);
+    case counter_kind::task:
+    default:
+      return task_id::parse(key)->child(n).to_string();
+  }
+}
+
+caf::expected<std::vector<std::string>> render_ids(const id_range& range) {
+  std::vector<std::string> out;
+  out.reserve(range.count);
+  for (uint64_t i = 0; i < range.count; ++i) {
+    auto id = render_id(range.key, range.first + i);
+    if (!id)
+      return id.error();
+    out.push_back(std::move(*id));
+  }
+  return out;
+}
+
+std::string format_context_id(uint64_t n) {
+  return "ctx-" + std::to_string(n);
+}
+
+std::optional<uint64_t> parse_context_id(std::string_view text) {
+  constexpr std::string_view prefix = "ctx-";
+  if (text.substr(0, prefix.size()) != prefix)
+    return std::nullopt;
+  auto digits = text.substr(prefix.size());
+  if (digits.empty() || digits.size() > 19 || digits[0] == '0')
+    return std::nullopt;
+  uint64_t value = 0;
+  for (char c : digits) {
+    if (c < '0' || c > '9')
+      return std::nullopt;
+    value = value * 10 + static_cast<uint64_t>(c - '0');
+  }
+  if (value > max_sequence(counter_kind::context))
+    return std::nullopt;
+  return value;
+}
+
+} // namespace spindle

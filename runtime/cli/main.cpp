@@ -1,0 +1,29 @@
+// spindle's command-line entry point: one executable, one subcommand per
+// job. Each subcommand lives in its own file and registers itself through
+// cli.hpp.
+
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+
+#include "cli.hpp"
+#include "spindle/version.hpp"
+
+int main(int argc, char** argv) {
+  CLI::App app{"spindle: a concurrent actor runtime that keeps LLM "
+               "conversation state and orchestrates agent work.",
+               "spindle"};
+  app.set_version_flag("--version", std::string{"spindle "}
+                                      + spindle::version_string);
+  app.require_subcommand(1);
+  app.fallthrough(false);
+  spindle::cli::registry commands;
+  spindle::cli::add_demo(app, commands);
+  spindle::cli::add_id(app, commands);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  return commands.run();
+}

@@ -1,0 +1,24 @@
+#include "spindle/runtime/config.hpp"
+
+#include <caf/all.hpp>
+
+#include "spindle/messages/error.hpp"
+#include "spindle/messages/type_ids.hpp"
+
+namespace spindle {
+
+config::config(size_t threads) {
+  add_message_types<caf::id_block::spindle>();
+  add_error_category(error_category,
+                     [](uint8_t code, caf::atom_value,
+                        const caf::message& context) -> std::string {
+                       std::string text = to_string(static_cast<errc>(code));
+                       if (context.match_elements<std::string>())
+                         text += ": " + context.get_as<std::string>(0);
+                       return text;
+                     });
+  if (threads > 0)
+    set("scheduler.max-threads", threads);
+}
+
+} // namespace spindle

@@ -1,0 +1,202 @@
+#include "spindle/runtime/database.hpp"
+
+#include <sqlite3.h>
+
+#include "spindle/messages/error.hpp"
+
+namespace spindle {
+
+namespace {
+
+caf::error sqlite_error(sqlite3* db, const std::string& what) {
+  std::string msg = what;
+  if (db != nullptr) {
+    msg += ": ";
+    msg += sqlite3_errmsg(db);
+  }
+  return make_error(errc::storage_failure, std::move(msg));
+}
+
+// Each entry moves the schema from version i to i + 1. Append only; never
+// edit a migration that has shipped.
+const char* const migrations[] = {
+  // 0 -> 1: counters' durable high-water marks.
+  "CREATE TABLE counters ("
+  "  key TEXT PRIMARY KEY NOT NULL,"
+  "  high_water INTEGER NOT NULL CHECK (high_water >= 0)"
+  ") WITHOUT ROWID;",
+};
+
+static_assert(sizeof(migrations) / sizeof(migrations[0])
+                == database::schema_version,
+              "one migration per schema version");
+
+} // namespace
+
+// -- statement ------------------------------------------------------------------
+
+statement::statement(statement&& other) noexcept
+  : db_(other.db_), stmt_(other.stmt_) {
+  other.stmt_ = nullptr;
+}
+
+statement& statement::operator=(statement&& other) noexcept {
+  if (this != &other) {
+    sqlite3_finalize(stmt_);
+    db_ = other.db_;
+    stmt_ = other.stmt_;
+    other.stmt_ = nullptr;
+  }
+  return *this;
+}
+
+statement::~statement() {
+  sqlite3_finalize(stmt_);
+}
+
+statement& statement::bind(int index, int64_t value) {
+  sqlite3_bind_int64(stmt_, index, value);
+  return *this;
+}
+
+statement& statement::bind(int index, std::string_view value) {
+  sqlite3_bind_text(stmt_, index, value.data(), static_cast<int>(value.size()),
+                    SQLITE_TRANSIENT);
+  return *this;
+}
+
+statement& statement::bind_null(int index) {
+  sqlite3_bind_null(stmt_, index);
+  return *this;
+}
+
+caf::expected<bool> statement::step() {
+  auto rc = sqlite3_step(stmt_);
+  if (rc == SQLITE_ROW)
+    return true;
+  if (rc == SQLITE_DONE)
+    return false;
+  return sqlite_error(db_, "statement failed");
+}
+
+caf::error statement::run() {
+  auto rc = step();
+  reset();
+  if (!rc)
+    return rc.error();
+  return caf::none;
+}
+
+int64_t statement::column_int64(int index) const {
+  return sqlite3_column_int64(stmt_, index);
+}
+
+std::string statement::column_text(int index) const {
+  auto* text = sqlite3_column_text(stmt_, index);
+  auto size = sqlite3_column_bytes(stmt_, index);
+  if (text == nullptr)
+    return {};
+  return std::string{reinterpret_cast<const char*>(text),
+                     static_cast<size_t>(size)};
+}
+
+bool statement::column_is_null(int index) const {
+  return sqlite3_column_type(stmt_, index) == SQLITE_NULL;
+}
+
+void statement::reset() {
+  sqlite3_reset(stmt_);
+  sqlite3_clear_bindings(stmt_);
+}
+
+// -- database ---------------------------------------------------------------------
+
+caf::expected<std::unique_ptr<database>>
+database::open(const std::string& path, sync_mode sync) {
+  sqlite3* db = nullptr;
+  auto flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE
+               | SQLITE_OPEN_NOMUTEX;
+  if (sqlite3_open_v2(path.c_str(), &db, flags, nullptr) != SQLITE_OK) {
+    auto err = sqlite_error(db, "cannot open database '" + path + "'");
+    sqlite3_close(db);
+    return err;
+  }
+  std::unique_ptr<database> result{new database(db, path)};
+  sqlite3_busy_timeout(db, 5000);
+  // Reading the schema first makes a corrupt or foreign file fail here.
+  if (auto err = result->exec("SELECT count(*) FROM sqlite_master;"))
+    return make_error(errc::storage_failure,
+                      "'" + path + "' is not a usable SQLite database: "
+                        + describe(err));
+  if (path != ":memory:") {
+    if (auto err = result->exec("PRAGMA journal_mode=WAL;"))
+      return err;
+  }
+  if (auto err = result->exec(sync == sync_mode::full
+                                ? "PRAGMA synchronous=FULL;"
+                                : "PRAGMA synchronous=NORMAL;"))
+    return err;
+  if (auto err = result->migrate())
+    return err;
+  return result;
+}
+
+database::~database() {
+  sqlite3_close_v2(db_);
+}
+
+caf::error database::exec(std::string_view sql) {
+  std::string text{sql};
+  char* msg = nullptr;
+  if (sqlite3_exec(db_, text.c_str(), nullptr, nullptr, &msg) != SQLITE_OK) {
+    std::string what = msg != nullptr ? msg : "unknown error";
+    sqlite3_free(msg);
+    return make_error(errc::storage_failure,
+                      "database '" + path_ + "': " + what);
+  }
+  return caf::none;
+}
+
+caf::expected<statement> database::prepare(std::string_view sql) {
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db_, sql.data(), static_cast<int>(sql.size()), &stmt,
+                         nullptr)
+      != SQLITE_OK)
+    return sqlite_error(db_, "cannot prepare statement");
+  return statement{db_, stmt};
+}
+
+int database::user_version() {
+  auto stmt = prepare("PRAGMA user_version;");
+  if (!stmt)
+    return -1;
+  auto row = stmt->step();
+  if (!row || !*row)
+    return -1;
+  return static_cast<int>(stmt->column_int64(0));
+}
+
+caf::error database::migrate() {
+  auto version = user_version();
+  if (version < 0)
+    return sqlite_error(db_, "cannot read the schema version of '" + path_
+                               + "'");
+  if (version > schema_version)
+    return make_error(errc::storage_failure,
+                      "'" + path_ + "' has schema version "
+                        + std::to_string(version) + ", newer than this "
+                        + "build's " + std::to_string(schema_version)
+                        + "; upgrade spindle or use another --data");
+  for (auto v = version; v < schema_version; ++v) {
+    std::string sql = "BEGIN IMMEDIATE;";
+    sql += migrations[v];
+    sql += "PRAGMA user_version = " + std::to_string(v + 1) + ";COMMIT;";
+    if (auto err = exec(sql)) {
+      exec("ROLLBACK;");
+      return err;
+    }
+  }
+  return caf::none;
+}
+
+} // namespace spindle

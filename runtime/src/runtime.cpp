@@ -1,0 +1,139 @@
+#include "spindle/runtime/runtime.hpp"
+
+#include <caf/all.hpp>
+
+namespace spindle {
+
+startup_error::startup_error(caf::error err)
+  : std::runtime_error("spindle cannot start: " + describe(err)),
+    err_(std::move(err)) {
+}
+
+runtime::runtime(runtime_options options, no_start_t)
+  : options_(std::move(options)),
+    config_(std::make_unique<config>(options_.scheduler_threads)),
+    system_(std::make_unique<caf::actor_system>(*config_)) {
+}
+
+runtime::runtime(runtime_options options)
+  : runtime(std::move(options), no_start_t{}) {
+  if (auto err = start_core()) {
+    stop();
+    throw startup_error(std::move(err));
+  }
+}
+
+caf::expected<std::unique_ptr<runtime>> runtime::start(runtime_options options) {
+  std::unique_ptr<runtime> rt{new runtime(std::move(options), no_start_t{})};
+  if (auto err = rt->start_core()) {
+    rt->stop();
+    return err;
+  }
+  return rt;
+}
+
+caf::error runtime::start_core() {
+  auto store = spawn_counter_store(*system_, options_.storage);
+  if (!store)
+    return store.error();
+  counter_store_ = *store;
+  id_allocator_ = system_->spawn(spindle::id_allocator, counter_store_,
+                                 options_.ids);
+  running_ = true;
+  return caf::none;
+}
+
+std::vector<caf::actor> runtime::core_actors() const {
+  // Dependents first: an actor is stopped before the actors it calls.
+  std::vector<caf::actor> result;
+  auto add = [&](const auto& handle) {
+    if (handle)
+      result.push_back(caf::actor_cast<caf::actor>(handle));
+  };
+  add(id_allocator_);
+  add(counter_store_);
+  return result;
+}
+
+void runtime::stop() {
+  if (!system_)
+    return;
+  running_ = false;
+  for (auto& handle : core_actors())
+    caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);
+  id_allocator_ = nullptr;
+  counter_store_ = nullptr;
+  // ~actor_system waits until every actor has finished.
+  system_.reset();
+}
+
+bool runtime::running() const noexcept {
+  return running_;
+}
+
+runtime::~runtime() {
+  stop();
+}
+
+// -- IDs ------------------------------------------------------------------------
+
+caf::expected<id_range> runtime::next_ids(const std::string& key,
+                                          uint64_t count) {
+  return next_ids(key, count, options_.default_timeout);
+}
+
+caf::expected<id_range> runtime::next_ids(const std::string& key,
+                                          uint64_t count,
+                                          std::chrono::milliseconds timeout) {
+  return call<id_range>(id_allocator_, timeout, next_atom::value, key, count);
+}
+
+namespace {
+
+caf::expected<std::string> first_of(caf::expected<id_range> range) {
+  if (!range)
+    return range.error();
+  return render_id(range->key, range->first);
+}
+
+caf::expected<std::vector<std::string>> all_of(caf::expected<id_range> range) {
+  if (!range)
+    return range.error();
+  return render_ids(*range);
+}
+
+} // namespace
+
+caf::expected<std::string> runtime::next_context_id() {
+  return first_of(next_ids(std::string{counter_keys::context}, 1));
+}
+
+caf::expected<std::vector<std::string>>
+runtime::next_context_ids(uint64_t count) {
+  return all_of(next_ids(std::string{counter_keys::context}, count));
+}
+
+caf::expected<std::string> runtime::next_orchestration_id() {
+  return first_of(next_ids(std::string{counter_keys::orchestration}, 1));
+}
+
+caf::expected<std::string> runtime::next_task_id(const std::string& parent) {
+  if (auto id = task_id::parse(parent); !id)
+    return id.error();
+  return first_of(next_ids(parent, 1));
+}
+
+caf::expected<std::vector<std::string>>
+runtime::next_task_ids(const std::string& parent, uint64_t count) {
+  if (auto id = task_id::parse(parent); !id)
+    return id.error();
+  return all_of(next_ids(parent, count));
+}
+
+void runtime::next_ids_async(const std::string& key, uint64_t count,
+                             std::function<void(caf::expected<id_range>)> done) {
+  call_async<id_range>(id_allocator_, options_.default_timeout,
+                       std::move(done), next_atom::value, key, count);
+}
+
+} // namespace spindle

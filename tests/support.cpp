@@ -1,0 +1,210 @@
+#include "support.hpp"
+
+#include <cerrno>
+#include <csignal>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+extern char** environ;
+
+namespace spindle::test {
+
+namespace {
+
+std::vector<std::string> make_env(const std::map<std::string, std::string>& add) {
+  std::map<std::string, std::string> merged;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string kv{*e};
+    auto eq = kv.find('=');
+    if (eq != std::string::npos)
+      merged[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (auto& [k, v] : add)
+    merged[k] = v;
+  std::vector<std::string> out;
+  for (auto& [k, v] : merged)
+    out.push_back(k + "=" + v);
+  return out;
+}
+
+std::vector<char*> c_array(std::vector<std::string>& xs) {
+  std::vector<char*> out;
+  for (auto& x : xs)
+    out.push_back(x.data());
+  out.push_back(nullptr);
+  return out;
+}
+
+int decode(int status, int* sig) {
+  if (WIFEXITED(status))
+    return WEXITSTATUS(status);
+  if (WIFSIGNALED(status) && sig != nullptr)
+    *sig = WTERMSIG(status);
+  return -1;
+}
+
+} // namespace
+
+temp_dir::temp_dir() {
+  std::random_device rd;
+  auto base = std::filesystem::temp_directory_path();
+  for (int i = 0; i < 100; ++i) {
+    auto candidate = base / ("spindle-test-" + std::to_string(rd()));
+    std::error_code ec;
+    if (std::filesystem::create_directory(candidate, ec)) {
+      path_ = candidate;
+      return;
+    }
+  }
+  throw std::runtime_error("cannot create a temporary directory");
+}
+
+temp_dir::~temp_dir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+process_result run(const std::vector<std::string>& argv,
+                   const std::string& input,
+                   const std::map<std::string, std::string>& env) {
+  int in_pipe[2], out_pipe[2], err_pipe[2];
+  if (pipe2(in_pipe, O_CLOEXEC) != 0 || pipe2(out_pipe, O_CLOEXEC) != 0
+      || pipe2(err_pipe, O_CLOEXEC) != 0)
+    throw std::runtime_error("pipe failed");
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, in_pipe[0], 0);
+  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
+  auto args = argv;
+  auto envs = make_env(env);
+  auto c_args = c_array(args);
+  auto c_env = c_array(envs);
+  pid_t pid = -1;
+  auto rc = posix_spawnp(&pid, c_args[0], &actions, nullptr, c_args.data(),
+                         c_env.data());
+  posix_spawn_file_actions_destroy(&actions);
+  close(in_pipe[0]);
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  if (rc != 0) {
+    close(in_pipe[1]);
+    close(out_pipe[0]);
+    close(err_pipe[0]);
+    throw std::runtime_error("cannot run " + argv[0] + ": " + strerror(rc));
+  }
+  // Feed stdin and drain stdout/stderr together so no pipe fills up.
+  process_result result;
+  size_t written = 0;
+  if (input.empty()) {
+    close(in_pipe[1]);
+    in_pipe[1] = -1;
+  } else {
+    fcntl(in_pipe[1], F_SETFL, O_NONBLOCK);
+  }
+  signal(SIGPIPE, SIG_IGN);
+  pollfd fds[3] = {{out_pipe[0], POLLIN, 0}, {err_pipe[0], POLLIN, 0},
+                   {in_pipe[1], POLLOUT, 0}};
+  int open_outputs = 2;
+  char buf[65536];
+  while (open_outputs > 0) {
+    nfds_t n = in_pipe[1] >= 0 ? 3 : 2;
+    if (poll(fds, n, -1) < 0 && errno != EINTR)
+      break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd >= 0 && (fds[i].revents & (POLLIN | POLLHUP))) {
+        auto got = read(fds[i].fd, buf, sizeof(buf));
+        if (got <= 0) {
+          close(fds[i].fd);
+          fds[i].fd = -1;
+          --open_outputs;
+        } else {
+          (i == 0 ? result.out : result.err).append(buf, got);
+        }
+      }
+    }
+    if (n == 3 && (fds[2].revents & (POLLOUT | POLLERR | POLLHUP))) {
+      auto got = write(in_pipe[1], input.data() + written,
+                       input.size() - written);
+      if (got > 0)
+        written += got;
+      if (got < 0 || written == input.size()) {
+        close(in_pipe[1]);
+        in_pipe[1] = -1;
+        fds[2].fd = -1;
+      }
+    }
+  }
+  if (in_pipe[1] >= 0)
+    close(in_pipe[1]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  result.exit_code = decode(status, &result.signal);
+  return result;
+}
+
+child::child(const std::vector<std::string>& argv,
+             const std::map<std::string, std::string>& env) {
+  auto args = argv;
+  auto envs = make_env(env);
+  auto c_args = c_array(args);
+  auto c_env = c_array(envs);
+  auto rc = posix_spawnp(&pid_, c_args[0], nullptr, nullptr, c_args.data(),
+                         c_env.data());
+  if (rc != 0)
+    throw std::runtime_error("cannot run " + argv[0] + ": " + strerror(rc));
+}
+
+child::~child() {
+  if (!reaped_) {
+    ::kill(pid_, SIGKILL);
+    wait();
+  }
+}
+
+void child::kill(int sig) {
+  ::kill(pid_, sig);
+}
+
+int child::wait() {
+  int status = 0;
+  waitpid(pid_, &status, 0);
+  reaped_ = true;
+  return decode(status, nullptr);
+}
+
+std::string spindle_binary() {
+  return SPINDLE_BINARY;
+}
+
+std::vector<std::string> lines(const std::string& text) {
+  std::vector<std::string> out;
+  std::istringstream in{text};
+  std::string line;
+  while (std::getline(in, line))
+    out.push_back(line);
+  return out;
+}
+
+pid_t dead_pid() {
+  // Fork a child that exits at once and reap it: its PID is free until the
+  // kernel cycles through the PID space.
+  pid_t pid = fork();
+  if (pid == 0)
+    _exit(0);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return pid;
+}
+
+} // namespace spindle::test
