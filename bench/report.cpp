@@ -1,0 +1,155 @@
+#include "report.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+#include <thread>
+
+#include <sys/utsname.h>
+
+namespace spindle::bench {
+
+double seconds_since(clock::time_point start) {
+  return std::chrono::duration<double>(clock::now() - start).count();
+}
+
+double percentile(std::vector<double>& samples, double p) {
+  if (samples.empty())
+    return 0;
+  std::sort(samples.begin(), samples.end());
+  auto rank = p / 100.0 * static_cast<double>(samples.size() - 1);
+  auto lo = static_cast<size_t>(std::floor(rank));
+  auto hi = static_cast<size_t>(std::ceil(rank));
+  return samples[lo] + (samples[hi] - samples[lo]) * (rank - std::floor(rank));
+}
+
+uint64_t rss_bytes() {
+  std::ifstream in{"/proc/self/status"};
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("VmRSS:", 0) == 0)
+      return std::stoull(line.substr(6)) * 1024;
+  return 0;
+}
+
+std::string fmt(double value, int digits) {
+  std::ostringstream out;
+  out << std::fixed << std::setprecision(digits) << value;
+  auto text = out.str();
+  auto dot = text.find('.');
+  auto int_end = dot == std::string::npos ? text.size() : dot;
+  auto start = text[0] == '-' ? 1u : 0u;
+  for (auto i = static_cast<long>(int_end) - 3; i > static_cast<long>(start);
+       i -= 3)
+    text.insert(static_cast<size_t>(i), ",");
+  return text;
+}
+
+nlohmann::json machine() {
+  nlohmann::json m;
+  std::ifstream cpu{"/proc/cpuinfo"};
+  std::string line;
+  while (std::getline(cpu, line))
+    if (line.rfind("model name", 0) == 0) {
+      m["cpu"] = line.substr(line.find(':') + 2);
+      break;
+    }
+  m["cores"] = std::thread::hardware_concurrency();
+  std::ifstream mem{"/proc/meminfo"};
+  while (std::getline(mem, line))
+    if (line.rfind("MemTotal:", 0) == 0) {
+      m["memory_gib"] = std::stod(line.substr(9)) / 1024.0 / 1024.0;
+      break;
+    }
+  utsname u{};
+  if (uname(&u) == 0)
+    m["kernel"] = std::string{u.sysname} + " " + u.release;
+  return m;
+}
+
+report::report(std::string benchmark) : name_(std::move(benchmark)) {
+}
+
+void report::add(table t) {
+  std::vector<std::vector<std::string>> cells;
+  std::vector<size_t> width(t.columns.size(), 0);
+  for (size_t c = 0; c < t.columns.size(); ++c)
+    width[c] = t.columns[c].size();
+  for (auto& row : t.rows) {
+    std::vector<std::string> out;
+    for (size_t c = 0; c < row.size(); ++c) {
+      auto text = row[c].is_string() ? row[c].get<std::string>()
+                  : row[c].is_number_integer()
+                    ? fmt(row[c].get<double>(), 0)
+                    : row[c].is_number() ? fmt(row[c].get<double>(), 2)
+                                         : row[c].dump();
+      if (c < width.size())
+        width[c] = std::max(width[c], text.size());
+      out.push_back(std::move(text));
+    }
+    cells.push_back(std::move(out));
+  }
+  std::cout << "\n## " << t.title << "\n\n|";
+  for (size_t c = 0; c < t.columns.size(); ++c)
+    std::cout << " " << std::left << std::setw(static_cast<int>(width[c]))
+              << t.columns[c] << " |";
+  std::cout << "\n|";
+  for (size_t c = 0; c < t.columns.size(); ++c)
+    std::cout << std::string(width[c] + 2, '-') << "|";
+  std::cout << "\n";
+  for (auto& row : cells) {
+    std::cout << "|";
+    for (size_t c = 0; c < row.size(); ++c)
+      std::cout << " " << std::right
+                << std::setw(static_cast<int>(c < width.size() ? width[c] : 0))
+                << row[c] << " |";
+    std::cout << "\n";
+  }
+  for (auto& note : t.notes)
+    std::cout << "\n" << note << "\n";
+  std::cout << std::flush;
+  tables_.push_back(std::move(t));
+}
+
+bool report::write(const std::string& path) const {
+  nlohmann::json doc;
+  doc["benchmark"] = name_;
+  doc["machine"] = machine();
+  doc["tables"] = nlohmann::json::array();
+  for (auto& t : tables_)
+    doc["tables"].push_back({{"title", t.title},
+                             {"columns", t.columns},
+                             {"rows", t.rows},
+                             {"notes", t.notes}});
+  std::error_code ec;
+  auto parent = std::filesystem::path{path}.parent_path();
+  if (!parent.empty())
+    std::filesystem::create_directories(parent, ec);
+  std::ofstream out{path};
+  if (!out)
+    return false;
+  out << doc.dump(2) << "\n";
+  std::cout << "\nfigures written to " << path << "\n";
+  return static_cast<bool>(out);
+}
+
+std::string report::json_path(int argc, char** argv,
+                              const std::string& benchmark) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string{argv[i]} == "--json")
+      return argv[i + 1];
+  return "bench/results/" + benchmark + ".json";
+}
+
+bool report::quick(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i)
+    if (std::string{argv[i]} == "--quick")
+      return true;
+  return false;
+}
+
+} // namespace spindle::bench

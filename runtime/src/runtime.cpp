@@ -39,6 +39,9 @@ caf::error runtime::start_core() {
   counter_store_ = *store;
   id_allocator_ = system_->spawn(spindle::id_allocator, counter_store_,
                                  options_.ids);
+  // -- context items (spawn here) --
+  // -- threads, memory, builder (spawn here) --
+  // -- orchestration (spawn here) --
   running_ = true;
   return caf::none;
 }
@@ -50,6 +53,9 @@ std::vector<caf::actor> runtime::core_actors() const {
     if (handle)
       result.push_back(caf::actor_cast<caf::actor>(handle));
   };
+  // -- orchestration (add here) --
+  // -- threads, memory, builder (add here) --
+  // -- context items (add here) --
   add(id_allocator_);
   add(counter_store_);
   return result;
@@ -61,6 +67,7 @@ void runtime::stop() {
   running_ = false;
   for (auto& handle : core_actors())
     caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);
+  // -- each area resets its handles here --
   id_allocator_ = nullptr;
   counter_store_ = nullptr;
   // ~actor_system waits until every actor has finished.

@@ -118,6 +118,12 @@ public:
   void next_ids_async(const std::string& key, uint64_t count,
                       std::function<void(caf::expected<id_range>)> done);
 
+  // -- context items (per-thread sliding windows) ------------------------------
+
+  // -- threads, memory, context builder ----------------------------------------
+
+  // -- orchestration -------------------------------------------------------------
+
   // -- generic calls ---------------------------------------------------------
 
   /// Sends `xs...` to `receiver` and waits for its reply of type R.
@@ -162,9 +168,12 @@ private:
   std::unique_ptr<caf::actor_system> system_;
   std::atomic<bool> running_{false};
 
-  // -- core actors (each area appends its handles here) -----------------------
+  // -- core actors (each area appends its handles in its own section) ----------
   counter_store_actor counter_store_;
   id_allocator_actor id_allocator_;
+  // context items:
+  // threads, memory, builder:
+  // orchestration:
 };
 
 } // namespace spindle

@@ -1,0 +1,67 @@
+#pragma once
+
+// Shared helpers for spindle's benchmarks: timing, percentiles, RSS, and a
+// report that prints aligned tables (each with its baselines side by side)
+// and writes the same figures as JSON for the benchmark report.
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace spindle::bench {
+
+using clock = std::chrono::steady_clock;
+
+/// Seconds elapsed since `start`.
+double seconds_since(clock::time_point start);
+
+/// The p-th percentile (0..100) of `samples` (sorted in place).
+double percentile(std::vector<double>& samples, double p);
+
+/// Resident set size of this process in bytes (from /proc/self/status).
+uint64_t rss_bytes();
+
+/// One table: a title, column names, rows of cells (strings or numbers),
+/// and notes (target, how to read it) printed under it.
+struct table {
+  std::string title;
+  std::vector<std::string> columns;
+  std::vector<std::vector<nlohmann::json>> rows;
+  std::vector<std::string> notes;
+};
+
+/// Collects tables, prints them as they are added, and writes
+/// {"benchmark", "machine", "tables": [...]} to a JSON file.
+class report {
+public:
+  explicit report(std::string benchmark);
+
+  /// Prints `t` to stdout and keeps it for `write`.
+  void add(table t);
+
+  /// Writes the JSON document; returns false on I/O failure.
+  bool write(const std::string& path) const;
+
+  /// The JSON output path from argv (--json PATH), or
+  /// bench/results/<benchmark>.json beside the working directory.
+  static std::string json_path(int argc, char** argv,
+                               const std::string& benchmark);
+
+  /// True if argv holds --quick (smaller sizes, for smoke runs in CI).
+  static bool quick(int argc, char** argv);
+
+private:
+  std::string name_;
+  std::vector<table> tables_;
+};
+
+/// Formats a number with thousands separators and `digits` decimals.
+std::string fmt(double value, int digits = 0);
+
+/// A description of this machine: CPU model, cores, memory, kernel.
+nlohmann::json machine();
+
+} // namespace spindle::bench
