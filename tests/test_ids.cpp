@@ -224,3 +224,30 @@ TEST_CASE("errors: every code has a stable name that parses back") {
   CHECK(describe(make_error(errc::invalid_id, "'x' is bad"))
         == "invalid_id: 'x' is bad");
 }
+
+TEST_CASE("thread IDs: 1-128 characters of [A-Za-z0-9._:-], never . or ..") {
+  for (auto good : {"a", "new", "user:42", "t-1_2.3", std::string(128, 'x').c_str()})
+    CHECK_FALSE(validate_thread_id(good));
+  for (auto bad : {"", ".", "..", "../x", "a/b", "a%2Fb", "a b", "a\\b", "ä",
+                   "x\n"}) {
+    INFO(bad);
+    auto err = validate_thread_id(bad);
+    REQUIRE(err);
+    CHECK(classify(err) == errc::invalid_id);
+    CHECK(describe(err).find("thread_id") != std::string::npos);
+  }
+  CHECK(validate_thread_id(std::string(129, 'x')));
+  CHECK(validate_thread_id(std::string(10000, 'x')));
+}
+
+TEST_CASE("agent names: safe path components only") {
+  for (auto good : {"claude", "agent_1", "a.b-c"})
+    CHECK_FALSE(validate_agent_name(good));
+  for (auto bad : {"", ".", "..", "../x", "a/b", "-rf", ".hidden", "a b",
+                   "a:b"}) {
+    INFO(bad);
+    auto err = validate_agent_name(bad);
+    REQUIRE(err);
+    CHECK(classify(err) == errc::invalid_id);
+  }
+}

@@ -58,6 +58,56 @@ caf::expected<std::vector<std::string>> render_ids(const id_range& range) {
   return out;
 }
 
+namespace {
+
+std::string shorten(std::string_view text) {
+  std::string out;
+  for (char c : text.substr(0, 48))
+    out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  if (text.size() > 48)
+    out += "...";
+  return out;
+}
+
+} // namespace
+
+caf::error validate_thread_id(std::string_view id) {
+  auto bad = [&](const std::string& why) {
+    return make_error(errc::invalid_id,
+                      "thread_id '" + shorten(id) + "' is invalid: " + why);
+  };
+  if (id.empty() || id.size() > 128)
+    return bad("it must have 1 to 128 characters");
+  if (id == "." || id == "..")
+    return bad("'.' and '..' are reserved");
+  for (char c : id) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+              || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == ':'
+              || c == '-';
+    if (!ok)
+      return bad("only A-Z a-z 0-9 . _ : - are allowed");
+  }
+  return caf::none;
+}
+
+caf::error validate_agent_name(std::string_view name) {
+  auto bad = [&](const std::string& why) {
+    return make_error(errc::invalid_id,
+                      "agent '" + shorten(name) + "' is invalid: " + why);
+  };
+  if (name.empty() || name.size() > 64)
+    return bad("it must have 1 to 64 characters");
+  if (name[0] == '.' || name[0] == '-')
+    return bad("it must not start with '.' or '-'");
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+              || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+    if (!ok)
+      return bad("only A-Z a-z 0-9 . _ - are allowed");
+  }
+  return caf::none;
+}
+
 std::string format_context_id(uint64_t n) {
   return "ctx-" + std::to_string(n);
 }

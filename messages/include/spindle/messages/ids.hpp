@@ -45,6 +45,17 @@ std::string format_context_id(uint64_t n);
 /// no leading zero, below 2^63). Returns nullopt otherwise.
 std::optional<uint64_t> parse_context_id(std::string_view text);
 
+/// Validates a conversation thread ID (D10): 1 to 128 characters of
+/// [A-Za-z0-9._:-], never "." or "..". ("new" is valid here; the HTTP API
+/// gives it the meaning "create one".) Errors: `invalid_id` naming the
+/// problem, with the offending value shortened. This function is thread-safe.
+caf::error validate_thread_id(std::string_view id);
+
+/// Validates an agent name used in file-system paths (D10): 1 to 64
+/// characters of [A-Za-z0-9._-], not starting with '.' or '-'.
+/// Errors: `invalid_id`. This function is thread-safe.
+caf::error validate_agent_name(std::string_view name);
+
 /// A run of consecutive values handed out by one counter: first,
 /// first + 1, ..., first + count - 1. `count` is at least 1.
 struct id_range {
