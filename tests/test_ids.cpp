@@ -226,7 +226,9 @@ TEST_CASE("errors: every code has a stable name that parses back") {
 }
 
 TEST_CASE("thread IDs: 1-128 characters of [A-Za-z0-9._:-], never . or ..") {
-  for (auto good : {"a", "new", "user:42", "t-1_2.3", std::string(128, 'x').c_str()})
+  for (std::string good : {std::string{"a"}, std::string{"new"},
+                           std::string{"user:42"}, std::string{"t-1_2.3"},
+                           std::string(128, 'x')})
     CHECK_FALSE(validate_thread_id(good));
   for (auto bad : {"", ".", "..", "../x", "a/b", "a%2Fb", "a b", "a\\b", "ä",
                    "x\n"}) {
