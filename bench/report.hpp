@@ -31,6 +31,13 @@ struct table {
   std::vector<std::string> columns;
   std::vector<std::vector<nlohmann::json>> rows;
   std::vector<std::string> notes;
+
+  /// Appends a row; each cell may be a string or a number.
+  template <class... Ts>
+  void add_row(Ts&&... cells) {
+    rows.push_back(
+      std::vector<nlohmann::json>{nlohmann::json(std::forward<Ts>(cells))...});
+  }
 };
 
 /// Collects tables, prints them as they are added, and writes

@@ -292,3 +292,29 @@ TEST_CASE("id next: a leftover claim file of a claimer that released before "
   CHECK(next_id(root) == "0007");
   CHECK(next_id(root) == "0008");
 }
+
+TEST_CASE("id next --count: 4 concurrent processes claiming 300 each give "
+          "1..1200 with each process's IDs increasing") {
+  test::temp_dir root;
+  std::vector<std::string> outs(4);
+  std::vector<std::thread> threads;
+  for (int p = 0; p < 4; ++p)
+    threads.emplace_back([&, p] {
+      auto r = test::run({test::spindle_binary(), "id", "next", "--count",
+                          "300", "--root", root.str()});
+      outs[p] = r.exit_code == 0 ? r.out : "";
+    });
+  for (auto& t : threads)
+    t.join();
+  std::set<std::string> all;
+  for (auto& out : outs) {
+    auto ids = test::lines(out);
+    REQUIRE(ids.size() == 300);
+    for (size_t i = 1; i < ids.size(); ++i)
+      REQUIRE(ids[i - 1] < ids[i]); // 4-digit tier: string order is value order
+    all.insert(ids.begin(), ids.end());
+  }
+  CHECK(all.size() == 1200);
+  CHECK(*all.begin() == "0001");
+  CHECK(*all.rbegin() == "1200");
+}

@@ -16,6 +16,7 @@ struct id_next_args {
   std::string root;
   double timeout_s = 30;
   long stale_grace_ms = 1000;
+  long count = 1;
 };
 
 int id_next(const id_next_args& args) {
@@ -26,16 +27,20 @@ int id_next(const id_next_args& args) {
   options.timeout = std::chrono::milliseconds(
     static_cast<long>(args.timeout_s * 1000));
   options.stale_grace = std::chrono::milliseconds(args.stale_grace_ms);
-  auto id = claim_next_id(root, args.prefix, options);
-  if (!id) {
-    std::cerr << "spindle id next: " << describe(id.error()) << "\n";
-    auto code = classify(id.error());
-    bool bad_input = code == errc::invalid_id
-                     || (code == errc::io_failure
-                         && !std::filesystem::is_directory(root));
-    return bad_input ? exit_code::usage : exit_code::failure;
+  for (long i = 0; i < args.count; ++i) {
+    // Each ID is its own claim and release, so other claimers interleave.
+    auto id = claim_next_id(root, args.prefix, options);
+    if (!id) {
+      std::cerr << "spindle id next: " << describe(id.error()) << "\n";
+      auto code = classify(id.error());
+      bool bad_input = code == errc::invalid_id
+                       || (code == errc::io_failure
+                           && !std::filesystem::is_directory(root));
+      return bad_input ? exit_code::usage : exit_code::failure;
+    }
+    std::cout << *id << "\n";
   }
-  std::cout << *id << "\n";
+  std::cout << std::flush;
   return exit_code::ok;
 }
 
@@ -67,6 +72,10 @@ void add_id(CLI::App& app, registry& commands) {
                    "milliseconds a dead claimer's file must age before it "
                    "is recovered (default 1000)")
     ->check(CLI::Range(0L, 3600000L));
+  next->add_option("--count", args->count,
+                   "claim this many IDs, one claim each, printing one per "
+                   "line (default 1)")
+    ->check(CLI::Range(1L, 1000000L));
   commands.on(next, [args] { return id_next(*args); });
 }
 
