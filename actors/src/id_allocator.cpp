@@ -30,6 +30,20 @@ void fail_all(counter& c, const caf::error& err) {
   c.waiting.clear();
 }
 
+void count_issued(id_allocator_state& st, counter_kind kind, uint64_t n) {
+  switch (kind) {
+    case counter_kind::context:
+      st.issued.context += n;
+      break;
+    case counter_kind::orchestration:
+      st.issued.orchestration += n;
+      break;
+    case counter_kind::task:
+      st.issued.task += n;
+      break;
+  }
+}
+
 void ensure_reserved(id_allocator_pointer self, const std::string& key,
                      counter& c, uint64_t needed);
 
@@ -58,6 +72,7 @@ void drain(id_allocator_pointer self, const std::string& key, counter& c) {
           return;
         }
         w.range.deliver(id_range{key, c.next, w.amount});
+        count_issued(self->state, c.kind, w.amount);
         c.next = last + 1;
         break;
       }
@@ -185,6 +200,7 @@ id_allocator_actor::behavior_type id_allocator(id_allocator_pointer self,
           && c->next + count - 1 <= c->durable) {
         id_range result{key, c->next, count};
         c->next += count;
+        count_issued(self->state, c->kind, count);
         drain(self, key, *c);
         return result;
       }
@@ -206,6 +222,7 @@ id_allocator_actor::behavior_type id_allocator(id_allocator_pointer self,
       return enqueue(self, key, *c,
                      waiter{waiter::op::advance, value, {}, rp}, rp);
     },
+    [self](stats_atom) -> id_stats { return self->state.issued; },
     [self](peek_atom, const std::string& key) -> caf::result<uint64_t> {
       caf::error err;
       auto* c = lookup(self, key, err);

@@ -33,5 +33,6 @@ private:
 
 void add_demo(CLI::App& app, registry& commands);
 void add_id(CLI::App& app, registry& commands);
+void add_serve(CLI::App& app, registry& commands);
 
 } // namespace spindle::cli

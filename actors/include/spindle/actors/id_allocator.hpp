@@ -57,6 +57,7 @@ struct id_allocator_state {
   };
 
   std::unordered_map<std::string, counter> counters;
+  id_stats issued;
   counter_store_actor store;
   id_allocator_options options;
 };

@@ -15,6 +15,7 @@ CAF_ADD_ATOM(spindle, spindle, peek_atom, "peek")
 CAF_ADD_ATOM(spindle, spindle, counter_atom, "counter")
 CAF_ADD_ATOM(spindle, spindle, load_atom, "load")
 CAF_ADD_ATOM(spindle, spindle, store_atom, "store")
+CAF_ADD_ATOM(spindle, spindle, stats_atom, "stats")
 
 // -- context items (issue: context manager) -------------------------------------
 

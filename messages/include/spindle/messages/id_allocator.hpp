@@ -23,10 +23,13 @@ namespace spindle {
 ///   items restored with an explicit ID (D4); replies with the counter's next
 ///   value.
 /// - `(peek, key)` replies with the value `next` would hand out now.
+/// - `(stats)` replies with how many IDs of each kind it handed out since it
+///   started.
 using id_allocator_actor = caf::typed_actor<
   caf::replies_to<next_atom, std::string, uint64_t>::with<id_range>,
   caf::replies_to<advance_atom, std::string, uint64_t>::with<uint64_t>,
-  caf::replies_to<peek_atom, std::string>::with<uint64_t>>;
+  caf::replies_to<peek_atom, std::string>::with<uint64_t>,
+  caf::replies_to<stats_atom>::with<id_stats>>;
 
 /// Where counters keep their durable high-water marks. A high-water mark is
 /// the largest value a counter may have handed out; after a restart the

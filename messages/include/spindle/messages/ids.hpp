@@ -74,6 +74,19 @@ typename Inspector::result_type inspect(Inspector& f, id_range& x) {
   return f(caf::meta::type_name("id_range"), x.key, x.first, x.count);
 }
 
+/// How many IDs an allocator has handed out since it started, by kind.
+struct id_stats {
+  uint64_t context = 0;
+  uint64_t orchestration = 0;
+  uint64_t task = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, id_stats& x) {
+  return f(caf::meta::type_name("id_stats"), x.context, x.orchestration,
+           x.task);
+}
+
 /// Renders every ID in the range, in order.
 /// Errors as for `render_id`.
 caf::expected<std::vector<std::string>> render_ids(const id_range& range);

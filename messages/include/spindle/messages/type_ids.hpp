@@ -16,6 +16,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(spindle, caf::first_custom_type_id)
 
   // -- IDs and counters --------------------------------------------------------
   CAF_ADD_TYPE_ID(spindle, (spindle::id_range))
+  CAF_ADD_TYPE_ID(spindle, (spindle::id_stats))
 
   // -- context items -------------------------------------------------------------
 

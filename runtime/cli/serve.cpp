@@ -1,0 +1,158 @@
+// `spindle serve`: the HTTP API on an embedded runtime. With no flags:
+// 127.0.0.1:8080, data in ./spindle-data, the offline LLM provider.
+
+#include <atomic>
+#include <csignal>
+#include <future>
+#include <iostream>
+#include <thread>
+
+#include <pthread.h>
+#include <spdlog/spdlog.h>
+
+#include "cli.hpp"
+#include "spindle/messages/error.hpp"
+#include "spindle/runtime/logging.hpp"
+#include "spindle/runtime/runtime.hpp"
+#include "spindle/runtime/server.hpp"
+#include "spindle/version.hpp"
+
+namespace spindle::cli {
+
+namespace {
+
+struct serve_args {
+  server_options http;
+  std::string data = "./spindle-data";
+  std::string llm = "offline";
+  std::string llm_url;
+  std::string llm_model;
+  std::string log_level = "info";
+  std::string log_format = "text";
+  double shutdown_grace_s = 10;
+};
+
+int serve(serve_args args) {
+  if (auto err = setup_logging(args.log_level, args.log_format)) {
+    std::cerr << "spindle serve: " << describe(err) << "\n";
+    return exit_code::usage;
+  }
+  // Signals are taken by one thread with sigwait; block them everywhere
+  // else before any other thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);
+
+  runtime_options opts;
+  opts.storage.data_dir = args.data;
+  auto rt = runtime::start(opts);
+  if (!rt) {
+    std::cerr << "spindle serve: " << describe(rt.error()) << "\n";
+    return exit_code::failure;
+  }
+  args.http.shutdown_grace = std::chrono::milliseconds(
+    static_cast<long>(args.shutdown_grace_s * 1000));
+  server srv{**rt, args.http};
+  auto port = srv.bind();
+  if (!port) {
+    std::cerr << "spindle serve: " << describe(port.error()) << "\n";
+    return exit_code::failure;
+  }
+  std::cout << "spindle " << version_string << " serving on http://"
+            << args.http.bind << ":" << *port << std::endl;
+  spdlog::info(log_fields("start", {{"bind", args.http.bind},
+                                    {"port", *port},
+                                    {"data", args.data},
+                                    {"llm", args.llm},
+                                    {"version", version_string},
+                                    {"auth", !args.http.token.empty()}}));
+
+  std::promise<void> served;
+  auto served_future = served.get_future();
+  std::thread waiter{[&] {
+    int sig = 0;
+    sigwait(&signals, &sig);
+    spdlog::info(log_fields("stopping", {{"signal", sig == SIGINT
+                                                      ? "SIGINT"
+                                                      : "SIGTERM"}}));
+    srv.stop();
+    // In-flight requests get the grace period; then the process goes.
+    if (served_future.wait_for(args.http.shutdown_grace)
+        != std::future_status::ready) {
+      spdlog::warn(log_fields("shutdown_grace_exceeded", {}));
+      spdlog::default_logger()->flush();
+      std::_Exit(0);
+    }
+  }};
+  srv.run();
+  served.set_value();
+  // If the server stopped on its own (not by a signal), release the waiter.
+  pthread_kill(waiter.native_handle(), SIGTERM);
+  waiter.join();
+  (*rt)->stop();
+  spdlog::info(log_fields("stopped", {}));
+  spdlog::default_logger()->flush();
+  return exit_code::ok;
+}
+
+} // namespace
+
+void add_serve(CLI::App& app, registry& commands) {
+  auto args = std::make_shared<serve_args>();
+  auto* sub = app.add_subcommand(
+    "serve", "Serve the HTTP API (docs/api.md). Every flag can also be set "
+             "with the SPINDLE_* environment variable named beside it.");
+  sub->add_option("--port", args->http.port,
+                  "port; 0 picks a free one and prints it (default 8080)")
+    ->envname("SPINDLE_PORT")
+    ->check(CLI::Range(0, 65535));
+  sub->add_option("--bind", args->http.bind,
+                  "address to listen on (default 127.0.0.1)")
+    ->envname("SPINDLE_BIND");
+  sub->add_option("--data", args->data,
+                  "data directory, or :memory: to keep nothing (default "
+                  "./spindle-data)")
+    ->envname("SPINDLE_DATA");
+  sub->add_option("--llm", args->llm,
+                  "LLM provider: offline (default) or openai")
+    ->envname("SPINDLE_LLM")
+    ->check(CLI::IsMember({"offline", "openai"}));
+  sub->add_option("--llm-url", args->llm_url,
+                  "base URL of an OpenAI-compatible server (for --llm "
+                  "openai)")
+    ->envname("SPINDLE_LLM_URL");
+  sub->add_option("--llm-model", args->llm_model,
+                  "model name sent to the provider")
+    ->envname("SPINDLE_LLM_MODEL");
+  sub->add_option("--token", args->http.token,
+                  "require 'Authorization: Bearer TOKEN' on every route but "
+                  "/healthz")
+    ->envname("SPINDLE_TOKEN");
+  sub->add_option("--log-level", args->log_level,
+                  "trace, debug, info (default), warn, error, off")
+    ->envname("SPINDLE_LOG_LEVEL");
+  sub->add_option("--log-format", args->log_format,
+                  "text (default) or json: one object per line")
+    ->envname("SPINDLE_LOG_FORMAT")
+    ->check(CLI::IsMember({"text", "json"}));
+  sub->add_option("--body-limit", args->http.body_limit,
+                  "largest request body in bytes; larger gets 413 (default "
+                  "1048576)")
+    ->envname("SPINDLE_BODY_LIMIT")
+    ->check(CLI::Range(size_t{1}, size_t{1} << 30));
+  sub->add_option("--http-threads", args->http.http_threads,
+                  "threads serving connections (default 64)")
+    ->envname("SPINDLE_HTTP_THREADS")
+    ->check(CLI::Range(size_t{2}, size_t{4096}));
+  sub->add_option("--shutdown-grace", args->shutdown_grace_s,
+                  "seconds in-flight requests get on SIGINT/SIGTERM "
+                  "(default 10)")
+    ->envname("SPINDLE_SHUTDOWN_GRACE")
+    ->check(CLI::Range(0.0, 3600.0));
+  commands.on(sub, [args] { return serve(*args); });
+}
+
+} // namespace spindle::cli

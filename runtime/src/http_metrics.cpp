@@ -1,0 +1,53 @@
+#include "http_metrics.hpp"
+
+#include <sstream>
+
+#include <prometheus/text_serializer.h>
+
+namespace spindle {
+
+http_metrics::http_metrics()
+  : registry_(std::make_shared<prometheus::Registry>()),
+    requests_(prometheus::BuildCounter()
+                .Name("spindle_http_requests_total")
+                .Help("HTTP requests by route, method and status")
+                .Register(*registry_)),
+    latency_(prometheus::BuildHistogram()
+               .Name("spindle_http_request_duration_seconds")
+               .Help("HTTP request latency by route")
+               .Register(*registry_)) {
+}
+
+void http_metrics::observe(const std::string& route, const std::string& method,
+                           int status, double seconds) {
+  requests_
+    .Add({{"route", route}, {"method", method},
+          {"status", std::to_string(status)}})
+    .Increment();
+  static const prometheus::Histogram::BucketBoundaries buckets{
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+    0.025,  0.05,    0.1,    0.25,  0.5,    1,     2.5, 10};
+  latency_.Add({{"route", route}}, buckets).Observe(seconds);
+}
+
+void http_metrics::add_gauge(const std::string& name, const std::string& help,
+                             std::function<samples()> source) {
+  auto& family = prometheus::BuildGauge().Name(name).Help(help).Register(
+    *registry_);
+  std::lock_guard<std::mutex> guard{mx_};
+  gauges_.push_back({&family, std::move(source)});
+}
+
+std::string http_metrics::scrape() {
+  {
+    std::lock_guard<std::mutex> guard{mx_};
+    for (auto& g : gauges_)
+      for (auto& [lbls, value] : g.source())
+        g.family->Add(lbls).Set(value);
+  }
+  std::ostringstream out;
+  prometheus::TextSerializer{}.Serialize(out, registry_->Collect());
+  return out.str();
+}
+
+} // namespace spindle

@@ -1,0 +1,54 @@
+#pragma once
+
+// /metrics: request counts and latencies by route, plus gauges that areas
+// register as sources read at scrape time. Prometheus text format.
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <prometheus/counter.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
+namespace spindle {
+
+class http_metrics {
+public:
+  using labels = std::map<std::string, std::string>;
+  using samples = std::vector<std::pair<labels, double>>;
+
+  http_metrics();
+
+  /// Counts one request and records its latency. Thread-safe.
+  void observe(const std::string& route, const std::string& method,
+               int status, double seconds);
+
+  /// Adds a gauge family whose samples `source` computes at each scrape.
+  /// Call before serving.
+  void add_gauge(const std::string& name, const std::string& help,
+                 std::function<samples()> source);
+
+  /// The text exposition of every metric. Thread-safe.
+  std::string scrape();
+
+private:
+  struct gauge_source {
+    prometheus::Family<prometheus::Gauge>* family;
+    std::function<samples()> source;
+  };
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Counter>& requests_;
+  prometheus::Family<prometheus::Histogram>& latency_;
+  std::mutex mx_;
+  std::vector<gauge_source> gauges_;
+};
+
+} // namespace spindle

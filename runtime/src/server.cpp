@@ -1,0 +1,130 @@
+#include "spindle/runtime/server.hpp"
+
+#include <atomic>
+
+#include <spdlog/spdlog.h>
+
+#include "http_metrics.hpp"
+#include "http_router.hpp"
+#include "spindle/messages/error.hpp"
+#include "spindle/runtime/logging.hpp"
+#include "spindle/runtime/runtime.hpp"
+#include "spindle/version.hpp"
+
+namespace spindle {
+
+using http::json;
+
+struct server::impl {
+  impl(runtime& r, server_options opts)
+    : rt(r), options(std::move(opts)), routes(svr, rt, options, metrics) {
+  }
+
+  runtime& rt;
+  server_options options;
+  httplib::Server svr;
+  http_metrics metrics;
+  http::router routes;
+  bool bound = false;
+  std::atomic<bool> stopping{false};
+};
+
+namespace {
+
+// Replies for requests that never reached a route (no such route, body too
+// large, unparsable request) in the same JSON shape as every other error,
+// and counts and logs them under the route "unmatched".
+void error_reply(http_metrics& metrics, const httplib::Request& req,
+                 httplib::Response& res) {
+  if (!res.body.empty())
+    return;
+  metrics.observe("unmatched", req.method, res.status, 0);
+  spdlog::info(log_fields("request", {{"method", req.method},
+                                      {"route", "unmatched"},
+                                      {"path", req.path.substr(0, 200)},
+                                      {"status", res.status}}));
+  std::string code = "error", message;
+  switch (res.status) {
+    case 404:
+      code = "not_found";
+      message = "no route for " + req.method + " "
+                + req.path.substr(0, 200);
+      break;
+    case 413:
+      code = "too_large";
+      message = "the request body exceeds the server's limit";
+      break;
+    case 400:
+      code = "malformed";
+      message = "the request could not be parsed";
+      break;
+    default:
+      message = "request failed with status " + std::to_string(res.status);
+  }
+  http::reply(res, res.status,
+              {{"error", {{"code", code}, {"message", message}}}});
+}
+
+} // namespace
+
+server::server(runtime& rt, server_options options)
+  : impl_(std::make_unique<impl>(rt, std::move(options))) {
+  auto& svr = impl_->svr;
+  auto& r = impl_->routes;
+  auto threads = std::max<size_t>(impl_->options.http_threads, 2);
+  svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
+  svr.set_payload_max_length(impl_->options.body_limit);
+  svr.set_keep_alive_max_count(100000);
+  svr.set_error_handler(
+    [this](const httplib::Request& req, httplib::Response& res) {
+      error_reply(impl_->metrics, req, res);
+    });
+  svr.Get("/healthz",
+          r.wrap("GET /healthz",
+                 [this](const httplib::Request&, httplib::Response& res,
+                        http::request_context&) {
+                   bool up = impl_->rt.running() && !impl_->stopping;
+                   http::reply(res, up ? 200 : 503,
+                               {{"status", up ? "ok" : "stopping"},
+                                {"version", version_string}});
+                 },
+                 /*open=*/true));
+  r.get("/metrics", "GET /metrics",
+        [this](const httplib::Request&, httplib::Response& res,
+               http::request_context&) {
+          res.set_content(impl_->metrics.scrape(),
+                          "text/plain; version=0.0.4");
+        });
+  http::add_id_routes(r);
+}
+
+server::~server() {
+  stop();
+}
+
+caf::expected<int> server::bind() {
+  auto& opts = impl_->options;
+  int port = opts.port == 0 ? impl_->svr.bind_to_any_port(opts.bind)
+                            : (impl_->svr.bind_to_port(opts.bind, opts.port)
+                                 ? opts.port
+                                 : -1);
+  if (port < 0)
+    return make_error(errc::io_failure,
+                      "cannot listen on " + opts.bind + ":"
+                        + std::to_string(opts.port)
+                        + " (address in use or not available)");
+  impl_->bound = true;
+  return port;
+}
+
+void server::run() {
+  if (impl_->bound)
+    impl_->svr.listen_after_bind();
+}
+
+void server::stop() {
+  impl_->stopping = true;
+  impl_->svr.stop();
+}
+
+} // namespace spindle
