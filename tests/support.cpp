@@ -8,6 +8,8 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <atomic>
+#include <fstream>
 
 #include <fcntl.h>
 #include <poll.h>
@@ -181,6 +183,90 @@ int child::wait() {
   waitpid(pid_, &status, 0);
   reaped_ = true;
   return decode(status, nullptr);
+}
+
+server_process::server_process(const std::vector<std::string>& extra,
+                               const std::map<std::string, std::string>& env) {
+  static std::atomic<int> serial{0};
+  log_path_ = (std::filesystem::temp_directory_path()
+               / ("spindle-server-" + std::to_string(getpid()) + "-"
+                  + std::to_string(serial++) + ".log"))
+                .string();
+  int out_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0)
+    throw std::runtime_error("pipe failed");
+  int log_fd = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
+                      0644);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
+  posix_spawn_file_actions_adddup2(&actions, log_fd, 2);
+  std::vector<std::string> args{spindle_binary(), "serve", "--port", "0",
+                                "--data", ":memory:"};
+  args.insert(args.end(), extra.begin(), extra.end());
+  auto envs = make_env(env);
+  auto c_args = c_array(args);
+  auto c_env = c_array(envs);
+  auto rc = posix_spawn(&pid_, c_args[0], &actions, nullptr, c_args.data(),
+                        c_env.data());
+  posix_spawn_file_actions_destroy(&actions);
+  close(out_pipe[1]);
+  close(log_fd);
+  if (rc != 0) {
+    close(out_pipe[0]);
+    throw std::runtime_error("cannot start the server");
+  }
+  // The first line on stdout is "spindle X serving on http://HOST:PORT".
+  std::string line;
+  char c;
+  pollfd pfd{out_pipe[0], POLLIN, 0};
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (poll(&pfd, 1, 100) <= 0)
+      continue;
+    if (read(out_pipe[0], &c, 1) != 1)
+      break;
+    if (c == '\n')
+      break;
+    line += c;
+  }
+  close(out_pipe[0]);
+  auto colon = line.rfind(':');
+  if (line.find("serving on") == std::string::npos
+      || colon == std::string::npos)
+    throw std::runtime_error("the server did not start: '" + line
+                             + "'; log: " + log());
+  port_ = std::stoi(line.substr(colon + 1));
+}
+
+server_process::~server_process() {
+  if (!reaped_)
+    stop(SIGKILL);
+  std::error_code ec;
+  std::filesystem::remove(log_path_, ec);
+}
+
+int server_process::stop(int sig) {
+  if (reaped_)
+    return -1;
+  ::kill(pid_, sig);
+  int status = 0;
+  for (int i = 0; i < 1000; ++i) {
+    if (waitpid(pid_, &status, WNOHANG) == pid_) {
+      reaped_ = true;
+      return decode(status, nullptr);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ::kill(pid_, SIGKILL);
+  waitpid(pid_, &status, 0);
+  reaped_ = true;
+  return -2; // did not stop within 10 s
+}
+
+std::string server_process::log() const {
+  std::ifstream in{log_path_};
+  return std::string{std::istreambuf_iterator<char>{in}, {}};
 }
 
 std::string spindle_binary() {

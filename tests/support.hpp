@@ -70,6 +70,37 @@ private:
   bool reaped_ = false;
 };
 
+/// `spindle serve` running as a child on a free loopback port; stopped
+/// (SIGTERM, then SIGKILL after 10 s) on destruction. stderr (the log) is
+/// collected in a file.
+class server_process {
+public:
+  /// Starts `spindle serve --port 0 --data :memory: <extra>` and waits
+  /// until it prints its address.
+  explicit server_process(const std::vector<std::string>& extra = {},
+                          const std::map<std::string, std::string>& env = {});
+  ~server_process();
+  server_process(const server_process&) = delete;
+  server_process& operator=(const server_process&) = delete;
+
+  int port() const noexcept {
+    return port_;
+  }
+  pid_t pid() const noexcept {
+    return pid_;
+  }
+  /// Sends `sig` and waits for the exit code (-1 if killed by a signal).
+  int stop(int sig);
+  /// Everything the server logged so far.
+  std::string log() const;
+
+private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+  bool reaped_ = false;
+  std::string log_path_;
+};
+
 /// Path of the spindle binary under test.
 std::string spindle_binary();
 

@@ -24,7 +24,9 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and --version exit 0; every parse error is a usage error.
+    return app.exit(e) == 0 ? spindle::cli::exit_code::ok
+                            : spindle::cli::exit_code::usage;
   }
   return commands.run();
 }

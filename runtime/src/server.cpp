@@ -2,6 +2,8 @@
 
 #include <atomic>
 
+#include <sys/socket.h>
+
 #include <spdlog/spdlog.h>
 
 #include "http_metrics.hpp"
@@ -27,6 +29,8 @@ struct server::impl {
   http::router routes;
   bool bound = false;
   std::atomic<bool> stopping{false};
+  /// The listening socket, seen when httplib creates it.
+  int listen_fd = -1;
 };
 
 namespace {
@@ -65,6 +69,26 @@ void error_reply(http_metrics& metrics, const httplib::Request& req,
               {{"error", {{"code", code}, {"message", message}}}});
 }
 
+// Gauges computed at scrape time from the runtime's actors.
+void add_gauges(http_metrics& metrics, runtime& rt) {
+  metrics.add_gauge(
+    "spindle_ids_issued", "IDs handed out since the server started, by kind",
+    [&rt] {
+      http_metrics::samples out;
+      auto stats = rt.call<id_stats>(rt.id_allocator(),
+                                     std::chrono::seconds(2),
+                                     stats_atom::value);
+      if (stats) {
+        out.push_back({{{"kind", "context"}},
+                       static_cast<double>(stats->context)});
+        out.push_back({{{"kind", "orchestration"}},
+                       static_cast<double>(stats->orchestration)});
+        out.push_back({{{"kind", "task"}}, static_cast<double>(stats->task)});
+      }
+      return out;
+    });
+}
+
 } // namespace
 
 server::server(runtime& rt, server_options options)
@@ -75,6 +99,10 @@ server::server(runtime& rt, server_options options)
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   svr.set_payload_max_length(impl_->options.body_limit);
   svr.set_keep_alive_max_count(100000);
+  svr.set_socket_options([this](socket_t sock) {
+    httplib::default_socket_options(sock);
+    impl_->listen_fd = sock;
+  });
   svr.set_error_handler(
     [this](const httplib::Request& req, httplib::Response& res) {
       error_reply(impl_->metrics, req, res);
@@ -96,6 +124,7 @@ server::server(runtime& rt, server_options options)
                           "text/plain; version=0.0.4");
         });
   http::add_id_routes(r);
+  add_gauges(impl_->metrics, impl_->rt);
 }
 
 server::~server() {
@@ -113,6 +142,11 @@ caf::expected<int> server::bind() {
                       "cannot listen on " + opts.bind + ":"
                         + std::to_string(opts.port)
                         + " (address in use or not available)");
+  // Debian's httplib listens with a backlog of 5, which drops connections
+  // when many clients connect at once; Linux lets a second listen() raise
+  // it.
+  if (impl_->listen_fd >= 0)
+    ::listen(impl_->listen_fd, SOMAXCONN);
   impl_->bound = true;
   return port;
 }

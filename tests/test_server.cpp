@@ -1,0 +1,254 @@
+// spindle serve end to end: the real binary on a free loopback port, spoken
+// to over HTTP. Core behaviour: health, auth, errors, limits, metrics, logs,
+// signals, and the ID route.
+
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include <catch2/catch.hpp>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+#include <signal.h>
+
+#include "support.hpp"
+
+using json = nlohmann::json;
+using spindle::test::server_process;
+
+namespace {
+
+httplib::Headers bearer(const std::string& token) {
+  return {{"Authorization", "Bearer " + token}};
+}
+
+json body_of(const httplib::Result& r) {
+  REQUIRE(r);
+  return json::parse(r->body);
+}
+
+void check_error(const httplib::Result& r, int status, const std::string& code) {
+  REQUIRE(r);
+  INFO(r->body);
+  CHECK(r->status == status);
+  auto body = json::parse(r->body, nullptr, false);
+  REQUIRE(body.is_object());
+  CHECK(body["error"]["code"] == code);
+  CHECK(body["error"]["message"].is_string());
+  CHECK_FALSE(body["error"]["message"].get<std::string>().empty());
+}
+
+} // namespace
+
+TEST_CASE("server: /healthz answers without auth; every other route needs "
+          "the bearer token when one is set") {
+  server_process srv{{"--token", "s3cret"}};
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  auto health = cli.Get("/healthz");
+  REQUIRE(health);
+  CHECK(health->status == 200);
+  CHECK(body_of(health)["status"] == "ok");
+  check_error(cli.Post("/v1/ids", R"({"kind":"context"})", "application/json"),
+              401, "unauthorized");
+  check_error(cli.Get("/metrics"), 401, "unauthorized");
+  check_error(cli.Post("/v1/ids", bearer("wrong"), R"({"kind":"context"})",
+                       "application/json"),
+              401, "unauthorized");
+  auto ok = cli.Post("/v1/ids", bearer("s3cret"), R"({"kind":"context"})",
+                     "application/json");
+  REQUIRE(ok);
+  CHECK(ok->status == 200);
+  CHECK(body_of(ok)["id"] == "ctx-1");
+}
+
+TEST_CASE("server: POST /v1/ids hands out context, orchestration and task "
+          "IDs") {
+  server_process srv;
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  auto post = [&](const std::string& body) {
+    auto r = cli.Post("/v1/ids", body, "application/json");
+    REQUIRE(r);
+    INFO(r->body);
+    REQUIRE(r->status == 200);
+    return json::parse(r->body)["id"].get<std::string>();
+  };
+  CHECK(post(R"({"kind":"context"})") == "ctx-1");
+  CHECK(post(R"({"kind":"context"})") == "ctx-2");
+  CHECK(post(R"({"kind":"orchestration"})") == "0001");
+  CHECK(post(R"({"kind":"task","parent":"0001"})") == "0001_t1");
+  CHECK(post(R"({"kind":"task","parent":"0001_t1"})") == "0001_t1.1");
+}
+
+TEST_CASE("server: 32 concurrent clients get unique, per-client increasing "
+          "IDs") {
+  server_process srv;
+  constexpr int clients = 32, per_client = 50;
+  std::vector<std::vector<uint64_t>> got(clients);
+  std::mutex failures_mx;
+  std::vector<std::string> failures;
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients; ++c)
+    threads.emplace_back([&, c] {
+      httplib::Client cli{"127.0.0.1", srv.port()};
+      cli.set_keep_alive(true);
+      for (int i = 0; i < per_client; ++i) {
+        auto r = cli.Post("/v1/ids", R"({"kind":"context"})",
+                          "application/json");
+        if (!r || r->status != 200) {
+          std::lock_guard<std::mutex> guard{failures_mx};
+          failures.push_back(r ? std::to_string(r->status) + " " + r->body
+                               : "transport: " + httplib::to_string(r.error()));
+          continue;
+        }
+        auto id = json::parse(r->body)["id"].get<std::string>();
+        got[c].push_back(std::stoull(id.substr(4)));
+      }
+    });
+  for (auto& t : threads)
+    t.join();
+  for (auto& f : failures)
+    UNSCOPED_INFO(f);
+  CHECK(failures.empty());
+  std::set<uint64_t> all;
+  for (auto& ids : got) {
+    REQUIRE(ids.size() == per_client);
+    for (size_t i = 1; i < ids.size(); ++i)
+      REQUIRE(ids[i - 1] < ids[i]);
+    all.insert(ids.begin(), ids.end());
+  }
+  CHECK(all.size() == clients * per_client);
+  CHECK(*all.rbegin() == clients * per_client);
+}
+
+TEST_CASE("server: bad input to /v1/ids gets a clear error and changes no "
+          "counter") {
+  server_process srv;
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  struct bad_case {
+    std::string body;
+    int status;
+    std::string code;
+  };
+  std::vector<bad_case> cases{
+    {"", 400, "malformed"},
+    {"{", 400, "malformed"},
+    {R"({"kind":"context")", 400, "malformed"},
+    {"[1,2]", 400, "malformed"},
+    {"\"context\"", 400, "malformed"},
+    {R"({"kind":42})", 400, "malformed"},
+    {R"({"kind":null})", 400, "malformed"},
+    {R"({"kind":"bogus"})", 400, "invalid_argument"},
+    {R"({"kind":"context","extra":1})", 400, "unknown_field"},
+    {R"({"kind":"task"})", 400, "malformed"},
+    {R"({"kind":"task","parent":"../x"})", 400, "invalid_id"},
+    {R"({"kind":"task","parent":"0001_t0"})", 400, "invalid_id"},
+    {R"({"kind":"task","parent":5})", 400, "malformed"},
+    {R"({"kind":"context","parent":"0001"})", 400, "malformed"},
+    {"{\"kind\":\"\xff\xfe\"}", 400, "malformed"}, // invalid UTF-8
+  };
+  for (auto& c : cases) {
+    INFO(c.body);
+    check_error(cli.Post("/v1/ids", c.body, "application/json"), c.status,
+                c.code);
+  }
+  // The server is up and no counter moved.
+  auto r = cli.Post("/v1/ids", R"({"kind":"context"})", "application/json");
+  REQUIRE(r);
+  CHECK(body_of(r)["id"] == "ctx-1");
+}
+
+TEST_CASE("server: bodies over the limit get 413; unknown routes 404; both "
+          "as JSON errors") {
+  server_process srv{{"--body-limit", "1024"}};
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  std::string big = R"({"kind":"context","pad":")" + std::string(2000, 'x')
+                    + "\"}";
+  check_error(cli.Post("/v1/ids", big, "application/json"), 413, "too_large");
+  check_error(cli.Get("/v1/nothing/here"), 404, "not_found");
+  check_error(cli.Delete("/v1/ids"), 404, "not_found");
+  auto r = cli.Post("/v1/ids", R"({"kind":"context"})", "application/json");
+  REQUIRE(r);
+  CHECK(r->status == 200);
+}
+
+TEST_CASE("server: /metrics speaks the Prometheus text format with requests "
+          "and latencies by route") {
+  server_process srv;
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  for (int i = 0; i < 3; ++i)
+    cli.Post("/v1/ids", R"({"kind":"context"})", "application/json");
+  cli.Post("/v1/ids", "{", "application/json");
+  auto m = cli.Get("/metrics");
+  REQUIRE(m);
+  CHECK(m->status == 200);
+  CHECK(m->get_header_value("Content-Type").find("text/plain")
+        != std::string::npos);
+  CHECK(m->body.find("# TYPE spindle_http_requests_total counter")
+        != std::string::npos);
+  CHECK(m->body.find(R"(spindle_http_requests_total{method="POST",route="POST /v1/ids",status="200"} 3)")
+        != std::string::npos);
+  CHECK(m->body.find(R"(spindle_http_requests_total{method="POST",route="POST /v1/ids",status="400"} 1)")
+        != std::string::npos);
+  CHECK(m->body.find(R"(spindle_http_request_duration_seconds_count{route="POST /v1/ids"} 4)")
+        != std::string::npos);
+  CHECK(m->body.find("spindle_ids_issued") != std::string::npos);
+}
+
+TEST_CASE("server: one log line per request; --log-format json writes one "
+          "JSON object per line") {
+  server_process srv{{"--log-format", "json"}};
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  cli.Post("/v1/ids", R"({"kind":"context"})", "application/json");
+  cli.Post("/v1/ids", R"({"kind":"nope"})", "application/json");
+  CHECK(srv.stop(SIGTERM) == 0);
+  int requests = 0;
+  for (auto& line : spindle::test::lines(srv.log())) {
+    auto obj = json::parse(line, nullptr, false);
+    INFO(line);
+    REQUIRE(obj.is_object());
+    CHECK(obj.contains("time"));
+    CHECK(obj.contains("level"));
+    if (obj.value("event", "") == "request" && obj["route"] == "POST /v1/ids") {
+      ++requests;
+      CHECK(obj["latency_ms"].is_number());
+      CHECK((obj["status"] == 200 || obj["status"] == 400));
+    }
+  }
+  CHECK(requests == 2);
+}
+
+TEST_CASE("server: SPINDLE_* environment variables mirror the flags") {
+  server_process srv{{}, {{"SPINDLE_TOKEN", "from-env"},
+                          {"SPINDLE_BODY_LIMIT", "64"}}};
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  check_error(cli.Post("/v1/ids", R"({"kind":"context"})", "application/json"),
+              401, "unauthorized");
+  check_error(cli.Post("/v1/ids", bearer("from-env"),
+                       R"({"kind":"context","x":")" + std::string(100, 'y')
+                         + "\"}",
+                       "application/json"),
+              413, "too_large");
+}
+
+TEST_CASE("server: SIGINT and SIGTERM stop it cleanly with exit code 0") {
+  for (int sig : {SIGINT, SIGTERM}) {
+    server_process srv;
+    httplib::Client cli{"127.0.0.1", srv.port()};
+    REQUIRE(cli.Get("/healthz"));
+    CHECK(srv.stop(sig) == 0);
+    CHECK(srv.log().find("stopped") != std::string::npos);
+  }
+}
+
+TEST_CASE("server: bad flags are refused with exit code 2 and a message") {
+  auto r = spindle::test::run({spindle::test::spindle_binary(), "serve",
+                               "--log-format", "xml"});
+  CHECK(r.exit_code == 2);
+  CHECK(r.err.find("log-format") != std::string::npos);
+  auto port = spindle::test::run({spindle::test::spindle_binary(), "serve",
+                                  "--port", "70000"});
+  CHECK(port.exit_code == 2);
+  auto unknown = spindle::test::run({spindle::test::spindle_binary(), "serve",
+                                     "--no-such-flag"});
+  CHECK(unknown.exit_code == 2);
+}
