@@ -33,6 +33,8 @@ private:
 
 void add_demo(CLI::App& app, registry& commands);
 void add_id(CLI::App& app, registry& commands);
+void add_task(CLI::App& app, registry& commands);
+void add_session(CLI::App& app, registry& commands);
 void add_serve(CLI::App& app, registry& commands);
 
 } // namespace spindle::cli

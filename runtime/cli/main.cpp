@@ -20,6 +20,8 @@ int main(int argc, char** argv) {
   spindle::cli::registry commands;
   spindle::cli::add_demo(app, commands);
   spindle::cli::add_id(app, commands);
+  spindle::cli::add_task(app, commands);
+  spindle::cli::add_session(app, commands);
   spindle::cli::add_serve(app, commands);
   try {
     app.parse(argc, argv);

@@ -25,6 +25,27 @@ const char* const migrations[] = {
   "  key TEXT PRIMARY KEY NOT NULL,"
   "  high_water INTEGER NOT NULL CHECK (high_water >= 0)"
   ") WITHOUT ROWID;",
+  // 1 -> 2: long-term memory (D8). The container tags user:{id} and
+  // thread:{id} are kept as columns ('' = no such tag); FTS5 ranks entries
+  // with bm25, kept in sync by triggers.
+  "CREATE TABLE memories ("
+  "  id INTEGER PRIMARY KEY,"
+  "  user_id TEXT NOT NULL DEFAULT '',"
+  "  thread_id TEXT NOT NULL DEFAULT '',"
+  "  content TEXT NOT NULL,"
+  "  created_ms INTEGER NOT NULL"
+  ");"
+  "CREATE INDEX memories_by_user ON memories(user_id);"
+  "CREATE INDEX memories_by_thread ON memories(thread_id, user_id);"
+  "CREATE VIRTUAL TABLE memories_fts USING fts5("
+  "  content, content='memories', content_rowid='id');"
+  "CREATE TRIGGER memories_ai AFTER INSERT ON memories BEGIN"
+  "  INSERT INTO memories_fts(rowid, content) VALUES (new.id, new.content);"
+  " END;"
+  "CREATE TRIGGER memories_ad AFTER DELETE ON memories BEGIN"
+  "  INSERT INTO memories_fts(memories_fts, rowid, content)"
+  "  VALUES ('delete', old.id, old.content);"
+  " END;",
 };
 
 static_assert(sizeof(migrations) / sizeof(migrations[0])

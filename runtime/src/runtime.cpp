@@ -2,6 +2,8 @@
 
 #include <caf/all.hpp>
 
+#include "spindle/actors/scheduler.hpp"
+
 namespace spindle {
 
 startup_error::startup_error(caf::error err)
@@ -40,8 +42,16 @@ caf::error runtime::start_core() {
   id_allocator_ = system_->spawn(spindle::id_allocator, counter_store_,
                                  options_.ids);
   // -- context items (spawn here) --
+  if (auto err = validate(options_.context.window))
+    return err; // "capacity must be at least 1, got 0"
+  context_directory_ = system_->spawn(spindle::context_directory,
+                                      id_allocator_, options_.context);
   // -- threads, memory, builder (spawn here) --
+  if (auto err = start_threads())
+    return err;
   // -- orchestration (spawn here) --
+  scheduler_ = system_->spawn(spindle::scheduler, id_allocator_,
+                             scheduler_options{});
   running_ = true;
   return caf::none;
 }
@@ -54,8 +64,14 @@ std::vector<caf::actor> runtime::core_actors() const {
       result.push_back(caf::actor_cast<caf::actor>(handle));
   };
   // -- orchestration (add here) --
+  add(scheduler_);
   // -- threads, memory, builder (add here) --
+  add(context_builder_);
+  add(rewriter_);
+  add(memory_);
+  add(thread_registry_);
   // -- context items (add here) --
+  add(context_directory_);
   add(id_allocator_);
   add(counter_store_);
   return result;
@@ -68,6 +84,12 @@ void runtime::stop() {
   for (auto& handle : core_actors())
     caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);
   // -- each area resets its handles here --
+  context_builder_ = nullptr;
+  rewriter_ = nullptr;
+  memory_ = nullptr;
+  thread_registry_ = nullptr;
+  context_directory_ = nullptr;
+  scheduler_ = nullptr;
   id_allocator_ = nullptr;
   counter_store_ = nullptr;
   // ~actor_system waits until every actor has finished.

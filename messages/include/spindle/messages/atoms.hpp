@@ -18,9 +18,37 @@ CAF_ADD_ATOM(spindle, spindle, store_atom, "store")
 CAF_ADD_ATOM(spindle, spindle, stats_atom, "stats")
 
 // -- context items (issue: context manager) -------------------------------------
+CAF_ADD_ATOM(spindle, spindle, ctx_items_atom, "ctx_items")
+CAF_ADD_ATOM(spindle, spindle, ctx_render_atom, "ctx_render")
+CAF_ADD_ATOM(spindle, spindle, ctx_stats_atom, "ctx_stats")
+CAF_ADD_ATOM(spindle, spindle, ctx_open_atom, "ctx_open")
+CAF_ADD_ATOM(spindle, spindle, ctx_claim_atom, "ctx_claim")
+CAF_ADD_ATOM(spindle, spindle, ctx_release_atom, "ctx_free")
 
 // -- threads, memory, rewriter, builder -----------------------------------------
+CAF_ADD_ATOM(spindle, spindle, history_atom, "history")
+CAF_ADD_ATOM(spindle, spindle, thread_snapshot_atom, "tsnapshot")
+CAF_ADD_ATOM(spindle, spindle, thread_list_atom, "tlist")
+CAF_ADD_ATOM(spindle, spindle, thread_count_atom, "tcount")
+CAF_ADD_ATOM(spindle, spindle, exchange_begin_atom, "xbegin")
+CAF_ADD_ATOM(spindle, spindle, exchange_end_atom, "xend")
+CAF_ADD_ATOM(spindle, spindle, fork_atom, "fork")
+CAF_ADD_ATOM(spindle, spindle, build_context_atom, "buildctx")
+CAF_ADD_ATOM(spindle, spindle, rewrite_atom, "rewrite")
+CAF_ADD_ATOM(spindle, spindle, memory_atom, "memory")
 
 // -- orchestration ----------------------------------------------------------------
+CAF_ADD_ATOM(spindle, spindle, orchestrate_atom, "orchestr")
+CAF_ADD_ATOM(spindle, spindle, claim_atom, "claim")
+CAF_ADD_ATOM(spindle, spindle, complete_atom, "complete")
+CAF_ADD_ATOM(spindle, spindle, fail_atom, "fail")
+CAF_ADD_ATOM(spindle, spindle, requeue_atom, "requeue")
+CAF_ADD_ATOM(spindle, spindle, task_atom, "task")
+CAF_ADD_ATOM(spindle, spindle, executable_atom, "executable")
+CAF_ADD_ATOM(spindle, spindle, attach_atom, "attach")
+CAF_ADD_ATOM(spindle, spindle, workers_atom, "workers")
+CAF_ADD_ATOM(spindle, spindle, stale_atom, "stale")
+CAF_ADD_ATOM(spindle, spindle, ready_atom, "ready")
+CAF_ADD_ATOM(spindle, spindle, unready_atom, "unready")
 
 // -- storage and server -------------------------------------------------------------

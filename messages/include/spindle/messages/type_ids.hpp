@@ -10,7 +10,13 @@
 #include <caf/type_id.hpp>
 
 #include "spindle/messages/atoms.hpp"
+#include "spindle/messages/context_manager.hpp"
 #include "spindle/messages/ids.hpp"
+#include "spindle/messages/chat.hpp"
+#include "spindle/messages/context_builder.hpp"
+#include "spindle/messages/memory.hpp"
+#include "spindle/messages/threads.hpp"
+#include "spindle/messages/orchestration.hpp"
 
 CAF_BEGIN_TYPE_ID_BLOCK(spindle, caf::first_custom_type_id)
 
@@ -19,9 +25,45 @@ CAF_BEGIN_TYPE_ID_BLOCK(spindle, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(spindle, (spindle::id_stats))
 
   // -- context items -------------------------------------------------------------
+  CAF_ADD_TYPE_ID(spindle, (spindle::context_item))
+  CAF_ADD_TYPE_ID(spindle, (std::vector<spindle::context_item>))
+  CAF_ADD_TYPE_ID(spindle, (spindle::context_draft))
+  CAF_ADD_TYPE_ID(spindle, (spindle::window_options))
+  CAF_ADD_TYPE_ID(spindle, (spindle::context_add_result))
+  CAF_ADD_TYPE_ID(spindle, (spindle::context_evicted))
+  CAF_ADD_TYPE_ID(spindle, (spindle::context_released))
+  CAF_ADD_TYPE_ID(spindle, (spindle::context_stats))
+  CAF_ADD_TYPE_ID(spindle, (spindle::context_directory_stats))
+  CAF_ADD_TYPE_ID(spindle, (spindle::context_manager_actor))
 
   // -- threads, memory, rewriter, builder ------------------------------------------
+  CAF_ADD_TYPE_ID(spindle, (spindle::turn_role))
+  CAF_ADD_TYPE_ID(spindle, (spindle::turn))
+  CAF_ADD_TYPE_ID(spindle, (std::vector<spindle::turn>))
+  CAF_ADD_TYPE_ID(spindle, (spindle::chat_message))
+  CAF_ADD_TYPE_ID(spindle, (std::vector<spindle::chat_message>))
+  CAF_ADD_TYPE_ID(spindle, (spindle::history_window))
+  CAF_ADD_TYPE_ID(spindle, (spindle::thread_snapshot))
+  CAF_ADD_TYPE_ID(spindle, (spindle::conflict_policy))
+  CAF_ADD_TYPE_ID(spindle, (spindle::thread_ref))
+  CAF_ADD_TYPE_ID(spindle, (spindle::memory_query))
+  CAF_ADD_TYPE_ID(spindle, (spindle::memory_snippet))
+  CAF_ADD_TYPE_ID(spindle, (spindle::rewrite_request))
+  CAF_ADD_TYPE_ID(spindle, (spindle::rewrite_result))
+  CAF_ADD_TYPE_ID(spindle, (spindle::build_options))
+  CAF_ADD_TYPE_ID(spindle, (spindle::build_request))
+  CAF_ADD_TYPE_ID(spindle, (spindle::built_context))
 
   // -- orchestration ------------------------------------------------------------------
+  CAF_ADD_TYPE_ID(spindle, (spindle::task_id))
+  CAF_ADD_TYPE_ID(spindle, (std::vector<spindle::task_id>))
+  CAF_ADD_TYPE_ID(spindle, (spindle::task_info))
+  CAF_ADD_TYPE_ID(spindle, (spindle::task_tree))
+  CAF_ADD_TYPE_ID(spindle, (spindle::task_claim))
+  CAF_ADD_TYPE_ID(spindle, (spindle::process_worker))
+  CAF_ADD_TYPE_ID(spindle, (std::vector<spindle::task_info>))
+  CAF_ADD_TYPE_ID(spindle, (std::vector<spindle::process_worker>))
+  // Shared by several areas; listed once, here.
+  CAF_ADD_TYPE_ID(spindle, (std::vector<std::string>))
 
 CAF_END_TYPE_ID_BLOCK(spindle)

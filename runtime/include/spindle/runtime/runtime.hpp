@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -12,12 +13,18 @@
 #include <caf/expected.hpp>
 #include <caf/scoped_actor.hpp>
 
+#include "spindle/actors/context_directory.hpp"
 #include "spindle/actors/id_allocator.hpp"
+#include "spindle/messages/context_manager.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/ids.hpp"
 #include "spindle/messages/task_id.hpp"
+#include "spindle/messages/orchestration.hpp"
+#include "spindle/runtime/process.hpp"
 #include "spindle/runtime/config.hpp"
 #include "spindle/runtime/storage.hpp"
+#include "spindle/runtime/conversation.hpp"
+#include "spindle/runtime/llm.hpp"
 
 namespace spindle {
 
@@ -27,10 +34,17 @@ struct runtime_options {
   storage_options storage;
   /// ID allocator tuning (reservation blocks).
   id_allocator_options ids;
+  /// Context windows: default bounds (capacity 50, no token budget) and the
+  /// managers' request timeout.
+  context_directory_options context;
   /// Scheduler worker threads; 0 means one per core.
   size_t scheduler_threads = 0;
   /// Timeout of blocking calls that do not name their own.
   std::chrono::milliseconds default_timeout{5000};
+  /// The LLM provider of exchanges; null means the offline provider.
+  std::shared_ptr<llm_provider> provider;
+  /// Threads, memory, query rewriting, context builder, exchanges.
+  conversation_options conversation;
 };
 
 /// Thrown by the constructor of `runtime` when it cannot start; `start()`
@@ -119,10 +133,290 @@ public:
                       std::function<void(caf::expected<id_range>)> done);
 
   // -- context items (per-thread sliding windows) ------------------------------
+  // Design and protocol: docs/context.md. Read calls on a thread that has no
+  // window answer as for an empty window and create none.
+
+  /// The context directory: creates and finds each thread's manager.
+  context_directory_actor context_directory() const noexcept {
+    return context_directory_;
+  }
+
+  /// The `limit` that means every item of a window.
+  static constexpr uint64_t all_items = UINT64_MAX;
+
+  /// The context manager of `thread_id`, created with the default bounds if
+  /// missing and `create`. Errors: invalid_id (thread ID, D10), not_found
+  /// (none and not `create`), timeout, unavailable.
+  caf::expected<context_manager_actor>
+  context_manager_of(const std::string& thread_id, bool create);
+
+  /// Adds an item to the window of `thread_id` (created on first use) with
+  /// a fresh `ctx-N` ID and the current Universal Time. Returns the stored
+  /// item and the IDs evicted to make room, oldest first. Errors:
+  /// invalid_id (thread ID), invalid_argument (type), malformed (content or
+  /// metadata, naming the field), capacity_exceeded (larger than the whole
+  /// token budget; the window is unchanged), storage_failure, timeout,
+  /// unavailable.
+  caf::expected<context_add_result>
+  add_context(const std::string& thread_id, context_type type,
+              std::string content, nlohmann::json metadata = nullptr);
+  caf::expected<context_add_result> add_context(const std::string& thread_id,
+                                                context_draft draft);
+
+  /// Stores an item with its own ID and timestamp (a restore, D4): the
+  /// `ctx` counter is advanced past its ID. Errors as for `add_context`,
+  /// plus already_exists when the ID is live in any window of this runtime.
+  caf::expected<context_add_result>
+  restore_context(const std::string& thread_id, context_item item);
+
+  /// The newest `limit` items of the window, oldest first.
+  caf::expected<std::vector<context_item>>
+  context_items(const std::string& thread_id, uint64_t limit = all_items);
+
+  /// One item. Errors: invalid_id, not_found, timeout, unavailable.
+  caf::expected<context_item> get_context_item(const std::string& thread_id,
+                                               const std::string& id);
+
+  /// Removes one item and returns it. Errors as for `get_context_item`.
+  caf::expected<context_item>
+  remove_context_item(const std::string& thread_id, const std::string& id);
+
+  /// Removes every item of the window; returns how many.
+  caf::expected<uint64_t> clear_context(const std::string& thread_id);
+
+  /// The newest `limit` items as markdown, oldest first (docs/context.md).
+  caf::expected<std::string> render_context(const std::string& thread_id,
+                                            uint64_t limit = all_items);
+
+  /// Size, bounds and eviction counters of the window.
+  caf::expected<context_stats> get_context_stats(const std::string& thread_id);
+
+  /// Sets the bounds of the window (creating it if missing), evicting oldest
+  /// first to fit. Errors: invalid_argument (capacity < 1, token_budget <
+  /// 0), invalid_id, timeout, unavailable.
+  caf::expected<context_evicted>
+  configure_context(const std::string& thread_id, window_options options);
+
+  /// Asynchronous variants; `done` runs once on a runtime thread.
+  void add_context_async(
+    const std::string& thread_id, context_draft draft,
+    std::function<void(caf::expected<context_add_result>)> done);
+  void context_items_async(
+    const std::string& thread_id, uint64_t limit,
+    std::function<void(caf::expected<std::vector<context_item>>)> done);
+  void get_context_item_async(
+    const std::string& thread_id, const std::string& id,
+    std::function<void(caf::expected<context_item>)> done);
+  void remove_context_item_async(
+    const std::string& thread_id, const std::string& id,
+    std::function<void(caf::expected<context_item>)> done);
+  void clear_context_async(const std::string& thread_id,
+                           std::function<void(caf::expected<uint64_t>)> done);
+  void render_context_async(
+    const std::string& thread_id, uint64_t limit,
+    std::function<void(caf::expected<std::string>)> done);
 
   // -- threads, memory, context builder ----------------------------------------
+  // Design and protocols: docs/threads.md, docs/memory.md, docs/builder.md,
+  // docs/llm.md. Read calls never create a thread; only add_turn and
+  // send_message do.
+
+  /// The thread registry (thread ID -> thread actor).
+  thread_registry_actor thread_registry() const noexcept {
+    return thread_registry_;
+  }
+  /// The context builder.
+  context_builder_actor context_builder() const noexcept {
+    return context_builder_;
+  }
+  /// The long-term memory.
+  memory_actor memory() const noexcept {
+    return memory_;
+  }
+  /// The query rewriter actor.
+  query_rewriter_actor rewriter() const noexcept {
+    return rewriter_;
+  }
+  /// The LLM provider of exchanges.
+  std::shared_ptr<llm_provider> provider() const noexcept {
+    return options_.provider;
+  }
+
+  /// Appends exactly one turn to `thread_id`, creating the thread if it
+  /// does not exist (a write path), and returns the thread's turn count.
+  /// Waits while a message exchange holds the thread (D9). Errors:
+  /// invalid_id ("new" included: it names no thread), invalid_argument,
+  /// too_large, timeout, unavailable.
+  caf::expected<uint64_t> add_turn(const std::string& thread_id, turn t);
+
+  /// The last turns of `thread_id` per D6 (default 20); empty for an
+  /// unknown thread, which is not created. Errors: invalid_id,
+  /// invalid_argument (max_turns < 2), timeout, unavailable.
+  caf::expected<std::vector<turn>>
+  history(const std::string& thread_id,
+          uint64_t max_turns = store_default_max_turns);
+
+  /// As `history`, with the thread's total turn count and clear epoch.
+  caf::expected<history_window>
+  read_history(const std::string& thread_id,
+               uint64_t max_turns = store_default_max_turns);
+
+  /// A copy of every turn of `thread_id`. Errors: invalid_id, not_found
+  /// (nothing is created), timeout, unavailable.
+  caf::expected<thread_snapshot> snapshot(const std::string& thread_id);
+
+  /// Removes every turn of `thread_id` (the only way turns disappear) and
+  /// returns how many. Waits for a running exchange. Errors: invalid_id,
+  /// not_found, timeout, unavailable.
+  caf::expected<uint64_t> clear_thread(const std::string& thread_id);
+
+  /// Every thread ID, sorted.
+  caf::expected<std::vector<std::string>> list_threads();
+
+  /// How many threads exist.
+  caf::expected<uint64_t> count_threads();
+
+  /// Builds the prompt for `message` in `thread_id` (D7) without storing
+  /// anything; an unknown thread gives an empty history and is not
+  /// created. Errors: invalid_id, invalid_argument, too_large, timeout,
+  /// unavailable.
+  caf::expected<built_context> build_context(const std::string& thread_id,
+                                             const std::string& user_id,
+                                             const std::string& message,
+                                             build_options options = {});
+
+  /// Stores a long-term memory entry with container tags `user:{id}`
+  /// and/or `thread:{id}` (see memory_tags); returns its ID. Errors:
+  /// invalid_argument, invalid_id, too_large, storage_failure, timeout,
+  /// unavailable (memory disabled).
+  caf::expected<int64_t> store_memory(const std::string& content,
+                                      std::vector<std::string> tags);
+
+  /// The memory snippet for a request of `user_id` (empty: anonymous) in
+  /// `thread_id`, ranked by relevance to `query` (D8). Errors: invalid_id,
+  /// invalid_argument, storage_failure, timeout, unavailable.
+  caf::expected<memory_snippet>
+  retrieve_memory(const std::string& user_id, const std::string& thread_id,
+                  const std::string& query,
+                  uint64_t max_chars = max_memory_snippet);
+
+  /// Sends one user message and waits for the reply: the whole exchange of
+  /// docs/threads.md (history read before the message is stored, user turn
+  /// stored before the reply, reply streamed through `on_delta`, assistant
+  /// turn stored, memory stored). `thread_id` "new" creates a thread with a
+  /// UUIDv4 ID. Errors: see spawn_exchange (conversation.hpp).
+  caf::expected<exchange_result>
+  send_message(const std::string& thread_id, const std::string& content,
+               const std::string& user_id = {},
+               conflict_policy on_conflict = conflict_policy::queue,
+               uint64_t max_turns = builder_default_max_turns,
+               delta_callback on_delta = {});
+  caf::expected<exchange_result> send_message(exchange_request request,
+                                              delta_callback on_delta = {});
+
+  /// Asynchronous variants; `done` runs once on a runtime thread (for
+  /// send_message: the exchange's own thread, which may block briefly).
+  void send_message_async(exchange_request request, delta_callback on_delta,
+                          exchange_done done);
+  void add_turn_async(const std::string& thread_id, turn t,
+                      std::function<void(caf::expected<uint64_t>)> done);
+  void history_async(const std::string& thread_id, uint64_t max_turns,
+                     std::function<void(caf::expected<history_window>)> done);
+  void build_context_async(
+    build_request request,
+    std::function<void(caf::expected<built_context>)> done);
 
   // -- orchestration -------------------------------------------------------------
+
+  /// The scheduler, front door of orchestration (protocol in
+  /// messages/orchestration.hpp; design in docs/orchestration.md).
+  scheduler_actor scheduler() const noexcept {
+    return scheduler_;
+  }
+
+  /// Creates an orchestration holding `payload` and returns its ID
+  /// (0001, ..., 9999, A000, ...). Errors: exhausted, storage_failure,
+  /// timeout, unavailable.
+  caf::expected<std::string> create_orchestration(std::string payload);
+
+  /// Creates a subtask of task `parent` and returns its ID (0001 -> 0001_t1,
+  /// 0001_t1 -> 0001_t1.1). Errors: invalid_id, not_found, conflict (the
+  /// parent is completed), timeout, unavailable.
+  caf::expected<std::string> spawn_subtask(const std::string& parent,
+                                           std::string payload);
+
+  /// Creates one subtask per payload under `parent`, IDs in order.
+  /// Errors as for `spawn_subtask`, plus invalid_argument (no payloads).
+  caf::expected<std::vector<std::string>>
+  spawn_subtasks(const std::string& parent, std::vector<std::string> payloads);
+
+  /// Hands the first executable task in D1 order to `worker` (it becomes
+  /// running); nullopt when no task is executable. Errors: invalid_argument
+  /// (worker name), timeout, unavailable.
+  caf::expected<std::optional<task_info>> claim_task(const std::string& worker);
+
+  /// running -> completed, keeping `result`. Errors: invalid_id, not_found,
+  /// conflict (not running), timeout, unavailable.
+  caf::expected<task_info> complete_task(const std::string& task,
+                                         std::string result);
+
+  /// running -> failed, keeping `reason`. Errors as for `complete_task`.
+  caf::expected<task_info> fail_task(const std::string& task,
+                                     std::string reason);
+
+  /// stale or failed -> pending. Errors as for `complete_task`.
+  caf::expected<task_info> requeue_task(const std::string& task);
+
+  /// Every task of `orchestration` with its state, in preorder by value.
+  /// Errors: invalid_id (also for a task ID), not_found.
+  caf::expected<task_tree> orchestration_tree(const std::string& orchestration);
+
+  /// One task. Errors: invalid_id, not_found.
+  caf::expected<task_info> task(const std::string& id);
+
+  /// The executable tasks in D1 order (at most `limit`), of one
+  /// orchestration or, for "", of all.
+  caf::expected<std::vector<std::string>>
+  executable_tasks(const std::string& orchestration = {},
+                   uint64_t limit = UINT64_MAX);
+
+  /// Monitors an in-process worker actor: when it goes down, the tasks
+  /// `worker` runs become stale. Errors: invalid_argument.
+  caf::expected<void> attach_worker(const std::string& worker,
+                                    const caf::actor_addr& actor);
+
+  /// Records that `worker` is the process `who` (PID + start time, D11);
+  /// `detect_stale_tasks` checks it. Errors: invalid_argument.
+  caf::expected<void> attach_worker(const std::string& worker,
+                                    const process_identity& who);
+
+  /// Marks every running task of `worker` stale; returns their IDs.
+  caf::expected<std::vector<std::string>>
+  mark_worker_stale(const std::string& worker);
+
+  /// Checks every attached process worker that runs tasks; the tasks of
+  /// those whose process is gone (or whose PID now names another process)
+  /// become stale. Returns their IDs. Reads /proc on the calling thread.
+  caf::expected<std::vector<std::string>> detect_stale_tasks();
+
+  /// Asynchronous variants; `done` runs once on a runtime thread.
+  void create_orchestration_async(
+    std::string payload, std::function<void(caf::expected<std::string>)> done);
+  void spawn_subtasks_async(
+    const std::string& parent, std::vector<std::string> payloads,
+    std::function<void(caf::expected<std::vector<std::string>>)> done);
+  void claim_task_async(
+    const std::string& worker,
+    std::function<void(caf::expected<std::optional<task_info>>)> done);
+  void complete_task_async(const std::string& task, std::string result,
+                           std::function<void(caf::expected<task_info>)> done);
+  void fail_task_async(const std::string& task, std::string reason,
+                       std::function<void(caf::expected<task_info>)> done);
+  void requeue_task_async(const std::string& task,
+                          std::function<void(caf::expected<task_info>)> done);
+  void orchestration_tree_async(
+    const std::string& orchestration,
+    std::function<void(caf::expected<task_tree>)> done);
 
   // -- generic calls ---------------------------------------------------------
 
@@ -172,8 +466,15 @@ private:
   counter_store_actor counter_store_;
   id_allocator_actor id_allocator_;
   // context items:
+  context_directory_actor context_directory_;
   // threads, memory, builder:
+  caf::error start_threads();
+  thread_registry_actor thread_registry_;
+  memory_actor memory_;
+  query_rewriter_actor rewriter_;
+  context_builder_actor context_builder_;
   // orchestration:
+  scheduler_actor scheduler_;
 };
 
 } // namespace spindle

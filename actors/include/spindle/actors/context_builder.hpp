@@ -1,0 +1,58 @@
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include <caf/typed_event_based_actor.hpp>
+
+#include "spindle/messages/context_builder.hpp"
+#include "spindle/messages/memory.hpp"
+#include "spindle/messages/threads.hpp"
+
+namespace spindle {
+
+/// The system prompt used when a build request names none.
+inline constexpr const char* default_system_prompt
+  = "You are a helpful assistant. Earlier turns of this conversation "
+    "precede the latest message; use them to understand follow-up "
+    "questions.";
+
+/// Tuning of the context builder.
+struct context_builder_options {
+  std::string system_prompt = default_system_prompt;
+  /// Registry lookup and history read, each.
+  std::chrono::milliseconds read_timeout{5000};
+  /// Memory retrieval; past it the prompt is built without memory.
+  std::chrono::milliseconds memory_timeout{2000};
+  /// Query rewriting; past it the original message is used (D7).
+  std::chrono::milliseconds rewrite_timeout{2000};
+  /// Snippet budget (at most 2000, D8).
+  uint64_t memory_max_chars = 2000;
+};
+
+/// State of the context builder (protocol in
+/// messages/context_builder.hpp). It owns nothing mutable: per build it
+/// reads the thread through the registry's `get` and the thread's
+/// `history` (never `put`, `add` or `reset`), retrieves memory in parallel
+/// with the history, then asks the rewriter and assembles the prompt (D7).
+/// Many builds run interleaved; none blocks the actor.
+struct context_builder_state {
+  static inline const char* name = "spindle.context_builder";
+  thread_registry_actor registry;
+  /// Invalid: no long-term memory.
+  memory_actor memory;
+  /// Invalid: no rewriting.
+  query_rewriter_actor rewriter;
+  context_builder_options options;
+};
+
+using context_builder_pointer
+  = context_builder_actor::stateful_pointer<context_builder_state>;
+
+/// Behaviour of the context builder. Spawn it once per runtime.
+context_builder_actor::behavior_type
+context_builder(context_builder_pointer self, thread_registry_actor registry,
+                memory_actor memory, query_rewriter_actor rewriter,
+                context_builder_options options);
+
+} // namespace spindle

@@ -1,0 +1,47 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+
+#include <caf/typed_event_based_actor.hpp>
+
+#include "spindle/messages/context_manager.hpp"
+#include "spindle/messages/context_window.hpp"
+#include "spindle/messages/id_allocator.hpp"
+
+namespace spindle {
+
+/// How the context directory and the managers it creates are set up.
+struct context_directory_options {
+  /// Bounds of a window created without explicit options.
+  window_options window;
+  /// Timeout of each request a manager makes (ID allocator, directory).
+  std::chrono::milliseconds request_timeout{30000};
+};
+
+/// State of the context directory (see messages/context_manager.hpp for
+/// its protocol).
+struct context_directory_state {
+  static inline const char* name = "spindle.context_directory";
+
+  /// thread ID -> its manager.
+  std::unordered_map<std::string, context_manager_actor> managers;
+  /// ID number of every live item (in some window) -> its thread ID.
+  std::unordered_map<uint64_t, std::string> live;
+  id_allocator_actor ids;
+  context_directory_options options;
+};
+
+using context_directory_pointer
+  = context_directory_actor::stateful_pointer<context_directory_state>;
+
+/// Behaviour of the context directory. Spawn it once per runtime:
+/// `sys.spawn(context_directory, ids, options)`; `options.window` must pass
+/// `validate`. When it exits, it stops every manager it created.
+context_directory_actor::behavior_type
+context_directory(context_directory_pointer self, id_allocator_actor ids,
+                  context_directory_options options);
+
+} // namespace spindle

@@ -1,0 +1,72 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include <caf/actor_addr.hpp>
+#include <caf/typed_event_based_actor.hpp>
+
+#include "spindle/messages/id_allocator.hpp"
+#include "spindle/messages/orchestration.hpp"
+
+namespace spindle {
+
+/// Tuning of the scheduler.
+struct scheduler_options {
+  /// How long the scheduler waits for the ID allocator and orchestrators.
+  std::chrono::milliseconds timeout{30000};
+};
+
+/// State of the scheduler (see messages/orchestration.hpp for its
+/// protocol). Division of work: orchestrators own their tasks and every
+/// state change; the scheduler owns what spans orchestrations: the directory
+/// of orchestrators, the executable index in D1 order across all of them,
+/// and who runs what. A claim takes the index's first entry (O(log n)) and
+/// asks that task's orchestrator to confirm pending -> running; a refusal
+/// (the task gained a child meanwhile) moves on to the next entry.
+struct scheduler_state {
+  static inline const char* name = "spindle.scheduler";
+
+  struct worker_record {
+    /// The in-process worker actor, when one was attached (monitored).
+    caf::actor_addr actor;
+    /// True once the attached actor went down (until another is attached):
+    /// a claim confirmed after that is stale at once.
+    bool gone = false;
+    /// The worker process's identity (D11), when one was attached.
+    int32_t pid = 0;
+    uint64_t start_time = 0;
+    /// Tasks this worker runs now.
+    std::set<task_id> running;
+  };
+
+  scheduler_options options;
+  id_allocator_actor ids;
+  /// Orchestration ordinal -> its orchestrator.
+  std::unordered_map<uint64_t, orchestrator_actor> orchestrators;
+  /// Orchestrator address -> orchestration ordinal (for down messages).
+  std::map<caf::actor_addr, uint64_t> orchestrator_of;
+  /// Every executable task of every orchestration, first = claimed next.
+  std::set<d1_key> executable;
+  std::unordered_map<std::string, worker_record> workers;
+  /// Running task -> the worker that claimed it.
+  std::map<task_id, std::string> running;
+  /// Monitored worker actor -> the worker names attached to it.
+  std::map<caf::actor_addr, std::set<std::string>> watched;
+};
+
+using scheduler_pointer = scheduler_actor::stateful_pointer<scheduler_state>;
+
+/// Behaviour of the scheduler. Spawn it once per runtime:
+/// `sys.spawn(scheduler, ids, options)`. On exit it takes its orchestrators
+/// with it.
+scheduler_actor::behavior_type scheduler(scheduler_pointer self,
+                                         id_allocator_actor ids,
+                                         scheduler_options options);
+
+} // namespace spindle

@@ -1,0 +1,62 @@
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include <caf/actor_addr.hpp>
+#include <caf/actor_control_block.hpp>
+#include <caf/typed_event_based_actor.hpp>
+#include <caf/typed_response_promise.hpp>
+
+#include "spindle/messages/threads.hpp"
+
+namespace spindle {
+
+/// State of one conversation thread (protocol in messages/threads.hpp).
+///
+/// Turns are append-only; `clear` is the only way they disappear, and it
+/// bumps `epoch`. An exchange (D9) holds the thread through a lease; while
+/// it does, other writes and exchanges wait in `waiting` in arrival order,
+/// and reads are served at once. The lease holder is monitored, so a
+/// holder that terminates without ending its exchange releases the thread.
+struct thread_state {
+  static inline const char* name = "spindle.thread";
+
+  /// A write or exchange that arrived while the thread was held.
+  struct waiter {
+    enum class op : uint8_t { add, clear, begin } what;
+    turn item;
+    caf::typed_response_promise<uint64_t> promise;
+    caf::strong_actor_ptr requester;
+  };
+
+  std::string thread_id;
+  std::vector<turn> turns;
+  uint64_t epoch = 0;
+
+  /// The current lease (0: no exchange holds the thread).
+  uint64_t lease = 0;
+  uint64_t last_lease = 0;
+  caf::actor_addr holder;
+  /// Turn count when the current exchange began.
+  uint64_t committed = 0;
+  std::deque<waiter> waiting;
+
+  thread_state() = default;
+  thread_state(const thread_state&) = delete;
+  thread_state& operator=(const thread_state&) = delete;
+  /// Answers every waiting request with `unavailable` (the thread stops).
+  ~thread_state();
+};
+
+using thread_pointer = thread_actor::stateful_pointer<thread_state>;
+
+/// Behaviour of a thread actor holding `initial` turns (a fork's copy, or
+/// none). Spawned only by the thread registry.
+thread_actor::behavior_type conversation_thread(thread_pointer self,
+                                                std::string thread_id,
+                                                std::vector<turn> initial);
+
+} // namespace spindle

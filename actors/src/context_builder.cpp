@@ -1,0 +1,183 @@
+#include "spindle/actors/context_builder.hpp"
+
+#include <memory>
+
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include "spindle/messages/error.hpp"
+
+namespace spindle {
+
+namespace {
+
+// Time a rewriter that honours its own timeout gets to report it before the
+// builder stops waiting.
+constexpr std::chrono::milliseconds rewrite_grace{250};
+
+struct build_job {
+  build_request request;
+  caf::typed_response_promise<built_context> promise;
+  built_context out;
+  int pending = 0; // history and memory reads still out
+  bool failed = false;
+};
+
+using job_ptr = std::shared_ptr<build_job>;
+
+void finish(context_builder_pointer self, const job_ptr& job) {
+  auto& opts = job->request.options;
+  auto& out = job->out;
+  if (out.rewritten_query.empty())
+    out.rewritten_query = job->request.message;
+  const auto& system_prompt = opts.system_prompt.empty()
+                                ? self->state.options.system_prompt
+                                : opts.system_prompt;
+  out.messages = assemble_messages(system_prompt, out.memory_snippet,
+                                   out.short_term_history,
+                                   job->request.message, out.rewritten_query);
+  job->promise.deliver(std::move(out));
+}
+
+void rewrite(context_builder_pointer self, const job_ptr& job) {
+  auto& st = self->state;
+  if (!job->request.options.rewrite || !st.rewriter) {
+    finish(self, job);
+    return;
+  }
+  rewrite_request req;
+  req.message = job->request.message;
+  req.memory_snippet = job->out.memory_snippet;
+  req.history.reserve(job->out.short_term_history.size());
+  for (auto& t : job->out.short_term_history)
+    req.history.push_back(to_chat_message(t));
+  self
+    ->request(st.rewriter, st.options.rewrite_timeout + rewrite_grace,
+              rewrite_atom::value, std::move(req))
+    .then(
+      [self, job](rewrite_result& res) {
+        if (!res.fallback.empty())
+          spdlog::warn("rewrite for thread '{}' fell back to the original "
+                       "message: {}",
+                       job->request.thread_id, res.fallback);
+        job->out.rewritten_query = res.query.empty() ? job->request.message
+                                                     : std::move(res.query);
+        job->out.rewrite_fallback = std::move(res.fallback);
+        finish(self, job);
+      },
+      [self, job](caf::error& err) {
+        auto why = classify(err) == errc::timeout ? std::string{"timeout"}
+                                                  : "error: " + describe(err);
+        spdlog::warn("rewrite for thread '{}' fell back to the original "
+                     "message: {}",
+                     job->request.thread_id, why);
+        job->out.rewritten_query = job->request.message;
+        job->out.rewrite_fallback = std::move(why);
+        finish(self, job);
+      });
+}
+
+void read_done(context_builder_pointer self, const job_ptr& job) {
+  if (--job->pending == 0 && !job->failed)
+    rewrite(self, job);
+}
+
+void fail(const job_ptr& job, caf::error err) {
+  if (job->failed)
+    return;
+  job->failed = true;
+  job->promise.deliver(std::move(err));
+}
+
+void read_history(context_builder_pointer self, const job_ptr& job) {
+  auto& st = self->state;
+  self
+    ->request(st.registry, st.options.read_timeout, caf::get_atom::value,
+              job->request.thread_id)
+    .then(
+      [self, job](thread_ref& ref) {
+        if (!ref.found) {
+          // Unknown thread: empty history; nothing is created.
+          read_done(self, job);
+          return;
+        }
+        job->out.thread_found = true;
+        job->out.thread_actor_id = ref.handle.id();
+        self
+          ->request(ref.handle, self->state.options.read_timeout,
+                    caf::get_atom::value, history_atom::value,
+                    job->request.options.max_turns)
+          .then(
+            [self, job](history_window& w) {
+              job->out.short_term_history = std::move(w.turns);
+              job->out.total_turns = w.total_turns;
+              read_done(self, job);
+            },
+            [job](caf::error& err) {
+              fail(job, make_error(classify(err),
+                                   "cannot read the history of thread '"
+                                     + job->request.thread_id
+                                     + "': " + describe(err)));
+            });
+      },
+      [job](caf::error& err) {
+        fail(job, make_error(classify(err), "cannot look up thread '"
+                                              + job->request.thread_id
+                                              + "': " + describe(err)));
+      });
+}
+
+void read_memory(context_builder_pointer self, const job_ptr& job) {
+  auto& st = self->state;
+  memory_query q{job->request.user_id, job->request.thread_id,
+                 job->request.message, st.options.memory_max_chars};
+  self
+    ->request(st.memory, st.options.memory_timeout, caf::get_atom::value,
+              memory_atom::value, std::move(q))
+    .then(
+      [self, job](memory_snippet& snippet) {
+        job->out.memory_snippet = std::move(snippet.text);
+        read_done(self, job);
+      },
+      [self, job](caf::error& err) {
+        // Long-term memory is an addition; the conversation goes on without.
+        spdlog::warn("memory for thread '{}' is left out: {}",
+                     job->request.thread_id, describe(err));
+        read_done(self, job);
+      });
+}
+
+} // namespace
+
+context_builder_actor::behavior_type
+context_builder(context_builder_pointer self, thread_registry_actor registry,
+                memory_actor memory, query_rewriter_actor rewriter,
+                context_builder_options options) {
+  auto& st = self->state;
+  st.registry = std::move(registry);
+  st.memory = std::move(memory);
+  st.rewriter = std::move(rewriter);
+  if (options.memory_max_chars > max_memory_snippet)
+    options.memory_max_chars = max_memory_snippet;
+  st.options = std::move(options);
+  return {
+    [self](build_context_atom,
+           build_request& request) -> caf::result<built_context> {
+      if (auto err = validate_build_request(request))
+        return err;
+      auto job = std::make_shared<build_job>();
+      job->request = std::move(request);
+      job->promise = self->make_response_promise<built_context>();
+      bool with_memory = job->request.options.memory
+                         && static_cast<bool>(self->state.memory);
+      job->pending = with_memory ? 2 : 1;
+      // History first in program order; both reads run in parallel.
+      read_history(self, job);
+      if (with_memory)
+        read_memory(self, job);
+      return job->promise;
+    },
+  };
+}
+
+} // namespace spindle

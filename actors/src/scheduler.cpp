@@ -1,0 +1,377 @@
+#include "spindle/actors/scheduler.hpp"
+
+#include <algorithm>
+#include <functional>
+#include <memory>
+#include <optional>
+
+#include <caf/all.hpp>
+
+#include "spindle/actors/orchestrator.hpp"
+#include "spindle/messages/error.hpp"
+
+namespace spindle {
+
+namespace {
+
+using worker_record = scheduler_state::worker_record;
+
+// Parses a task ID from outside and finds its orchestrator.
+caf::expected<std::pair<task_id, orchestrator_actor>>
+route(scheduler_pointer self, const std::string& text) {
+  auto id = task_id::parse(text);
+  if (!id)
+    return id.error();
+  auto i = self->state.orchestrators.find(id->orchestration);
+  if (i == self->state.orchestrators.end())
+    return make_error(errc::not_found,
+                      "orchestration "
+                        + task_id{id->orchestration, {}}.to_string()
+                        + " does not exist");
+  return std::make_pair(std::move(*id), i->second);
+}
+
+void track(scheduler_pointer self, const task_id& id,
+           const std::string& worker) {
+  self->state.running[id] = worker;
+  self->state.workers[worker].running.insert(id);
+}
+
+void untrack(scheduler_pointer self, const task_id& id) {
+  auto& st = self->state;
+  auto i = st.running.find(id);
+  if (i == st.running.end())
+    return;
+  auto w = st.workers.find(i->second);
+  if (w != st.workers.end())
+    w->second.running.erase(id);
+  st.running.erase(i);
+}
+
+void mark_stale(scheduler_pointer self, const std::string& worker,
+                std::function<void(std::vector<std::string>)> done);
+
+// Takes the first executable task and asks its orchestrator to hand it to
+// `worker`; moves on when the orchestrator refuses.
+void try_claim(scheduler_pointer self, std::string worker,
+               caf::typed_response_promise<task_claim> rp) {
+  auto& st = self->state;
+  while (!st.executable.empty()) {
+    auto node = st.executable.extract(st.executable.begin());
+    auto id = std::move(node.value().id);
+    auto orch = st.orchestrators.find(id.orchestration);
+    if (orch == st.orchestrators.end())
+      continue;
+    self->request(orch->second, st.options.timeout, claim_atom::value, id, worker)
+      .then(
+        [self, worker, rp, id](task_claim& claim) mutable {
+          if (!claim.claimed) {
+            // No longer executable; the orchestrator announces it again
+            // once it is.
+            try_claim(self, std::move(worker), std::move(rp));
+            return;
+          }
+          track(self, id, worker);
+          rp.deliver(std::move(claim));
+          // The worker died while its claim was on the way: the task must
+          // not stay running for nobody.
+          if (self->state.workers[worker].gone)
+            mark_stale(self, worker, [](std::vector<std::string>) {});
+        },
+        [self, worker, rp](caf::error&) mutable {
+          try_claim(self, std::move(worker), std::move(rp));
+        });
+    return;
+  }
+  rp.deliver(task_claim{});
+}
+
+// Marks every running task of `worker` stale at its orchestrator. Calls
+// `done` with the IDs that did become stale once every orchestrator
+// answered.
+void mark_stale(scheduler_pointer self, const std::string& worker,
+                std::function<void(std::vector<std::string>)> done) {
+  auto& st = self->state;
+  auto w = st.workers.find(worker);
+  std::vector<task_id> ids;
+  if (w != st.workers.end()) {
+    ids.assign(w->second.running.begin(), w->second.running.end());
+    for (auto& id : ids)
+      st.running.erase(id);
+    w->second.running.clear();
+  }
+  struct pending_answers {
+    size_t left;
+    std::vector<std::string> stale;
+    std::function<void(std::vector<std::string>)> done;
+  };
+  auto answers = std::make_shared<pending_answers>(
+    pending_answers{ids.size(), {}, std::move(done)});
+  if (ids.empty()) {
+    answers->done({});
+    return;
+  }
+  auto finish_one = [answers] {
+    if (--answers->left == 0) {
+      std::sort(answers->stale.begin(), answers->stale.end(),
+                [](const std::string& x, const std::string& y) {
+                  return *task_id::parse(x) < *task_id::parse(y);
+                });
+      answers->done(std::move(answers->stale));
+    }
+  };
+  for (auto& id : ids) {
+    auto orch = st.orchestrators.find(id.orchestration);
+    if (orch == st.orchestrators.end()) {
+      finish_one();
+      continue;
+    }
+    self->request(orch->second, st.options.timeout, stale_atom::value, id, worker)
+      .then(
+        [answers, finish_one, worker](task_info& info) {
+          if (info.state == task_state::stale && info.worker == worker)
+            answers->stale.push_back(std::move(info.id));
+          finish_one();
+        },
+        [finish_one](caf::error&) { finish_one(); });
+  }
+}
+
+} // namespace
+
+scheduler_actor::behavior_type scheduler(scheduler_pointer self,
+                                         id_allocator_actor ids,
+                                         scheduler_options options) {
+  self->state.ids = std::move(ids);
+  self->state.options = options;
+  // Orchestrators are monitored, not linked: one failing orchestration must
+  // not take the others down. On exit the scheduler takes them along.
+  self->set_exit_handler([self](caf::exit_msg& msg) {
+    for (auto& [ordinal, orch] : self->state.orchestrators)
+      self->send_exit(orch, msg.reason);
+    self->quit(msg.reason);
+  });
+  self->set_down_handler([self](caf::down_msg& msg) {
+    auto& st = self->state;
+    if (auto o = st.orchestrator_of.find(msg.source);
+        o != st.orchestrator_of.end()) {
+      auto ordinal = o->second;
+      st.orchestrator_of.erase(o);
+      st.orchestrators.erase(ordinal);
+      for (auto i = st.executable.begin(); i != st.executable.end();)
+        i = i->id.orchestration == ordinal ? st.executable.erase(i) : ++i;
+      for (auto i = st.running.begin(); i != st.running.end();) {
+        if (i->first.orchestration == ordinal) {
+          st.workers[i->second].running.erase(i->first);
+          i = st.running.erase(i);
+        } else {
+          ++i;
+        }
+      }
+      return;
+    }
+    auto w = st.watched.find(msg.source);
+    if (w == st.watched.end())
+      return;
+    auto names = std::move(w->second);
+    st.watched.erase(w);
+    for (auto& name : names) {
+      auto rec = st.workers.find(name);
+      if (rec != st.workers.end() && rec->second.actor == msg.source) {
+        rec->second.actor = caf::actor_addr{};
+        rec->second.gone = true;
+      }
+      mark_stale(self, name, [](std::vector<std::string>) {});
+    }
+  });
+  return {
+    [self](orchestrate_atom,
+           std::string& payload) -> caf::result<std::string> {
+      auto rp = self->make_response_promise<std::string>();
+      self
+        ->request(self->state.ids, self->state.options.timeout,
+                  next_atom::value,
+                  std::string{counter_keys::orchestration}, uint64_t{1})
+        .then(
+          [self, rp, payload = std::move(payload)](id_range& range) mutable {
+            task_id root{range.first, {}};
+            auto& st = self->state;
+            auto orch = self->spawn(orchestrator, root, std::move(payload),
+                                    caf::actor_cast<scheduler_actor>(self),
+                                    st.ids, st.options.timeout);
+            self->monitor(orch);
+            st.orchestrators.emplace(range.first, orch);
+            st.orchestrator_of.emplace(orch.address(), range.first);
+            st.executable.insert(d1_key{root});
+            rp.deliver(root.to_string());
+          },
+          [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+      return rp;
+    },
+    [self](caf::spawn_atom, const std::string& parent,
+           std::vector<std::string>& payloads)
+      -> caf::result<std::vector<std::string>> {
+      auto target = route(self, parent);
+      if (!target)
+        return target.error();
+      return self->delegate(target->second, caf::spawn_atom::value,
+                            std::move(target->first), std::move(payloads));
+    },
+    [self](claim_atom, std::string& worker) -> caf::result<task_claim> {
+      if (auto err = validate_worker_name(worker))
+        return err;
+      auto rp = self->make_response_promise<task_claim>();
+      try_claim(self, std::move(worker), rp);
+      return rp;
+    },
+    [self](complete_atom, const std::string& task,
+           std::string& result) -> caf::result<task_info> {
+      auto target = route(self, task);
+      if (!target)
+        return target.error();
+      auto rp = self->make_response_promise<task_info>();
+      auto id = target->first;
+      self
+        ->request(target->second, self->state.options.timeout,
+                  complete_atom::value, std::move(target->first),
+                  std::move(result))
+        .then(
+          [self, rp, id](task_info& info) mutable {
+            untrack(self, id);
+            rp.deliver(std::move(info));
+          },
+          [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+      return rp;
+    },
+    [self](fail_atom, const std::string& task,
+           std::string& reason) -> caf::result<task_info> {
+      auto target = route(self, task);
+      if (!target)
+        return target.error();
+      auto rp = self->make_response_promise<task_info>();
+      auto id = target->first;
+      self
+        ->request(target->second, self->state.options.timeout,
+                  fail_atom::value, std::move(target->first),
+                  std::move(reason))
+        .then(
+          [self, rp, id](task_info& info) mutable {
+            untrack(self, id);
+            rp.deliver(std::move(info));
+          },
+          [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+      return rp;
+    },
+    [self](requeue_atom, const std::string& task) -> caf::result<task_info> {
+      auto target = route(self, task);
+      if (!target)
+        return target.error();
+      return self->delegate(target->second, requeue_atom::value,
+                            std::move(target->first));
+    },
+    [self](caf::get_atom,
+           const std::string& orchestration) -> caf::result<task_tree> {
+      auto target = route(self, orchestration);
+      if (!target)
+        return target.error();
+      if (!target->first.is_orchestration())
+        return make_error(errc::invalid_id,
+                          "'" + orchestration
+                            + "' is a task, not an orchestration ID");
+      return self->delegate(target->second, caf::get_atom::value);
+    },
+    [self](caf::get_atom, task_atom,
+           const std::string& task) -> caf::result<task_info> {
+      auto target = route(self, task);
+      if (!target)
+        return target.error();
+      return self->delegate(target->second, caf::get_atom::value,
+                            task_atom::value, std::move(target->first));
+    },
+    [self](executable_atom, const std::string& orchestration,
+           uint64_t limit) -> caf::result<std::vector<std::string>> {
+      std::optional<uint64_t> only;
+      if (!orchestration.empty()) {
+        auto id = task_id::parse(orchestration);
+        if (!id)
+          return id.error();
+        if (!id->is_orchestration())
+          return make_error(errc::invalid_id,
+                            "'" + orchestration
+                              + "' is a task, not an orchestration ID");
+        only = id->orchestration;
+      }
+      std::vector<std::string> out;
+      for (auto& key : self->state.executable) {
+        if (out.size() >= limit)
+          break;
+        if (!only || key.id.orchestration == *only)
+          out.push_back(key.id.to_string());
+      }
+      return out;
+    },
+    [self](attach_atom, std::string& worker,
+           caf::actor_addr& actor) -> caf::result<caf::ok_atom> {
+      if (auto err = validate_worker_name(worker))
+        return err;
+      if (!actor)
+        return make_error(errc::invalid_argument,
+                          "actor: worker '" + worker
+                            + "' needs a live actor to attach");
+      auto& st = self->state;
+      auto& rec = st.workers[worker];
+      if (rec.actor && rec.actor != actor) {
+        auto old = st.watched.find(rec.actor);
+        if (old != st.watched.end())
+          old->second.erase(worker);
+      }
+      rec.actor = actor;
+      rec.gone = false;
+      auto& names = st.watched[actor];
+      if (names.empty())
+        self->monitor(actor);
+      names.insert(worker);
+      return caf::ok_atom::value;
+    },
+    [self](attach_atom, std::string& worker, int32_t pid,
+           uint64_t start_time) -> caf::result<caf::ok_atom> {
+      if (auto err = validate_worker_name(worker))
+        return err;
+      if (pid <= 0)
+        return make_error(errc::invalid_argument,
+                          "pid: " + std::to_string(pid)
+                            + " is not a process ID");
+      auto& rec = self->state.workers[worker];
+      rec.pid = pid;
+      rec.start_time = start_time;
+      return caf::ok_atom::value;
+    },
+    [self](workers_atom) -> caf::result<std::vector<process_worker>> {
+      std::vector<process_worker> out;
+      for (auto& [name, rec] : self->state.workers)
+        if (rec.pid > 0 && !rec.running.empty())
+          out.push_back(process_worker{name, rec.pid, rec.start_time});
+      return out;
+    },
+    [self](stale_atom,
+           const std::string& worker) -> caf::result<std::vector<std::string>> {
+      if (auto err = validate_worker_name(worker))
+        return err;
+      auto rp = self->make_response_promise<std::vector<std::string>>();
+      mark_stale(self, worker, [rp](std::vector<std::string> stale_ids) mutable {
+        rp.deliver(std::move(stale_ids));
+      });
+      return rp;
+    },
+    [self](ready_atom, std::vector<task_id>& ready) {
+      auto& index = self->state.executable;
+      for (auto& id : ready)
+        index.insert(d1_key{std::move(id)});
+    },
+    [self](unready_atom, task_id& id) {
+      self->state.executable.erase(d1_key{std::move(id)});
+    },
+  };
+}
+
+} // namespace spindle

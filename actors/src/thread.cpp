@@ -1,0 +1,192 @@
+#include "spindle/actors/thread.hpp"
+
+#include <chrono>
+
+#include <caf/all.hpp>
+
+#include "spindle/messages/error.hpp"
+
+namespace spindle {
+
+namespace {
+
+using state = thread_state;
+using waiter = state::waiter;
+
+int64_t now_ms() {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch())
+    .count();
+}
+
+uint64_t append(state& st, turn t) {
+  if (t.timestamp_ms == 0)
+    t.timestamp_ms = now_ms();
+  st.turns.push_back(std::move(t));
+  return st.turns.size();
+}
+
+uint64_t clear(state& st) {
+  auto removed = st.turns.size();
+  // Swap, not clear(): give the memory back, a cleared thread is usually
+  // started over.
+  std::vector<turn>{}.swap(st.turns);
+  ++st.epoch;
+  return removed;
+}
+
+uint64_t grant(thread_pointer self, caf::strong_actor_ptr holder) {
+  auto& st = self->state;
+  st.lease = ++st.last_lease;
+  st.committed = st.turns.size();
+  st.holder = caf::actor_cast<caf::actor_addr>(holder);
+  // A holder that terminates without ending its exchange must not keep the
+  // thread forever (monitoring a dead actor reports at once).
+  if (holder)
+    self->monitor(holder);
+  return st.lease;
+}
+
+// Serves waiting requests in arrival order until one of them begins an
+// exchange (which holds the thread again).
+void drain(thread_pointer self) {
+  auto& st = self->state;
+  while (st.lease == 0 && !st.waiting.empty()) {
+    auto w = std::move(st.waiting.front());
+    st.waiting.pop_front();
+    switch (w.what) {
+      case waiter::op::add:
+        w.promise.deliver(append(st, std::move(w.item)));
+        break;
+      case waiter::op::clear:
+        w.promise.deliver(clear(st));
+        break;
+      case waiter::op::begin:
+        w.promise.deliver(grant(self, std::move(w.requester)));
+        break;
+    }
+  }
+}
+
+void release(thread_pointer self) {
+  auto& st = self->state;
+  if (st.holder)
+    self->demonitor(st.holder);
+  st.lease = 0;
+  st.holder = caf::actor_addr{};
+  st.committed = st.turns.size();
+  drain(self);
+}
+
+bool busy(const state& st) {
+  return st.lease != 0 || !st.waiting.empty();
+}
+
+caf::typed_response_promise<uint64_t>
+enqueue(thread_pointer self, waiter::op what, turn item) {
+  auto rp = self->make_response_promise<uint64_t>();
+  self->state.waiting.push_back(
+    waiter{what, std::move(item), rp, self->current_sender()});
+  return rp;
+}
+
+} // namespace
+
+thread_state::~thread_state() {
+  for (auto& w : waiting)
+    w.promise.deliver(make_error(errc::unavailable,
+                                 "thread '" + thread_id + "' has stopped"));
+}
+
+thread_actor::behavior_type conversation_thread(thread_pointer self,
+                                                std::string thread_id,
+                                                std::vector<turn> initial) {
+  auto& st = self->state;
+  st.thread_id = std::move(thread_id);
+  st.turns = std::move(initial);
+  st.committed = st.turns.size();
+  self->set_down_handler([self](caf::down_msg& dm) {
+    auto& s = self->state;
+    if (s.lease != 0 && dm.source == s.holder)
+      release(self);
+  });
+  return {
+    [self](caf::add_atom, turn& t) -> caf::result<uint64_t> {
+      if (auto err = validate_turn(t))
+        return err;
+      auto& s = self->state;
+      if (!busy(s))
+        return append(s, std::move(t));
+      return enqueue(self, waiter::op::add, std::move(t));
+    },
+    [self](caf::add_atom, turn& t, uint64_t lease) -> caf::result<uint64_t> {
+      auto& s = self->state;
+      if (lease == 0 || lease != s.lease)
+        return make_error(errc::conflict,
+                          "lease " + std::to_string(lease)
+                            + " does not hold thread '" + s.thread_id + "'");
+      if (auto err = validate_turn(t))
+        return err;
+      return append(s, std::move(t));
+    },
+    [self](caf::get_atom, history_atom,
+           uint64_t max_turns) -> caf::result<history_window> {
+      if (auto err = validate_max_turns(max_turns))
+        return err;
+      auto& s = self->state;
+      auto first = history_window_start(
+        s.turns, static_cast<size_t>(std::min<uint64_t>(max_turns,
+                                                        s.turns.size())));
+      history_window w;
+      w.turns.assign(s.turns.begin() + static_cast<ptrdiff_t>(first),
+                     s.turns.end());
+      w.total_turns = s.turns.size();
+      w.epoch = s.epoch;
+      return w;
+    },
+    [self](caf::get_atom, thread_snapshot_atom) -> thread_snapshot {
+      auto& s = self->state;
+      return thread_snapshot{s.thread_id,
+                             s.turns,
+                             s.epoch,
+                             s.lease != 0 ? s.committed : s.turns.size(),
+                             s.lease != 0,
+                             s.waiting.size()};
+    },
+    [self](caf::reset_atom) -> caf::result<uint64_t> {
+      auto& s = self->state;
+      if (!busy(s))
+        return clear(s);
+      return enqueue(self, waiter::op::clear, turn{});
+    },
+    [self](exchange_begin_atom,
+           conflict_policy policy) -> caf::result<uint64_t> {
+      auto& s = self->state;
+      if (!busy(s))
+        return grant(self, self->current_sender());
+      switch (policy) {
+        case conflict_policy::queue:
+          return enqueue(self, waiter::op::begin, turn{});
+        case conflict_policy::exit:
+        case conflict_policy::fork:
+          break;
+      }
+      return make_error(errc::conflict,
+                        "thread '" + s.thread_id
+                          + "' is busy with another message (on_conflict="
+                          + to_string(policy) + ")");
+    },
+    [self](exchange_end_atom, uint64_t lease) -> caf::result<uint64_t> {
+      auto& s = self->state;
+      if (lease == 0 || lease != s.lease)
+        return make_error(errc::conflict,
+                          "lease " + std::to_string(lease)
+                            + " does not hold thread '" + s.thread_id + "'");
+      auto count = s.turns.size();
+      release(self);
+      return count;
+    },
+  };
+}
+
+} // namespace spindle

@@ -1,0 +1,155 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <caf/error.hpp>
+#include <caf/meta/type_name.hpp>
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include "spindle/messages/atoms.hpp"
+#include "spindle/messages/chat.hpp"
+#include "spindle/messages/threads.hpp"
+
+// The context builder and the query rewriter: what they are asked, what they
+// answer, and the pure prompt assembly of D7.
+
+namespace spindle {
+
+// -- query rewriting -------------------------------------------------------------
+
+/// What a rewriter sees: the original message, the history window (oldest
+/// first) and the long-term memory snippet (empty if none).
+struct rewrite_request {
+  std::string message;
+  std::vector<chat_message> history;
+  std::string memory_snippet;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, rewrite_request& x) {
+  return f(caf::meta::type_name("rewrite_request"), x.message, x.history,
+           x.memory_snippet);
+}
+
+/// A rewriter's answer. `query` is never empty: on any failure it is the
+/// original message and `fallback` says why ("error: ...", "timeout",
+/// "empty output"); `fallback` is empty when the rewriter answered.
+struct rewrite_result {
+  std::string query;
+  std::string fallback;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, rewrite_result& x) {
+  return f(caf::meta::type_name("rewrite_result"), x.query, x.fallback);
+}
+
+/// `(rewrite, request)` replies with a rewrite_result; it never fails (a
+/// failure is a fallback to the original) and never touches a thread.
+using query_rewriter_actor = caf::typed_actor<
+  caf::replies_to<rewrite_atom, rewrite_request>::with<rewrite_result>>;
+
+// -- prompt assembly (D7) ------------------------------------------------------
+
+/// The prefix of the long-term memory system message.
+inline constexpr std::string_view memory_message_prefix = "Long-term memory:\n";
+
+/// The last message's content: `original` if `rewritten` is empty or equal
+/// to it, else "Original user message:\n{original}\n\n---\n\n
+/// Contextualized query:\n{rewritten}". The original is always in it.
+/// This function is thread-safe.
+std::string final_user_content(const std::string& original,
+                               const std::string& rewritten);
+
+/// The messages of a prompt, in D7's order: the system prompt (if
+/// non-empty); "Long-term memory:\n{snippet}" as a system message (if the
+/// snippet is non-empty); the history turns in the order given; the current
+/// user message (`final_user_content`). This function is thread-safe.
+std::vector<chat_message> assemble_messages(const std::string& system_prompt,
+                                            const std::string& memory_snippet,
+                                            const std::vector<turn>& history,
+                                            const std::string& original,
+                                            const std::string& rewritten);
+
+// -- the context builder -----------------------------------------------------------
+
+/// How to build one prompt.
+struct build_options {
+  /// History window (D6); at least 2.
+  uint64_t max_turns = builder_default_max_turns;
+  /// Empty uses the builder's default system prompt.
+  std::string system_prompt;
+  /// Retrieve a long-term memory snippet.
+  bool memory = true;
+  /// Ask the query rewriter.
+  bool rewrite = true;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, build_options& x) {
+  return f(caf::meta::type_name("build_options"), x.max_turns,
+           x.system_prompt, x.memory, x.rewrite);
+}
+
+/// One build: for `message` in `thread_id`, on behalf of `user_id` (empty:
+/// anonymous).
+struct build_request {
+  std::string thread_id;
+  std::string user_id;
+  std::string message;
+  build_options options;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, build_request& x) {
+  return f(caf::meta::type_name("build_request"), x.thread_id, x.user_id,
+           x.message, x.options);
+}
+
+/// Errors: `invalid_id` (thread or user), `invalid_argument` (empty
+/// message, max_turns < 2), `too_large` (message). Thread-safe.
+caf::error validate_build_request(const build_request& x);
+
+/// A built prompt and what went into it.
+struct built_context {
+  /// The prompt, in D7's order.
+  std::vector<chat_message> messages;
+  /// The history window used (oldest first); empty for an unknown thread.
+  std::vector<turn> short_term_history;
+  /// The long-term memory snippet (empty if none or disabled).
+  std::string memory_snippet;
+  /// The rewriter's query; equal to the original message when there was no
+  /// rewrite, it was disabled, or it fell back.
+  std::string rewritten_query;
+  /// Why the rewrite fell back to the original (empty otherwise).
+  std::string rewrite_fallback;
+  /// False if the thread does not exist (nothing was created).
+  bool thread_found = false;
+  /// The thread's turn count when its history was read.
+  uint64_t total_turns = 0;
+  /// The thread actor's ID (0 if not found), for logs.
+  uint64_t thread_actor_id = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, built_context& x) {
+  return f(caf::meta::type_name("built_context"), x.messages,
+           x.short_term_history, x.memory_snippet, x.rewritten_query,
+           x.rewrite_fallback, x.thread_found, x.total_turns,
+           x.thread_actor_id);
+}
+
+/// The context builder. `(buildctx, request)` replies with the prompt.
+/// It reads through the registry's `get` and the thread's `history` only:
+/// it never creates, clears or appends to a thread. A memory failure leaves
+/// the snippet empty and a rewriter failure falls back to the original
+/// (both logged). Errors: as `validate_build_request`, `timeout` or
+/// `unavailable` if the registry or the thread does not answer.
+using context_builder_actor = caf::typed_actor<
+  caf::replies_to<build_context_atom, build_request>::with<built_context>>;
+
+} // namespace spindle

@@ -1,0 +1,120 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <caf/error.hpp>
+#include <caf/expected.hpp>
+#include <caf/meta/type_name.hpp>
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include "spindle/messages/atoms.hpp"
+
+// Long-term memory (D8): entries stored with container tags `user:{id}` and
+// `thread:{id}`, retrieved by relevance within the requester's scope, and
+// condensed into a snippet of at most 2000 characters. The actor lives in
+// runtime/ (it blocks on SQLite); the rules are pure functions here.
+
+namespace spindle {
+
+/// The largest snippet a retrieval may ask for (D8).
+inline constexpr size_t max_memory_snippet = 2000;
+
+/// The largest memory entry `store` accepts (64 KiB).
+inline constexpr size_t max_memory_content = 64u * 1024u;
+
+/// Validates a user ID: 1 to 128 characters of [A-Za-z0-9._:@+-], never
+/// "." or "..". Errors: `invalid_id` naming `user_id`. Thread-safe.
+caf::error validate_user_id(std::string_view id);
+
+/// Where a memory entry belongs: at least one of the two is non-empty.
+struct memory_scope {
+  std::string user_id;
+  std::string thread_id;
+};
+
+/// The container tags of a scope, in the one form both storage and
+/// retrieval use: `user:{user_id}` (if any), then `thread:{thread_id}` (if
+/// any). This function is thread-safe.
+std::vector<std::string> memory_tags(const std::string& user_id,
+                                     const std::string& thread_id);
+
+/// Parses container tags: each is `user:{id}` or `thread:{id}`, each kind
+/// at most once, at least one tag. Errors: `invalid_argument` naming the
+/// tag, `invalid_id` for a malformed ID. This function is thread-safe.
+caf::expected<memory_scope>
+parse_memory_tags(const std::vector<std::string>& tags);
+
+/// A retrieval: the requester (user and thread), the current message to
+/// rank by, and the snippet budget.
+struct memory_query {
+  /// Empty for an anonymous request: it sees only memories stored without
+  /// a user in its own thread.
+  std::string user_id;
+  std::string thread_id;
+  std::string query;
+  uint64_t max_chars = max_memory_snippet;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, memory_query& x) {
+  return f(caf::meta::type_name("memory_query"), x.user_id, x.thread_id,
+           x.query, x.max_chars);
+}
+
+/// Errors: `invalid_id` for a bad user or thread ID, `invalid_argument` if
+/// the thread ID is missing or `max_chars` exceeds 2000. Thread-safe.
+caf::error validate_memory_query(const memory_query& q);
+
+/// A retrieved snippet: bullet lines, best-ranked first.
+struct memory_snippet {
+  std::string text;
+  /// Entries (whole or cut at a sentence end) in `text`.
+  uint64_t entries = 0;
+  /// Entries that matched the query within the requester's scope.
+  uint64_t matched = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, memory_snippet& x) {
+  return f(caf::meta::type_name("memory_snippet"), x.text, x.entries,
+           x.matched);
+}
+
+/// Builds a snippet from entries ranked best first: whitespace runs become
+/// one space, duplicates are dropped, each entry becomes a line "- ...".
+/// An entry that does not fit whole is cut after its last sentence end
+/// (. ! or ? followed by a space) that fits; an entry with no such cut is
+/// skipped and later (shorter) entries are still tried. The result never
+/// exceeds `max_chars` bytes (so never more characters either).
+/// This function is thread-safe.
+memory_snippet build_memory_snippet(const std::vector<std::string>& ranked,
+                                    size_t max_chars);
+
+/// The full-text query for `text`: its words (letters, digits and non-ASCII
+/// runs, lowercased), minus common English stop words, deduplicated, at
+/// most 32, each quoted, joined with OR. Empty when no word is left.
+/// This function is thread-safe.
+std::string memory_match_expression(std::string_view text);
+
+/// The long-term memory.
+///
+/// - `(put, memory, content, tags)` stores an entry and replies with its
+///   ID. Errors: `invalid_argument` (empty content or bad tags),
+///   `invalid_id`, `too_large`, `storage_failure`.
+/// - `(get, memory, query)` replies with the snippet for the requester's
+///   scope (D8): a request with user U sees only entries tagged `user:U`
+///   (from any of U's threads); a request without user sees only entries
+///   of its own thread stored without user. Errors as
+///   `validate_memory_query`, `storage_failure`.
+using memory_actor = caf::typed_actor<
+  caf::replies_to<caf::put_atom, memory_atom, std::string,
+                  std::vector<std::string>>::with<int64_t>,
+  caf::replies_to<caf::get_atom, memory_atom, memory_query>::with<
+    memory_snippet>>;
+
+} // namespace spindle

@@ -1,0 +1,224 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <caf/actor_addr.hpp>
+#include <caf/atom.hpp>
+#include <caf/error.hpp>
+#include <caf/meta/type_name.hpp>
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include "spindle/messages/atoms.hpp"
+#include "spindle/messages/task_id.hpp"
+
+namespace spindle {
+
+// -- task states -----------------------------------------------------------------
+
+/// Where a task is in its life:
+///
+///   pending --claim--> running --complete--> completed
+///                              --fail------> failed --requeue--> pending
+///                              --worker gone--> stale --requeue--> pending
+///
+/// `completed` is final. A pending task is *executable* when every child it
+/// has is completed (decision D1).
+enum class task_state : uint8_t {
+  pending = 0,
+  running,
+  completed,
+  failed,
+  stale,
+};
+
+/// "pending", "running", "completed", "failed" or "stale".
+/// This function is thread-safe.
+std::string to_string(task_state x);
+
+/// Parses a name produced by `to_string(task_state)`; false if unknown.
+/// This function is thread-safe.
+bool from_string(std::string_view name, task_state& out);
+
+// -- the D1 order ------------------------------------------------------------------
+
+/// True if task `x` is claimed before task `y` when both are executable
+/// (D1): depth descending, then the task's own sequence number descending,
+/// then the whole ID path by value descending. (`has_children ASC` of the
+/// seed's key is a filter, not a sort criterion: only executable tasks are
+/// ordered.) This function is thread-safe.
+inline bool claimed_before(const task_id& x, const task_id& y) noexcept {
+  auto dx = x.depth(), dy = y.depth();
+  if (dx != dy)
+    return dx > dy;
+  auto sx = x.sequence(), sy = y.sequence();
+  if (sx != sy)
+    return sx > sy;
+  return compare(x, y) > 0;
+}
+
+/// An executable task as the scheduler's index keeps it: ordered by
+/// `claimed_before`, smallest first = claimed first.
+struct d1_key {
+  task_id id;
+
+  friend bool operator<(const d1_key& x, const d1_key& y) noexcept {
+    return claimed_before(x.id, y.id);
+  }
+};
+
+// -- message types -----------------------------------------------------------------
+
+/// A snapshot of one task.
+struct task_info {
+  /// The task's ID, e.g. "0001_t1.2".
+  std::string id;
+  /// The parent's ID; empty for an orchestration.
+  std::string parent;
+  task_state state = task_state::pending;
+  /// What the task is about, as given when it was created.
+  std::string payload;
+  /// The result (completed) or the failure reason (failed); else empty.
+  std::string outcome;
+  /// The worker that claimed it last; empty while never claimed.
+  std::string worker;
+  /// Children that are not completed yet; the task is executable only when
+  /// this is 0 and it is pending.
+  uint64_t incomplete_children = 0;
+  /// The children's IDs, by value.
+  std::vector<std::string> children;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, task_info& x) {
+  return f(caf::meta::type_name("task_info"), x.id, x.parent, x.state,
+           x.payload, x.outcome, x.worker, x.incomplete_children, x.children);
+}
+
+/// Every task of one orchestration, the orchestration first, in preorder by
+/// value (a parent before its children, siblings by sequence number).
+struct task_tree {
+  std::string orchestration;
+  std::vector<task_info> tasks;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, task_tree& x) {
+  return f(caf::meta::type_name("task_tree"), x.orchestration, x.tasks);
+}
+
+/// The answer to a claim: `claimed` is false when nothing was executable.
+struct task_claim {
+  bool claimed = false;
+  task_info task;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, task_claim& x) {
+  return f(caf::meta::type_name("task_claim"), x.claimed, x.task);
+}
+
+/// A worker known by its process identity (D11) that holds running tasks.
+struct process_worker {
+  std::string worker;
+  int32_t pid = 0;
+  /// Start time in clock ticks since boot (/proc/PID/stat field 22).
+  uint64_t start_time = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, process_worker& x) {
+  return f(caf::meta::type_name("process_worker"), x.worker, x.pid,
+           x.start_time);
+}
+
+/// Task IDs travel between the scheduler and orchestrators already parsed.
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, task_id& x) {
+  return f(caf::meta::type_name("task_id"), x.orchestration, x.path);
+}
+
+/// Validates a worker name: 1 to 128 printable ASCII characters without
+/// spaces. Errors: `invalid_argument` naming the value. Thread-safe.
+caf::error validate_worker_name(std::string_view name);
+
+// -- actor interfaces --------------------------------------------------------------
+
+/// The scheduler: one per runtime, the front door of orchestration. It
+/// owns the directory of orchestrators, the global executable index in D1
+/// order (a std::set: claims cost O(log n) in pending tasks), and the
+/// worker registry (who runs what; monitored actors; process identities).
+///
+/// - `(orchestr, payload)` creates an orchestration (ID from the allocator's
+///   "global" counter) and replies with its ID.
+/// - `(spawn, parent, payloads)` creates one subtask per payload under the
+///   task `parent` (IDs from the allocator under `parent`), replies with
+///   their IDs in order. Errors: invalid_id, not_found, conflict (the parent
+///   is completed), invalid_argument (no payloads).
+/// - `(claim, worker)` hands the first executable task in D1 order to
+///   `worker` (it becomes running), or `claimed = false` when none is.
+/// - `(complete, task, result)`, `(fail, task, reason)`: running -> completed
+///   or failed. `(requeue, task)`: stale or failed -> pending.
+///   Errors: invalid_id, not_found, conflict (wrong state).
+/// - `(get, orchestration)` replies with its tree; `(get, task, id)` with
+///   one task.
+/// - `(executable, orchestration, limit)`: the executable set in D1 order,
+///   at most `limit` IDs, of all orchestrations when `orchestration` is "".
+/// - `(attach, worker, actor)`: monitors an in-process worker; when it goes
+///   down its running tasks become stale. `(attach, worker, pid, start)`:
+///   records a process worker's identity for `workers` + `stale`.
+/// - `(workers)` lists the process workers that hold running tasks;
+///   `(stale, worker)` marks every running task of `worker` stale and
+///   replies with their IDs.
+/// - `(ready, ids)` / `(unready, id)`: orchestrators add tasks to and remove
+///   a task from the executable index (internal).
+using scheduler_actor = caf::typed_actor<
+  caf::replies_to<orchestrate_atom, std::string>::with<std::string>,
+  caf::replies_to<caf::spawn_atom, std::string,
+                  std::vector<std::string>>::with<std::vector<std::string>>,
+  caf::replies_to<claim_atom, std::string>::with<task_claim>,
+  caf::replies_to<complete_atom, std::string, std::string>::with<task_info>,
+  caf::replies_to<fail_atom, std::string, std::string>::with<task_info>,
+  caf::replies_to<requeue_atom, std::string>::with<task_info>,
+  caf::replies_to<caf::get_atom, std::string>::with<task_tree>,
+  caf::replies_to<caf::get_atom, task_atom, std::string>::with<task_info>,
+  caf::replies_to<executable_atom, std::string,
+                  uint64_t>::with<std::vector<std::string>>,
+  caf::replies_to<attach_atom, std::string, caf::actor_addr>::with<
+    caf::ok_atom>,
+  caf::replies_to<attach_atom, std::string, int32_t, uint64_t>::with<
+    caf::ok_atom>,
+  caf::replies_to<workers_atom>::with<std::vector<process_worker>>,
+  caf::replies_to<stale_atom, std::string>::with<std::vector<std::string>>,
+  caf::reacts_to<ready_atom, std::vector<task_id>>,
+  caf::reacts_to<unready_atom, task_id>>;
+
+/// An orchestrator: one per orchestration, spawned by the scheduler. It owns
+/// its subtree: each task's state, payload, outcome, worker, children and
+/// count of incomplete children, and it is the one place where a task of
+/// the orchestration changes state. It tells the scheduler when a task
+/// becomes executable (`ready`) or stops being so (`unready`) before it
+/// replies, so the index is current by the time the caller hears back.
+///
+/// - `(spawn, parent, payloads)` -> new child IDs.
+/// - `(claim, id, worker)`: pending and no incomplete child -> running;
+///   `claimed = false` when the task is not executable (any more).
+/// - `(complete | fail, id, text)`, `(requeue, id)` as for the scheduler.
+/// - `(stale, id, worker)`: running by `worker` -> stale; otherwise the task
+///   is left alone. Replies with the task either way.
+/// - `(get)` -> the tree; `(get, task, id)` -> one task.
+using orchestrator_actor = caf::typed_actor<
+  caf::replies_to<caf::spawn_atom, task_id,
+                  std::vector<std::string>>::with<std::vector<std::string>>,
+  caf::replies_to<claim_atom, task_id, std::string>::with<task_claim>,
+  caf::replies_to<complete_atom, task_id, std::string>::with<task_info>,
+  caf::replies_to<fail_atom, task_id, std::string>::with<task_info>,
+  caf::replies_to<requeue_atom, task_id>::with<task_info>,
+  caf::replies_to<stale_atom, task_id, std::string>::with<task_info>,
+  caf::replies_to<caf::get_atom>::with<task_tree>,
+  caf::replies_to<caf::get_atom, task_atom, task_id>::with<task_info>>;
+
+} // namespace spindle

@@ -1,0 +1,265 @@
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <caf/atom.hpp>
+#include <caf/error.hpp>
+#include <caf/meta/type_name.hpp>
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include "spindle/messages/atoms.hpp"
+#include "spindle/messages/chat.hpp"
+
+// Conversation threads: turns, history windows (D6), snapshots, the
+// per-thread exchange lease (D9) and the registry that maps thread IDs to
+// thread actors. Everything here is a value type or a pure function; the
+// actors live in actors/thread.* and actors/thread_registry.*.
+
+namespace spindle {
+
+// -- turns ------------------------------------------------------------------------
+
+/// Who spoke a turn.
+enum class turn_role : uint8_t { system, user, assistant, tool };
+
+/// The OpenAI role name: "system", "user", "assistant", "tool".
+/// This function is thread-safe.
+const char* to_string(turn_role x) noexcept;
+
+/// Parses a role name produced by `to_string(turn_role)`.
+/// Errors: `invalid_argument` naming the field `role` and the value.
+/// This function is thread-safe.
+caf::expected<turn_role> parse_turn_role(std::string_view name);
+
+/// One turn of a conversation. A thread stores turns in the order they were
+/// appended; it never sorts them (timestamps are informative only).
+struct turn {
+  turn_role role = turn_role::user;
+  std::string content;
+  /// Milliseconds since the Unix epoch. 0 on `add_turn` means "now": the
+  /// thread stamps the turn with its clock when it appends it.
+  int64_t timestamp_ms = 0;
+  /// For tool turns: the ID of the tool call this result answers. Empty for
+  /// every other role.
+  std::string tool_call_id;
+  /// True for an assistant turn whose generation stopped because the client
+  /// went away: `content` holds what was generated until then.
+  bool interrupted = false;
+
+  friend bool operator==(const turn& x, const turn& y) {
+    return x.role == y.role && x.content == y.content
+           && x.timestamp_ms == y.timestamp_ms
+           && x.tool_call_id == y.tool_call_id
+           && x.interrupted == y.interrupted;
+  }
+  friend bool operator!=(const turn& x, const turn& y) {
+    return !(x == y);
+  }
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, turn& x) {
+  return f(caf::meta::type_name("turn"), x.role, x.content, x.timestamp_ms,
+           x.tool_call_id, x.interrupted);
+}
+
+/// The largest turn content a thread accepts (1 MiB).
+inline constexpr size_t max_turn_content = 1u << 20;
+
+/// The longest tool call ID a thread accepts.
+inline constexpr size_t max_tool_call_id = 256;
+
+/// Checks a turn before it is appended: a known role; content at most
+/// `max_turn_content` bytes and non-empty for system and user turns; a
+/// tool turn names its `tool_call_id` (1 to 256 characters), other roles
+/// leave it empty; only assistant turns may be `interrupted`.
+/// Errors: `invalid_argument` or `too_large`, naming the field.
+/// This function is thread-safe.
+caf::error validate_turn(const turn& x);
+
+/// Builds a user turn (timestamp 0: stamped on append).
+turn make_user_turn(std::string content);
+/// Builds an assistant turn (timestamp 0: stamped on append).
+turn make_assistant_turn(std::string content, bool interrupted = false);
+/// Builds a system turn (timestamp 0: stamped on append).
+turn make_system_turn(std::string content);
+/// Builds a tool turn answering `tool_call_id`.
+turn make_tool_turn(std::string content, std::string tool_call_id);
+
+/// The chat message of a turn (role name, content, tool call ID).
+chat_message to_chat_message(const turn& x);
+
+// -- history windows (D6) ------------------------------------------------------------
+
+/// The store's default window: `history(thread)` without `max_turns`.
+inline constexpr uint64_t store_default_max_turns = 20;
+/// The context builder's default window.
+inline constexpr uint64_t builder_default_max_turns = 12;
+/// The smallest window anyone may ask for (one user + assistant pair).
+inline constexpr uint64_t min_max_turns = 2;
+
+/// Errors: `invalid_argument` naming `max_turns` when it is below 2.
+/// This function is thread-safe.
+caf::error validate_max_turns(uint64_t max_turns);
+
+/// The index of the first turn of the history window of `turns` (D6): the
+/// longest suffix of at most `max_turns` turns that does not start with an
+/// orphan, i.e. an assistant or tool turn whose preceding turns were cut
+/// off (which also keeps every tool result with the call before it). When
+/// the whole history fits, nothing is cut and nothing is an orphan. When
+/// every candidate start is an orphan, the plain suffix of `max_turns`
+/// turns is returned. Inspects at most `max_turns` turns: O(window), never
+/// O(history). Precondition: `max_turns >= 2`. This function is
+/// thread-safe.
+size_t history_window_start(const std::vector<turn>& turns, size_t max_turns);
+
+/// A history window as read from a thread.
+struct history_window {
+  /// The window, oldest first.
+  std::vector<turn> turns;
+  /// How many turns the thread held when the window was read.
+  uint64_t total_turns = 0;
+  /// How many times the thread has been cleared; a turn count may only go
+  /// down when this goes up.
+  uint64_t epoch = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, history_window& x) {
+  return f(caf::meta::type_name("history_window"), x.turns, x.total_turns,
+           x.epoch);
+}
+
+/// An immutable copy of a whole thread: the reader owns it, so nothing a
+/// reader does with it can change the thread.
+struct thread_snapshot {
+  std::string thread_id;
+  /// Every turn, oldest first.
+  std::vector<turn> turns;
+  /// How many times the thread has been cleared.
+  uint64_t epoch = 0;
+  /// The turns of completed exchanges: `turns.size()` when no exchange
+  /// holds the thread, else the count when the running exchange began. A
+  /// fork copies this prefix.
+  uint64_t committed = 0;
+  /// True while an exchange holds the thread (D9).
+  bool in_exchange = false;
+  /// Writes and exchanges waiting for the running exchange to end.
+  uint64_t queued = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, thread_snapshot& x) {
+  return f(caf::meta::type_name("thread_snapshot"), x.thread_id, x.turns,
+           x.epoch, x.committed, x.in_exchange, x.queued);
+}
+
+// -- exchanges (D9) -----------------------------------------------------------------
+
+/// What a message does when another exchange holds its thread.
+enum class conflict_policy : uint8_t {
+  /// Wait until the running exchange stored its assistant turn (default).
+  queue,
+  /// Fail at once with `errc::conflict`.
+  exit,
+  /// Continue in a new thread that starts as a copy of this one.
+  fork,
+};
+
+/// "queue", "exit" or "fork". This function is thread-safe.
+const char* to_string(conflict_policy x) noexcept;
+
+/// Parses a policy name. Errors: `invalid_argument` naming `on_conflict`.
+/// This function is thread-safe.
+caf::expected<conflict_policy> parse_conflict_policy(std::string_view name);
+
+// -- thread actors ------------------------------------------------------------------
+
+/// One conversation: owns its turns, append-only between explicit clears.
+///
+/// - `(add, turn)` appends exactly one turn and replies with the new turn
+///   count. While an exchange holds the thread it waits (in arrival order)
+///   until the exchange ends, so it never lands inside an exchange.
+/// - `(add, turn, lease)` appends for the exchange holding `lease`.
+///   Errors: `conflict` if `lease` does not hold the thread.
+/// - `(get, history, max_turns)` replies with the D6 window. Never
+///   mutates. Errors: `invalid_argument` for `max_turns < 2`.
+/// - `(get, tsnapshot)` replies with a copy of every turn.
+/// - `(reset)` clears every turn (the only way turns disappear) and replies
+///   with how many were removed; waits for a running exchange like `add`.
+/// - `(xbegin, policy)` starts an exchange and replies with its lease. If
+///   another exchange holds the thread: `queue` waits in arrival order,
+///   `exit` and `fork` fail at once with `conflict` (a fork is made by the
+///   registry). A lease whose holder terminates is released.
+/// - `(xend, lease)` ends the exchange and replies with the turn count.
+using thread_actor = caf::typed_actor<
+  caf::replies_to<caf::add_atom, turn>::with<uint64_t>,
+  caf::replies_to<caf::add_atom, turn, uint64_t>::with<uint64_t>,
+  caf::replies_to<caf::get_atom, history_atom, uint64_t>::with<history_window>,
+  caf::replies_to<caf::get_atom, thread_snapshot_atom>::with<thread_snapshot>,
+  caf::replies_to<caf::reset_atom>::with<uint64_t>,
+  caf::replies_to<exchange_begin_atom, conflict_policy>::with<uint64_t>,
+  caf::replies_to<exchange_end_atom, uint64_t>::with<uint64_t>>;
+
+/// A registry lookup: the thread and how it was obtained.
+struct thread_ref {
+  std::string thread_id;
+  /// Invalid when the thread was not found (and nothing was created).
+  thread_actor handle;
+  /// The thread existed before this request.
+  bool found = false;
+  /// This request created the thread (get_or_create, fork).
+  bool created = false;
+  /// For a fork: the thread it was copied from.
+  std::string forked_from;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, thread_ref& x) {
+  return f(caf::meta::type_name("thread_ref"), x.thread_id, x.handle, x.found,
+           x.created, x.forked_from);
+}
+
+/// The one map from thread ID to thread actor. Thread actors are created
+/// only here and only by the write paths.
+///
+/// - `(get, thread_id)`: the read path. Replies with the thread if it
+///   exists; never creates (`found == false`, invalid handle otherwise).
+/// - `(put, thread_id)`: get_or_create, for write paths only. "new"
+///   creates a thread with a fresh UUIDv4 ID.
+/// - `(fork, thread_id)`: creates a thread with a fresh UUIDv4 ID whose
+///   turns are a copy of the source's committed turns.
+///   Errors: `not_found` for an unknown source.
+/// - `(get, tlist)`: every thread ID, sorted.
+/// - `(get, tcount)`: how many threads exist.
+/// - `(add, thread_id, turn)`: get_or_create, then the thread's `add`
+///   (one round trip for callers that do not keep the thread's handle).
+/// - `(get, history, thread_id, max_turns)`: the thread's `history`; an
+///   empty window for an unknown thread (nothing is created).
+/// - `(get, tsnapshot, thread_id)`, `(reset, thread_id)`: the thread's
+///   `snapshot` and `reset`. Errors: `not_found` (nothing is created).
+/// Every ID is validated (D10); errors: `invalid_id`.
+using thread_registry_actor = caf::typed_actor<
+  caf::replies_to<caf::get_atom, std::string>::with<thread_ref>,
+  caf::replies_to<caf::put_atom, std::string>::with<thread_ref>,
+  caf::replies_to<fork_atom, std::string>::with<thread_ref>,
+  caf::replies_to<caf::add_atom, std::string, turn>::with<uint64_t>,
+  caf::replies_to<caf::get_atom, history_atom, std::string, uint64_t>::with<
+    history_window>,
+  caf::replies_to<caf::get_atom, thread_snapshot_atom, std::string>::with<
+    thread_snapshot>,
+  caf::replies_to<caf::reset_atom, std::string>::with<uint64_t>,
+  caf::replies_to<caf::get_atom, thread_list_atom>::with<
+    std::vector<std::string>>,
+  caf::replies_to<caf::get_atom, thread_count_atom>::with<uint64_t>>;
+
+/// A fresh random UUIDv4 in canonical lowercase form. Thread-safe.
+std::string make_uuid_v4();
+
+} // namespace spindle

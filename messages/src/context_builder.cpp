@@ -1,0 +1,57 @@
+#include "spindle/messages/context_builder.hpp"
+
+#include "spindle/messages/error.hpp"
+#include "spindle/messages/ids.hpp"
+#include "spindle/messages/memory.hpp"
+
+namespace spindle {
+
+std::string final_user_content(const std::string& original,
+                               const std::string& rewritten) {
+  if (rewritten.empty() || rewritten == original)
+    return original;
+  std::string out;
+  out.reserve(original.size() + rewritten.size() + 64);
+  out += "Original user message:\n";
+  out += original;
+  out += "\n\n---\n\nContextualized query:\n";
+  out += rewritten;
+  return out;
+}
+
+std::vector<chat_message> assemble_messages(const std::string& system_prompt,
+                                            const std::string& memory_snippet,
+                                            const std::vector<turn>& history,
+                                            const std::string& original,
+                                            const std::string& rewritten) {
+  std::vector<chat_message> out;
+  out.reserve(history.size() + 3);
+  if (!system_prompt.empty())
+    out.push_back(chat_message{"system", system_prompt, {}});
+  if (!memory_snippet.empty())
+    out.push_back(chat_message{
+      "system", std::string{memory_message_prefix} + memory_snippet, {}});
+  for (auto& t : history)
+    out.push_back(to_chat_message(t));
+  out.push_back(
+    chat_message{"user", final_user_content(original, rewritten), {}});
+  return out;
+}
+
+caf::error validate_build_request(const build_request& x) {
+  if (auto err = validate_thread_id(x.thread_id))
+    return err;
+  if (!x.user_id.empty())
+    if (auto err = validate_user_id(x.user_id))
+      return err;
+  if (x.message.empty())
+    return make_error(errc::invalid_argument, "message must not be empty");
+  if (x.message.size() > max_turn_content)
+    return make_error(errc::too_large,
+                      "message has " + std::to_string(x.message.size())
+                        + " bytes; at most "
+                        + std::to_string(max_turn_content) + " are allowed");
+  return validate_max_turns(x.options.max_turns);
+}
+
+} // namespace spindle

@@ -1,0 +1,223 @@
+#include "spindle/messages/memory.hpp"
+
+#include <algorithm>
+#include <array>
+#include <unordered_set>
+
+#include "spindle/messages/error.hpp"
+#include "spindle/messages/ids.hpp"
+
+namespace spindle {
+
+namespace {
+
+std::string shorten(std::string_view text) {
+  std::string out;
+  for (char c : text.substr(0, 48))
+    out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  if (text.size() > 48)
+    out += "...";
+  return out;
+}
+
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f'
+         || c == '\v';
+}
+
+// Common English words that carry no topic; matching on them would rank
+// unrelated memories.
+constexpr std::array<std::string_view, 96> stop_words{{
+  "a",     "about", "after", "again", "all",   "also",  "am",    "an",
+  "and",   "any",   "are",   "as",    "at",    "be",    "been",  "before",
+  "but",   "by",    "can",   "could", "did",   "do",    "does",  "for",
+  "from",  "had",   "has",   "have",  "he",    "her",   "here",  "hers",
+  "him",   "his",   "how",   "i",     "if",    "in",    "into",  "is",
+  "it",    "its",   "just",  "me",    "more",  "my",    "no",    "not",
+  "now",   "of",    "on",    "or",    "our",   "out",   "she",   "so",
+  "some",  "than",  "that",  "the",   "their", "them",  "then",  "there",
+  "these", "they",  "this",  "those", "to",    "too",   "up",    "us",
+  "very",  "was",   "we",    "were",  "what",  "when",  "where", "which",
+  "who",   "whom",  "why",   "will",  "with",  "would", "you",   "your",
+  "yours", "s",     "t",     "tell",  "please", "let",  "get",   "got",
+}};
+
+bool is_stop_word(std::string_view w) {
+  return std::find(stop_words.begin(), stop_words.end(), w)
+         != stop_words.end();
+}
+
+// Collapses every whitespace run to one space and trims both ends.
+std::string normalize_space(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  bool pending = false;
+  for (char c : text) {
+    if (is_space(c)) {
+      pending = !out.empty();
+      continue;
+    }
+    if (pending)
+      out += ' ';
+    pending = false;
+    out += c;
+  }
+  return out;
+}
+
+// The longest prefix of `entry` ending at a sentence end (. ! ?, followed by
+// a space or the end) with at most `budget` bytes; 0 if none.
+size_t sentence_cut(const std::string& entry, size_t budget) {
+  size_t best = 0;
+  auto limit = std::min(entry.size(), budget);
+  for (size_t i = 0; i < limit; ++i) {
+    auto c = entry[i];
+    if ((c == '.' || c == '!' || c == '?')
+        && (i + 1 == entry.size() || entry[i + 1] == ' '))
+      best = i + 1;
+  }
+  return best;
+}
+
+} // namespace
+
+caf::error validate_user_id(std::string_view id) {
+  auto bad = [&](const std::string& why) {
+    return make_error(errc::invalid_id,
+                      "user_id '" + shorten(id) + "' is invalid: " + why);
+  };
+  if (id.empty() || id.size() > 128)
+    return bad("it must have 1 to 128 characters");
+  if (id == "." || id == "..")
+    return bad("'.' and '..' are reserved");
+  for (char c : id) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+              || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == ':'
+              || c == '-' || c == '@' || c == '+';
+    if (!ok)
+      return bad("only A-Z a-z 0-9 . _ : @ + - are allowed");
+  }
+  return caf::none;
+}
+
+std::vector<std::string> memory_tags(const std::string& user_id,
+                                     const std::string& thread_id) {
+  std::vector<std::string> tags;
+  if (!user_id.empty())
+    tags.push_back("user:" + user_id);
+  if (!thread_id.empty())
+    tags.push_back("thread:" + thread_id);
+  return tags;
+}
+
+caf::expected<memory_scope>
+parse_memory_tags(const std::vector<std::string>& tags) {
+  memory_scope scope;
+  if (tags.empty())
+    return make_error(errc::invalid_argument,
+                      "tags must hold user:{user_id} and/or "
+                      "thread:{thread_id}");
+  for (auto& tag : tags) {
+    std::string_view t{tag};
+    if (t.substr(0, 5) == "user:") {
+      if (!scope.user_id.empty())
+        return make_error(errc::invalid_argument,
+                          "tags hold more than one user: tag");
+      auto id = t.substr(5);
+      if (auto err = validate_user_id(id))
+        return err;
+      scope.user_id = std::string{id};
+    } else if (t.substr(0, 7) == "thread:") {
+      if (!scope.thread_id.empty())
+        return make_error(errc::invalid_argument,
+                          "tags hold more than one thread: tag");
+      auto id = t.substr(7);
+      if (auto err = validate_thread_id(id))
+        return err;
+      scope.thread_id = std::string{id};
+    } else {
+      return make_error(errc::invalid_argument,
+                        "tag '" + shorten(t)
+                          + "' is unknown: use user:{user_id} or "
+                            "thread:{thread_id}");
+    }
+  }
+  return scope;
+}
+
+caf::error validate_memory_query(const memory_query& q) {
+  if (!q.user_id.empty())
+    if (auto err = validate_user_id(q.user_id))
+      return err;
+  if (q.thread_id.empty())
+    return make_error(errc::invalid_argument,
+                      "thread_id is required to retrieve memory");
+  if (auto err = validate_thread_id(q.thread_id))
+    return err;
+  if (q.max_chars > max_memory_snippet)
+    return make_error(errc::invalid_argument,
+                      "max_chars must be at most "
+                        + std::to_string(max_memory_snippet) + ", got "
+                        + std::to_string(q.max_chars));
+  return caf::none;
+}
+
+memory_snippet build_memory_snippet(const std::vector<std::string>& ranked,
+                                    size_t max_chars) {
+  memory_snippet out;
+  out.matched = ranked.size();
+  std::unordered_set<std::string> seen;
+  constexpr std::string_view bullet = "- ";
+  for (auto& raw : ranked) {
+    auto entry = normalize_space(raw);
+    if (entry.empty() || !seen.insert(entry).second)
+      continue;
+    auto used = out.text.size() + (out.text.empty() ? 0 : 1) + bullet.size();
+    if (used >= max_chars)
+      break; // not even a cut entry fits any more
+    auto budget = max_chars - used;
+    size_t take = entry.size() <= budget ? entry.size()
+                                         : sentence_cut(entry, budget);
+    if (take == 0)
+      continue; // no sentence of this entry fits; a later one may
+    if (!out.text.empty())
+      out.text += '\n';
+    out.text += bullet;
+    out.text.append(entry, 0, take);
+    ++out.entries;
+  }
+  return out;
+}
+
+std::string memory_match_expression(std::string_view text) {
+  std::vector<std::string> words;
+  std::unordered_set<std::string> seen;
+  std::string word;
+  auto flush = [&] {
+    if (!word.empty() && !is_stop_word(word) && seen.insert(word).second
+        && words.size() < 32)
+      words.push_back(word);
+    word.clear();
+  };
+  for (char c : text) {
+    auto u = static_cast<unsigned char>(c);
+    if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || u >= 0x80)
+      word += c;
+    else if (c >= 'A' && c <= 'Z')
+      word += static_cast<char>(c - 'A' + 'a');
+    else
+      flush();
+  }
+  flush();
+  std::string out;
+  for (auto& w : words) {
+    if (!out.empty())
+      out += " OR ";
+    out += '"';
+    out += w; // words hold no '"': it is a separator above
+    out += '"';
+  }
+  return out;
+}
+
+} // namespace spindle

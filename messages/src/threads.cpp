@@ -1,0 +1,162 @@
+#include "spindle/messages/threads.hpp"
+
+#include <cstdio>
+#include <random>
+
+#include "spindle/messages/error.hpp"
+
+namespace spindle {
+
+// -- turns ------------------------------------------------------------------------
+
+const char* to_string(turn_role x) noexcept {
+  switch (x) {
+    case turn_role::system:
+      return "system";
+    case turn_role::user:
+      return "user";
+    case turn_role::assistant:
+      return "assistant";
+    case turn_role::tool:
+      return "tool";
+  }
+  return "unknown";
+}
+
+caf::expected<turn_role> parse_turn_role(std::string_view name) {
+  for (auto role : {turn_role::system, turn_role::user, turn_role::assistant,
+                    turn_role::tool})
+    if (name == to_string(role))
+      return role;
+  std::string shown{name.substr(0, 32)};
+  return make_error(errc::invalid_argument,
+                    "role '" + shown
+                      + "' is unknown: use system, user, assistant or tool");
+}
+
+caf::error validate_turn(const turn& x) {
+  if (static_cast<uint8_t>(x.role) > static_cast<uint8_t>(turn_role::tool))
+    return make_error(errc::invalid_argument,
+                      "role " + std::to_string(static_cast<int>(x.role))
+                        + " is unknown");
+  if (x.content.size() > max_turn_content)
+    return make_error(errc::too_large,
+                      "content has " + std::to_string(x.content.size())
+                        + " bytes; a turn holds at most "
+                        + std::to_string(max_turn_content));
+  if (x.content.empty()
+      && (x.role == turn_role::user || x.role == turn_role::system))
+    return make_error(errc::invalid_argument,
+                      std::string{"content of a "} + to_string(x.role)
+                        + " turn must not be empty");
+  if (x.role == turn_role::tool) {
+    if (x.tool_call_id.empty() || x.tool_call_id.size() > max_tool_call_id)
+      return make_error(errc::invalid_argument,
+                        "tool_call_id of a tool turn must have 1 to "
+                          + std::to_string(max_tool_call_id) + " characters");
+  } else if (!x.tool_call_id.empty()) {
+    return make_error(errc::invalid_argument,
+                      std::string{"tool_call_id is only for tool turns, not "}
+                        + to_string(x.role) + " turns");
+  }
+  if (x.interrupted && x.role != turn_role::assistant)
+    return make_error(errc::invalid_argument,
+                      "only assistant turns can be interrupted");
+  return caf::none;
+}
+
+turn make_user_turn(std::string content) {
+  return turn{turn_role::user, std::move(content), 0, {}, false};
+}
+
+turn make_assistant_turn(std::string content, bool interrupted) {
+  return turn{turn_role::assistant, std::move(content), 0, {}, interrupted};
+}
+
+turn make_system_turn(std::string content) {
+  return turn{turn_role::system, std::move(content), 0, {}, false};
+}
+
+turn make_tool_turn(std::string content, std::string tool_call_id) {
+  return turn{turn_role::tool, std::move(content), 0, std::move(tool_call_id),
+              false};
+}
+
+chat_message to_chat_message(const turn& x) {
+  return chat_message{to_string(x.role), x.content, x.tool_call_id};
+}
+
+// -- history windows -----------------------------------------------------------------
+
+caf::error validate_max_turns(uint64_t max_turns) {
+  if (max_turns < min_max_turns)
+    return make_error(errc::invalid_argument,
+                      "max_turns must be at least "
+                        + std::to_string(min_max_turns) + ", got "
+                        + std::to_string(max_turns));
+  return caf::none;
+}
+
+size_t history_window_start(const std::vector<turn>& turns,
+                            size_t max_turns) {
+  auto n = turns.size();
+  if (n <= max_turns)
+    return 0; // nothing cut off, so nothing is an orphan
+  auto plain = n - max_turns;
+  // An assistant or tool turn at the start lost what it answers; a tool
+  // result also lost its call. Skip forward to the first turn that stands
+  // on its own (user or system).
+  for (auto i = plain; i < n; ++i) {
+    auto role = turns[i].role;
+    if (role != turn_role::assistant && role != turn_role::tool)
+      return i;
+  }
+  return plain;
+}
+
+// -- exchanges -------------------------------------------------------------------
+
+const char* to_string(conflict_policy x) noexcept {
+  switch (x) {
+    case conflict_policy::queue:
+      return "queue";
+    case conflict_policy::exit:
+      return "exit";
+    case conflict_policy::fork:
+      return "fork";
+  }
+  return "unknown";
+}
+
+caf::expected<conflict_policy> parse_conflict_policy(std::string_view name) {
+  for (auto p :
+       {conflict_policy::queue, conflict_policy::exit, conflict_policy::fork})
+    if (name == to_string(p))
+      return p;
+  std::string shown{name.substr(0, 32)};
+  return make_error(errc::invalid_argument,
+                    "on_conflict '" + shown
+                      + "' is unknown: use queue, exit or fork");
+}
+
+std::string make_uuid_v4() {
+  thread_local std::mt19937_64 gen{[] {
+    std::random_device rd;
+    std::seed_seq seq{rd(), rd(), rd(), rd(), rd(), rd(), rd(), rd()};
+    return std::mt19937_64{seq};
+  }()};
+  uint64_t hi = gen();
+  uint64_t lo = gen();
+  hi = (hi & 0xffffffffffff0fffULL) | 0x0000000000004000ULL; // version 4
+  lo = (lo & 0x3fffffffffffffffULL) | 0x8000000000000000ULL; // variant 10
+  char buf[37];
+  std::snprintf(buf, sizeof(buf), "%08x-%04x-%04x-%04x-%012llx",
+                static_cast<unsigned>(hi >> 32),
+                static_cast<unsigned>((hi >> 16) & 0xffff),
+                static_cast<unsigned>(hi & 0xffff),
+                static_cast<unsigned>(lo >> 48),
+                static_cast<unsigned long long>(lo & 0xffffffffffffULL));
+  return buf;
+}
+
+} // namespace spindle

@@ -1,0 +1,105 @@
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include <caf/actor_system.hpp>
+#include <caf/expected.hpp>
+
+#include "spindle/actors/context_builder.hpp"
+#include "spindle/actors/thread_registry.hpp"
+#include "spindle/messages/context_builder.hpp"
+#include "spindle/messages/memory.hpp"
+#include "spindle/messages/threads.hpp"
+#include "spindle/runtime/llm.hpp"
+#include "spindle/runtime/rewriter.hpp"
+
+// The exchange: one user message in, one assistant reply out, with the
+// thread held for the whole exchange (D9). See docs/threads.md.
+
+namespace spindle {
+
+/// Threads, memory, rewriting, the context builder and exchanges.
+struct conversation_options {
+  /// The query rewriter; null means the offline rewriter.
+  std::shared_ptr<query_rewriter> rewriter;
+  /// Long-term memory: retrieved into prompts and fed by exchanges.
+  bool memory = true;
+  /// System prompt and timeouts of the context builder.
+  context_builder_options builder;
+  /// Timeouts of the thread registry.
+  thread_registry_options registry;
+  /// How long a queued message waits for its thread (D9 `queue`).
+  std::chrono::milliseconds queue_timeout{300000};
+  /// How long the provider may take for one reply.
+  std::chrono::milliseconds reply_timeout{120000};
+  /// Each registry, thread and memory step of an exchange.
+  std::chrono::milliseconds step_timeout{5000};
+};
+
+/// One message to send.
+struct exchange_request {
+  /// An existing thread, a new thread's ID, or "new" for a fresh UUIDv4.
+  std::string thread_id;
+  std::string content;
+  /// Empty: anonymous (memory scoped to the thread, D8).
+  std::string user_id;
+  /// What to do when another message holds the thread (D9).
+  conflict_policy on_conflict = conflict_policy::queue;
+  /// History window (default 12), system prompt, memory and rewrite.
+  build_options build;
+};
+
+/// What an exchange did.
+struct exchange_result {
+  /// The thread that holds the exchange: the request's, a fresh one for
+  /// "new", or the fork's.
+  std::string thread_id;
+  /// The assistant's reply as stored (partial when interrupted).
+  std::string reply;
+  /// The thread's turn count after the assistant turn.
+  uint64_t turns = 0;
+  /// History turns the prompt carried.
+  uint64_t history_turns = 0;
+  /// The thread was created by this exchange (new ID, "new" or fork).
+  bool created = false;
+  /// For `fork`: the thread this one was copied from.
+  std::string forked_from;
+  /// The client went away while the reply streamed.
+  bool interrupted = false;
+  /// The query the rewriter produced (the original when none).
+  std::string rewritten_query;
+  /// The thread actor's ID, for logs.
+  uint64_t thread_actor_id = 0;
+};
+
+/// What an exchange talks to.
+struct exchange_services {
+  thread_registry_actor registry;
+  context_builder_actor builder;
+  /// Invalid: no memory is stored.
+  memory_actor memory;
+  std::shared_ptr<llm_provider> provider;
+  conversation_options options;
+};
+
+/// Called once with the outcome of an exchange.
+using exchange_done = std::function<void(caf::expected<exchange_result>)>;
+
+/// Runs one exchange in its own detached actor (the provider blocks):
+/// hold the thread (D9), build the prompt from the history read before the
+/// message is stored, store the user turn, stream the reply through
+/// `on_delta`, store the assistant turn (marked interrupted if `on_delta`
+/// returned false), store the exchange in memory, release the thread.
+/// `done` runs exactly once, on the exchange's thread. Errors:
+/// invalid_id, invalid_argument, too_large (before anything is created or
+/// stored), conflict (`exit`), upstream_failure or timeout (the provider;
+/// the user turn stays stored), timeout, unavailable.
+void spawn_exchange(caf::actor_system& sys, const exchange_services& services,
+                    exchange_request request, delta_callback on_delta,
+                    exchange_done done);
+
+} // namespace spindle

@@ -1,0 +1,118 @@
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <caf/expected.hpp>
+
+#include "spindle/messages/chat.hpp"
+
+// The LLM provider interface: a blocking, streaming chat completion. Network
+// providers (OpenAI-compatible HTTP) implement it elsewhere; this file holds
+// the interface and the offline provider, spindle's default.
+//
+// Blocking calls run only in detached actors or dedicated threads, never in
+// an event-based actor.
+
+namespace spindle {
+
+/// Per-call settings. Zero or empty fields leave the provider's default.
+struct completion_options {
+  /// The whole call, first byte to last delta. A provider returns
+  /// `errc::timeout` when it passes.
+  std::chrono::milliseconds timeout{120000};
+  /// Model name; empty uses the provider's default.
+  std::string model;
+  /// Upper bound on generated tokens; 0 uses the provider's default.
+  uint32_t max_tokens = 0;
+};
+
+/// A finished completion.
+struct completion {
+  /// Everything generated (up to the stop, when interrupted).
+  std::string text;
+  /// True if the delta callback asked to stop (the client went away).
+  bool interrupted = false;
+};
+
+/// Receives each piece of a reply as it is generated, in order. Returning
+/// false stops the generation: the client went away. May be empty.
+using delta_callback = std::function<bool(std::string_view delta)>;
+
+/// A chat completion backend. Implementations must be thread-safe:
+/// `complete` is called from several threads at once.
+class llm_provider {
+public:
+  virtual ~llm_provider();
+
+  /// A short name for logs ("offline", "openai:gpt-4o", ...).
+  virtual std::string name() const = 0;
+
+  /// Generates the reply to `messages` (OpenAI chat order), streaming it
+  /// through `on_delta`, and returns the full text. Blocks the calling
+  /// thread. Errors: `upstream_failure` (the backend failed or refused),
+  /// `timeout` (`options.timeout` passed).
+  virtual caf::expected<completion>
+  complete(const std::vector<chat_message>& messages,
+           const completion_options& options, const delta_callback& on_delta)
+    = 0;
+};
+
+/// What a prompt holds, read the way the context builder assembles it
+/// (D7): a leading system prompt, a "Long-term memory:" system message,
+/// history turns, and the current user message (which names a rewritten
+/// query when it has the "Original user message:" form).
+struct prompt_summary {
+  size_t messages = 0;
+  bool system_prompt = false;
+  bool memory = false;
+  size_t history_turns = 0;
+  bool rewrite = false;
+  /// The user's original message (from the last message).
+  std::string original;
+  /// The rewritten query, if any.
+  std::string rewritten;
+};
+
+/// Reads a prompt back into its parts. This function is thread-safe.
+prompt_summary summarize_prompt(const std::vector<chat_message>& messages);
+
+/// The default provider: no network, no model. Its reply says plainly that
+/// it is the offline provider and reports what it received (how many
+/// history turns, whether a memory snippet and a rewritten query were
+/// present), so a person can watch the context flow. Deterministic: the
+/// same prompt gives the same reply, streamed in the same 4 deltas (fewer
+/// for short replies). Thread-safe.
+class offline_provider : public llm_provider {
+public:
+  /// `delta_delay` is slept before each delta (0: none), to watch streaming
+  /// by eye or to make exchanges overlap in tests.
+  explicit offline_provider(std::chrono::milliseconds delta_delay = {});
+
+  std::string name() const override;
+
+  caf::expected<completion> complete(const std::vector<chat_message>& messages,
+                                     const completion_options& options,
+                                     const delta_callback& on_delta) override;
+
+  /// The reply for `messages`, without streaming.
+  static std::string reply_for(const std::vector<chat_message>& messages);
+
+private:
+  std::chrono::milliseconds delta_delay_;
+};
+
+/// A shared offline provider.
+std::shared_ptr<llm_provider> make_offline_provider();
+
+/// Splits `text` into at most `parts` pieces at spaces (for streaming).
+/// Concatenated, the pieces are `text`. This function is thread-safe.
+std::vector<std::string> split_deltas(const std::string& text, size_t parts);
+
+} // namespace spindle

@@ -1,0 +1,152 @@
+#include "spindle/runtime/llm.hpp"
+
+#include <thread>
+
+#include "spindle/messages/context_builder.hpp"
+#include "spindle/messages/error.hpp"
+
+namespace spindle {
+
+llm_provider::~llm_provider() = default;
+
+namespace {
+
+constexpr std::string_view original_prefix = "Original user message:\n";
+constexpr std::string_view rewrite_separator
+  = "\n\n---\n\nContextualized query:\n";
+
+bool starts_with(std::string_view text, std::string_view prefix) {
+  return text.substr(0, prefix.size()) == prefix;
+}
+
+// At most `limit` bytes of `text`, never splitting a UTF-8 sequence.
+std::string clip(const std::string& text, size_t limit) {
+  if (text.size() <= limit)
+    return text;
+  auto end = limit;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80)
+    --end;
+  return text.substr(0, end) + "...";
+}
+
+const char* yes_no(bool x) {
+  return x ? "yes" : "no";
+}
+
+} // namespace
+
+prompt_summary summarize_prompt(const std::vector<chat_message>& messages) {
+  prompt_summary out;
+  out.messages = messages.size();
+  if (messages.empty())
+    return out;
+  size_t first = 0;
+  auto is_memory = [](const chat_message& m) {
+    return m.role == "system" && starts_with(m.content, memory_message_prefix);
+  };
+  if (messages[0].role == "system" && !is_memory(messages[0])) {
+    out.system_prompt = true;
+    first = 1;
+  }
+  if (first < messages.size() && is_memory(messages[first])) {
+    out.memory = true;
+    ++first;
+  }
+  auto& last = messages.back();
+  auto last_index = messages.size() - 1;
+  out.history_turns = last_index > first ? last_index - first : 0;
+  std::string_view content{last.content};
+  auto sep = content.find(rewrite_separator);
+  if (last.role == "user" && starts_with(content, original_prefix)
+      && sep != std::string_view::npos) {
+    out.rewrite = true;
+    out.original = std::string{
+      content.substr(original_prefix.size(), sep - original_prefix.size())};
+    out.rewritten = std::string{content.substr(sep + rewrite_separator.size())};
+  } else {
+    out.original = last.content;
+  }
+  return out;
+}
+
+std::vector<std::string> split_deltas(const std::string& text, size_t parts) {
+  std::vector<std::string> out;
+  if (text.empty() || parts == 0)
+    return out;
+  auto target = (text.size() + parts - 1) / parts;
+  size_t pos = 0;
+  while (pos < text.size()) {
+    if (out.size() + 1 == parts) {
+      out.push_back(text.substr(pos));
+      break;
+    }
+    auto end = std::min(text.size(), pos + target);
+    // Cut after the next space so words stay whole.
+    auto space = text.find(' ', end);
+    end = space == std::string::npos ? text.size() : space + 1;
+    out.push_back(text.substr(pos, end - pos));
+    pos = end;
+  }
+  return out;
+}
+
+offline_provider::offline_provider(std::chrono::milliseconds delta_delay)
+  : delta_delay_(delta_delay) {
+}
+
+std::string offline_provider::name() const {
+  return "offline";
+}
+
+std::string
+offline_provider::reply_for(const std::vector<chat_message>& messages) {
+  auto s = summarize_prompt(messages);
+  std::string out = "[offline provider] No language model is configured, so "
+                    "this is not an answer. Received ";
+  out += std::to_string(s.messages);
+  out += s.messages == 1 ? " message: system prompt " : " messages: system prompt ";
+  out += yes_no(s.system_prompt);
+  out += ", long-term memory ";
+  out += yes_no(s.memory);
+  out += ", ";
+  out += std::to_string(s.history_turns);
+  out += s.history_turns == 1 ? " history turn" : " history turns";
+  out += ", rewritten query ";
+  out += yes_no(s.rewrite);
+  out += ". Your message: \"";
+  out += clip(s.original, 500);
+  out += "\"";
+  if (s.rewrite) {
+    out += " Rewritten query: \"";
+    out += clip(s.rewritten, 500);
+    out += "\"";
+  }
+  return out;
+}
+
+caf::expected<completion>
+offline_provider::complete(const std::vector<chat_message>& messages,
+                           const completion_options&,
+                           const delta_callback& on_delta) {
+  if (messages.empty())
+    return make_error(errc::upstream_failure,
+                      "the offline provider received no messages");
+  auto text = reply_for(messages);
+  completion out;
+  for (auto& piece : split_deltas(text, 4)) {
+    if (delta_delay_.count() > 0)
+      std::this_thread::sleep_for(delta_delay_);
+    out.text += piece;
+    if (on_delta && !on_delta(piece)) {
+      out.interrupted = true;
+      break;
+    }
+  }
+  return out;
+}
+
+std::shared_ptr<llm_provider> make_offline_provider() {
+  return std::make_shared<offline_provider>();
+}
+
+} // namespace spindle

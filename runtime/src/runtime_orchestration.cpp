@@ -1,0 +1,183 @@
+// The facade's orchestration calls: thin wrappers over the scheduler's
+// protocol (messages/orchestration.hpp).
+
+#include <caf/all.hpp>
+
+#include "spindle/runtime/runtime.hpp"
+
+namespace spindle {
+
+namespace {
+
+caf::expected<std::optional<task_info>> unwrap(caf::expected<task_claim> x) {
+  if (!x)
+    return x.error();
+  if (!x->claimed)
+    return std::optional<task_info>{};
+  return std::optional<task_info>{std::move(x->task)};
+}
+
+caf::expected<void> to_void(const caf::expected<caf::ok_atom>& x) {
+  if (!x)
+    return x.error();
+  return {};
+}
+
+} // namespace
+
+caf::expected<std::string> runtime::create_orchestration(std::string payload) {
+  return call<std::string>(scheduler_, options_.default_timeout,
+                           orchestrate_atom::value, std::move(payload));
+}
+
+caf::expected<std::string> runtime::spawn_subtask(const std::string& parent,
+                                                  std::string payload) {
+  auto ids = spawn_subtasks(parent, {std::move(payload)});
+  if (!ids)
+    return ids.error();
+  return std::move(ids->front());
+}
+
+caf::expected<std::vector<std::string>>
+runtime::spawn_subtasks(const std::string& parent,
+                        std::vector<std::string> payloads) {
+  return call<std::vector<std::string>>(scheduler_, options_.default_timeout,
+                                        caf::spawn_atom::value, parent,
+                                        std::move(payloads));
+}
+
+caf::expected<std::optional<task_info>>
+runtime::claim_task(const std::string& worker) {
+  return unwrap(call<task_claim>(scheduler_, options_.default_timeout,
+                                 claim_atom::value, worker));
+}
+
+caf::expected<task_info> runtime::complete_task(const std::string& task,
+                                                std::string result) {
+  return call<task_info>(scheduler_, options_.default_timeout,
+                         complete_atom::value, task, std::move(result));
+}
+
+caf::expected<task_info> runtime::fail_task(const std::string& task,
+                                            std::string reason) {
+  return call<task_info>(scheduler_, options_.default_timeout,
+                         fail_atom::value, task, std::move(reason));
+}
+
+caf::expected<task_info> runtime::requeue_task(const std::string& task) {
+  return call<task_info>(scheduler_, options_.default_timeout,
+                         requeue_atom::value, task);
+}
+
+caf::expected<task_tree>
+runtime::orchestration_tree(const std::string& orchestration) {
+  return call<task_tree>(scheduler_, options_.default_timeout,
+                         caf::get_atom::value, orchestration);
+}
+
+caf::expected<task_info> runtime::task(const std::string& id) {
+  return call<task_info>(scheduler_, options_.default_timeout,
+                         caf::get_atom::value, task_atom::value, id);
+}
+
+caf::expected<std::vector<std::string>>
+runtime::executable_tasks(const std::string& orchestration, uint64_t limit) {
+  return call<std::vector<std::string>>(scheduler_, options_.default_timeout,
+                                        executable_atom::value, orchestration,
+                                        limit);
+}
+
+caf::expected<void> runtime::attach_worker(const std::string& worker,
+                                           const caf::actor_addr& actor) {
+  return to_void(call<caf::ok_atom>(scheduler_, options_.default_timeout,
+                                    attach_atom::value, worker, actor));
+}
+
+caf::expected<void> runtime::attach_worker(const std::string& worker,
+                                           const process_identity& who) {
+  return to_void(call<caf::ok_atom>(scheduler_, options_.default_timeout,
+                                    attach_atom::value, worker,
+                                    static_cast<int32_t>(who.pid),
+                                    who.start_time));
+}
+
+caf::expected<std::vector<std::string>>
+runtime::mark_worker_stale(const std::string& worker) {
+  return call<std::vector<std::string>>(scheduler_, options_.default_timeout,
+                                        stale_atom::value, worker);
+}
+
+caf::expected<std::vector<std::string>> runtime::detect_stale_tasks() {
+  auto candidates = call<std::vector<process_worker>>(
+    scheduler_, options_.default_timeout, workers_atom::value);
+  if (!candidates)
+    return candidates.error();
+  // Liveness is read from /proc here, on the caller's thread, so no actor
+  // blocks on I/O. A dead identity stays dead (a PID's start time never
+  // changes back), so checking outside the scheduler cannot misjudge.
+  std::vector<std::string> out;
+  for (auto& w : *candidates) {
+    if (is_alive(process_identity{static_cast<pid_t>(w.pid), w.start_time}))
+      continue;
+    auto ids = mark_worker_stale(w.worker);
+    if (!ids)
+      return ids.error();
+    out.insert(out.end(), ids->begin(), ids->end());
+  }
+  return out;
+}
+
+void runtime::create_orchestration_async(
+  std::string payload, std::function<void(caf::expected<std::string>)> done) {
+  call_async<std::string>(scheduler_, options_.default_timeout,
+                          std::move(done), orchestrate_atom::value,
+                          std::move(payload));
+}
+
+void runtime::spawn_subtasks_async(
+  const std::string& parent, std::vector<std::string> payloads,
+  std::function<void(caf::expected<std::vector<std::string>>)> done) {
+  call_async<std::vector<std::string>>(scheduler_, options_.default_timeout,
+                                       std::move(done), caf::spawn_atom::value,
+                                       parent, std::move(payloads));
+}
+
+void runtime::claim_task_async(
+  const std::string& worker,
+  std::function<void(caf::expected<std::optional<task_info>>)> done) {
+  call_async<task_claim>(
+    scheduler_, options_.default_timeout,
+    [done = std::move(done)](caf::expected<task_claim> x) {
+      done(unwrap(std::move(x)));
+    },
+    claim_atom::value, worker);
+}
+
+void runtime::complete_task_async(
+  const std::string& task, std::string result,
+  std::function<void(caf::expected<task_info>)> done) {
+  call_async<task_info>(scheduler_, options_.default_timeout, std::move(done),
+                        complete_atom::value, task, std::move(result));
+}
+
+void runtime::fail_task_async(
+  const std::string& task, std::string reason,
+  std::function<void(caf::expected<task_info>)> done) {
+  call_async<task_info>(scheduler_, options_.default_timeout, std::move(done),
+                        fail_atom::value, task, std::move(reason));
+}
+
+void runtime::requeue_task_async(
+  const std::string& task, std::function<void(caf::expected<task_info>)> done) {
+  call_async<task_info>(scheduler_, options_.default_timeout, std::move(done),
+                        requeue_atom::value, task);
+}
+
+void runtime::orchestration_tree_async(
+  const std::string& orchestration,
+  std::function<void(caf::expected<task_tree>)> done) {
+  call_async<task_tree>(scheduler_, options_.default_timeout, std::move(done),
+                        caf::get_atom::value, orchestration);
+}
+
+} // namespace spindle

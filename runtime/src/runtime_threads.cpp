@@ -1,0 +1,178 @@
+// The facade of threads, memory, the context builder and exchanges
+// (runtime.hpp, section "threads, memory, context builder").
+
+#include <future>
+
+#include <caf/all.hpp>
+
+#include "spindle/runtime/memory.hpp"
+#include "spindle/runtime/rewriter.hpp"
+#include "spindle/runtime/runtime.hpp"
+
+namespace spindle {
+
+namespace {
+
+std::chrono::milliseconds build_timeout(const context_builder_options& bo) {
+  return 2 * bo.read_timeout + bo.memory_timeout + bo.rewrite_timeout
+         + std::chrono::seconds{1};
+}
+
+} // namespace
+
+caf::error runtime::start_threads() {
+  if (!options_.provider)
+    options_.provider = make_offline_provider();
+  auto& conv = options_.conversation;
+  if (!conv.rewriter)
+    conv.rewriter = make_offline_rewriter();
+  thread_registry_ = system_->spawn(spindle::thread_registry, conv.registry);
+  if (conv.memory) {
+    auto mem = spawn_memory(*system_, options_.storage);
+    if (!mem)
+      return mem.error();
+    memory_ = std::move(*mem);
+  }
+  rewriter_ = spawn_query_rewriter(*system_, conv.rewriter);
+  context_builder_ = system_->spawn(spindle::context_builder, thread_registry_,
+                                    memory_, rewriter_, conv.builder);
+  return caf::none;
+}
+
+caf::expected<uint64_t> runtime::add_turn(const std::string& thread_id,
+                                          turn t) {
+  // May wait for a running exchange (D9), hence the queue timeout.
+  return call<uint64_t>(thread_registry_, options_.conversation.queue_timeout,
+                        caf::add_atom::value, thread_id, std::move(t));
+}
+
+caf::expected<history_window>
+runtime::read_history(const std::string& thread_id, uint64_t max_turns) {
+  return call<history_window>(thread_registry_, options_.default_timeout,
+                              caf::get_atom::value, history_atom::value,
+                              thread_id, max_turns);
+}
+
+caf::expected<std::vector<turn>> runtime::history(const std::string& thread_id,
+                                                  uint64_t max_turns) {
+  auto w = read_history(thread_id, max_turns);
+  if (!w)
+    return w.error();
+  return std::move(w->turns);
+}
+
+caf::expected<thread_snapshot>
+runtime::snapshot(const std::string& thread_id) {
+  return call<thread_snapshot>(thread_registry_, options_.default_timeout,
+                               caf::get_atom::value,
+                               thread_snapshot_atom::value, thread_id);
+}
+
+caf::expected<uint64_t> runtime::clear_thread(const std::string& thread_id) {
+  return call<uint64_t>(thread_registry_, options_.conversation.queue_timeout,
+                        caf::reset_atom::value, thread_id);
+}
+
+caf::expected<std::vector<std::string>> runtime::list_threads() {
+  return call<std::vector<std::string>>(thread_registry_,
+                                        options_.default_timeout,
+                                        caf::get_atom::value,
+                                        thread_list_atom::value);
+}
+
+caf::expected<uint64_t> runtime::count_threads() {
+  return call<uint64_t>(thread_registry_, options_.default_timeout,
+                        caf::get_atom::value, thread_count_atom::value);
+}
+
+caf::expected<built_context>
+runtime::build_context(const std::string& thread_id, const std::string& user_id,
+                       const std::string& message, build_options options) {
+  return call<built_context>(context_builder_,
+                             build_timeout(options_.conversation.builder),
+                             build_context_atom::value,
+                             build_request{thread_id, user_id, message,
+                                           std::move(options)});
+}
+
+caf::expected<int64_t> runtime::store_memory(const std::string& content,
+                                             std::vector<std::string> tags) {
+  if (running() && !memory_)
+    return make_error(errc::unavailable, "long-term memory is disabled");
+  return call<int64_t>(memory_, options_.default_timeout, caf::put_atom::value,
+                       memory_atom::value, content, std::move(tags));
+}
+
+caf::expected<memory_snippet>
+runtime::retrieve_memory(const std::string& user_id,
+                         const std::string& thread_id, const std::string& query,
+                         uint64_t max_chars) {
+  if (running() && !memory_)
+    return make_error(errc::unavailable, "long-term memory is disabled");
+  return call<memory_snippet>(memory_, options_.default_timeout,
+                              caf::get_atom::value, memory_atom::value,
+                              memory_query{user_id, thread_id, query,
+                                           max_chars});
+}
+
+void runtime::send_message_async(exchange_request request,
+                                 delta_callback on_delta, exchange_done done) {
+  if (!running()) {
+    done(make_error(errc::unavailable, "the runtime is stopped"));
+    return;
+  }
+  exchange_services services{thread_registry_, context_builder_, memory_,
+                             options_.provider, options_.conversation};
+  spawn_exchange(*system_, services, std::move(request), std::move(on_delta),
+                 std::move(done));
+}
+
+caf::expected<exchange_result> runtime::send_message(exchange_request request,
+                                                     delta_callback on_delta) {
+  // Every step of an exchange has its own timeout, so `done` always runs.
+  auto result = std::make_shared<std::promise<caf::expected<exchange_result>>>();
+  auto future = result->get_future();
+  send_message_async(std::move(request), std::move(on_delta),
+                     [result](caf::expected<exchange_result> r) {
+                       result->set_value(std::move(r));
+                     });
+  return future.get();
+}
+
+caf::expected<exchange_result>
+runtime::send_message(const std::string& thread_id, const std::string& content,
+                      const std::string& user_id, conflict_policy on_conflict,
+                      uint64_t max_turns, delta_callback on_delta) {
+  exchange_request request;
+  request.thread_id = thread_id;
+  request.content = content;
+  request.user_id = user_id;
+  request.on_conflict = on_conflict;
+  request.build.max_turns = max_turns;
+  return send_message(std::move(request), std::move(on_delta));
+}
+
+void runtime::add_turn_async(const std::string& thread_id, turn t,
+                             std::function<void(caf::expected<uint64_t>)> done) {
+  call_async<uint64_t>(thread_registry_, options_.conversation.queue_timeout,
+                       std::move(done), caf::add_atom::value, thread_id,
+                       std::move(t));
+}
+
+void runtime::history_async(
+  const std::string& thread_id, uint64_t max_turns,
+  std::function<void(caf::expected<history_window>)> done) {
+  call_async<history_window>(thread_registry_, options_.default_timeout,
+                             std::move(done), caf::get_atom::value,
+                             history_atom::value, thread_id, max_turns);
+}
+
+void runtime::build_context_async(
+  build_request request, std::function<void(caf::expected<built_context>)> done) {
+  call_async<built_context>(context_builder_,
+                            build_timeout(options_.conversation.builder),
+                            std::move(done), build_context_atom::value,
+                            std::move(request));
+}
+
+} // namespace spindle

@@ -1,0 +1,132 @@
+#pragma once
+
+// A fake OpenAI-compatible chat completions server on 127.0.0.1 for tests:
+// it records every request's messages array and answers with a scripted
+// reply, streamed over SSE (or as plain JSON, or as an error).
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+namespace spindle::test {
+
+class fake_openai {
+public:
+  enum class mode { stream, plain, error, slow, hang_up };
+
+  fake_openai() {
+    svr_.Post("/v1/chat/completions", [this](const httplib::Request& req,
+                                             httplib::Response& res) {
+      auto body = nlohmann::json::parse(req.body, nullptr, false);
+      {
+        std::lock_guard<std::mutex> guard{mx_};
+        requests_.push_back(body);
+        auth_.push_back(req.get_header_value("Authorization"));
+      }
+      auto reply = next_reply(body);
+      switch (mode_.load()) {
+        case mode::error:
+          res.status = 500;
+          res.set_content(R"({"error":{"message":"model is overloaded"}})",
+                          "application/json");
+          return;
+        case mode::plain:
+          res.set_content(
+            nlohmann::json{{"choices",
+                            {{{"message",
+                               {{"role", "assistant"}, {"content", reply}}}}}}}
+              .dump(),
+            "application/json");
+          return;
+        case mode::hang_up:
+          res.status = 200;
+          res.set_chunked_content_provider(
+            "text/event-stream",
+            [](size_t, httplib::DataSink&) { return false; });
+          return;
+        default:
+          break;
+      }
+      auto slow = mode_ == mode::slow;
+      res.set_chunked_content_provider(
+        "text/event-stream",
+        [reply, slow, this](size_t, httplib::DataSink& sink) {
+          for (size_t i = 0; i < reply.size(); i += chunk_) {
+            if (slow)
+              std::this_thread::sleep_for(std::chrono::milliseconds(200));
+            nlohmann::json event{
+              {"choices", {{{"delta", {{"content", reply.substr(i, chunk_)}}}}}}};
+            auto line = "data: " + event.dump() + "\n\n";
+            if (!sink.write(line.data(), line.size()))
+              return false;
+          }
+          std::string done = "data: [DONE]\n\n";
+          sink.write(done.data(), done.size());
+          sink.done();
+          return true;
+        });
+    });
+    port_ = svr_.bind_to_any_port("127.0.0.1");
+    thread_ = std::thread{[this] { svr_.listen_after_bind(); }};
+    while (!svr_.is_running())
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+
+  ~fake_openai() {
+    svr_.stop();
+    thread_.join();
+  }
+
+  std::string url() const {
+    return "http://127.0.0.1:" + std::to_string(port_);
+  }
+
+  void set_mode(mode m) {
+    mode_ = m;
+  }
+
+  /// Replies are taken in order; the last one repeats.
+  void set_replies(std::vector<std::string> replies) {
+    std::lock_guard<std::mutex> guard{mx_};
+    replies_ = std::move(replies);
+  }
+
+  std::vector<nlohmann::json> requests() const {
+    std::lock_guard<std::mutex> guard{mx_};
+    return requests_;
+  }
+
+  std::vector<std::string> auth_headers() const {
+    std::lock_guard<std::mutex> guard{mx_};
+    return auth_;
+  }
+
+private:
+  std::string next_reply(const nlohmann::json&) {
+    std::lock_guard<std::mutex> guard{mx_};
+    if (replies_.empty())
+      return "fake reply";
+    auto r = replies_[std::min(served_, replies_.size() - 1)];
+    ++served_;
+    return r;
+  }
+
+  httplib::Server svr_;
+  std::thread thread_;
+  int port_ = 0;
+  std::atomic<mode> mode_{mode::stream};
+  size_t chunk_ = 7;
+  mutable std::mutex mx_;
+  std::vector<nlohmann::json> requests_;
+  std::vector<std::string> auth_;
+  std::vector<std::string> replies_;
+  size_t served_ = 0;
+};
+
+} // namespace spindle::test
