@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli.hpp"
+#include "spindle/runtime/logging.hpp"
 #include "spindle/version.hpp"
 
 int main(int argc, char** argv) {
@@ -17,12 +18,16 @@ int main(int argc, char** argv) {
                                       + spindle::version_string);
   app.require_subcommand(1);
   app.fallthrough(false);
+  // Logs go to stderr, so stdout stays the command's output; `serve`
+  // configures its own level and format.
+  spindle::setup_logging("warn", "text");
   spindle::cli::registry commands;
   spindle::cli::add_demo(app, commands);
   spindle::cli::add_id(app, commands);
   spindle::cli::add_task(app, commands);
   spindle::cli::add_session(app, commands);
   spindle::cli::add_serve(app, commands);
+  spindle::cli::add_stress(app, commands);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

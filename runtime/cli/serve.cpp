@@ -2,6 +2,7 @@
 // 127.0.0.1:8080, data in ./spindle-data, the offline LLM provider.
 
 #include <atomic>
+#include <cstdlib>
 #include <csignal>
 #include <future>
 #include <iostream>
@@ -13,6 +14,8 @@
 #include "cli.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/runtime/logging.hpp"
+#include "spindle/runtime/openai_provider.hpp"
+#include "spindle/runtime/rewriter.hpp"
 #include "spindle/runtime/runtime.hpp"
 #include "spindle/runtime/server.hpp"
 #include "spindle/version.hpp"
@@ -30,6 +33,7 @@ struct serve_args {
   std::string log_level = "info";
   std::string log_format = "text";
   double shutdown_grace_s = 10;
+  long delta_delay_ms = 0;
 };
 
 int serve(serve_args args) {
@@ -48,6 +52,25 @@ int serve(serve_args args) {
 
   runtime_options opts;
   opts.storage.data_dir = args.data;
+  if (args.llm == "offline" && args.delta_delay_ms > 0)
+    opts.provider = std::make_shared<offline_provider>(
+      std::chrono::milliseconds(args.delta_delay_ms));
+  if (args.llm == "openai") {
+    openai_options llm;
+    llm.base_url = args.llm_url;
+    llm.model = args.llm_model;
+    if (auto* key = std::getenv("SPINDLE_LLM_API_KEY"))
+      llm.api_key = key;
+    auto provider = make_openai_provider(llm);
+    if (!provider) {
+      std::cerr << "spindle serve: " << describe(provider.error()) << "\n";
+      return exit_code::usage;
+    }
+    opts.provider = *provider;
+    // The query rewriter asks the same provider (falling back to the
+    // original message on error, timeout or empty output).
+    opts.conversation.rewriter = std::make_shared<llm_rewriter>(*provider);
+  }
   auto rt = runtime::start(opts);
   if (!rt) {
     std::cerr << "spindle serve: " << describe(rt.error()) << "\n";
@@ -121,12 +144,18 @@ void add_serve(CLI::App& app, registry& commands) {
     ->envname("SPINDLE_LLM")
     ->check(CLI::IsMember({"offline", "openai"}));
   sub->add_option("--llm-url", args->llm_url,
-                  "base URL of an OpenAI-compatible server (for --llm "
-                  "openai)")
+                  "base URL of an OpenAI-compatible server, e.g. "
+                  "http://127.0.0.1:8081 (for --llm openai; the API key is "
+                  "read from SPINDLE_LLM_API_KEY)")
     ->envname("SPINDLE_LLM_URL");
   sub->add_option("--llm-model", args->llm_model,
                   "model name sent to the provider")
     ->envname("SPINDLE_LLM_MODEL");
+  sub->add_option("--llm-delta-delay-ms", args->delta_delay_ms,
+                  "offline provider only: wait this long before each piece "
+                  "of a reply, to watch streaming (default 0)")
+    ->envname("SPINDLE_LLM_DELTA_DELAY_MS")
+    ->check(CLI::Range(0L, 60000L));
   sub->add_option("--token", args->http.token,
                   "require 'Authorization: Bearer TOKEN' on every route but "
                   "/healthz")

@@ -110,6 +110,10 @@ private:
 
 // Route groups, one file each (server_<group>.cpp).
 void add_id_routes(router& r);
+void add_thread_routes(router& r);
+void add_item_routes(router& r);
+void add_memory_routes(router& r);
+void add_task_routes(router& r);
 
 } // namespace http
 } // namespace spindle

@@ -80,8 +80,10 @@ caf::error setup_logging(std::string_view level, std::string_view format) {
     return make_error(errc::invalid_argument,
                       "log format '" + std::string{format}
                         + "' is not one of text, json");
-  auto logger = spdlog::stderr_logger_mt("spindle");
-  spdlog::drop("spindle");
+  // Built directly, not through the registry, so setup may run again (the
+  // CLI sets a default, `serve` its own).
+  auto logger = std::make_shared<spdlog::logger>(
+    "spindle", std::make_shared<spdlog::sinks::stderr_sink_mt>());
   logger->set_level(lvl);
   if (format == "json") {
     logger->set_formatter(std::make_unique<json_formatter>());

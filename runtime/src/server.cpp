@@ -43,6 +43,9 @@ void error_reply(http_metrics& metrics, const httplib::Request& req,
   if (!res.body.empty())
     return;
   metrics.observe("unmatched", req.method, res.status, 0);
+  // A request refused before routing may have left its body unread on the
+  // connection; never read the next request from there.
+  res.set_header("Connection", "close");
   spdlog::info(log_fields("request", {{"method", req.method},
                                       {"route", "unmatched"},
                                       {"path", req.path.substr(0, 200)},
@@ -61,6 +64,11 @@ void error_reply(http_metrics& metrics, const httplib::Request& req,
     case 400:
       code = "malformed";
       message = "the request could not be parsed";
+      break;
+    case 414:
+      code = "too_large";
+      message = "the request line is too long (a path segment such as a "
+                "thread ID may have at most 128 characters)";
       break;
     default:
       message = "request failed with status " + std::to_string(res.status);
@@ -99,6 +107,9 @@ server::server(runtime& rt, server_options options)
   svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   svr.set_payload_max_length(impl_->options.body_limit);
   svr.set_keep_alive_max_count(100000);
+  // Headers and body leave in separate writes; without TCP_NODELAY a
+  // keep-alive client waits out the peer's delayed ACK (~40 ms) per reply.
+  svr.set_tcp_nodelay(true);
   svr.set_socket_options([this](socket_t sock) {
     httplib::default_socket_options(sock);
     impl_->listen_fd = sock;
@@ -124,6 +135,10 @@ server::server(runtime& rt, server_options options)
                           "text/plain; version=0.0.4");
         });
   http::add_id_routes(r);
+  http::add_thread_routes(r);
+  http::add_item_routes(r);
+  http::add_memory_routes(r);
+  http::add_task_routes(r);
   add_gauges(impl_->metrics, impl_->rt);
 }
 

@@ -1,0 +1,144 @@
+// Orchestration routes: create, spawn subtasks, claim, complete, fail, and
+// the tree with states.
+
+#include "http_router.hpp"
+#include "spindle/messages/error.hpp"
+#include "spindle/messages/task_id.hpp"
+#include "spindle/runtime/runtime.hpp"
+
+namespace spindle::http {
+
+namespace {
+
+// Payloads, results and reasons may be any JSON value; they are kept as
+// their JSON text and given back as the same value.
+std::string keep(const json& body, const char* field, bool required) {
+  auto it = body.find(field);
+  if (it == body.end()) {
+    if (required)
+      throw api_error{400, "malformed",
+                      std::string{"field '"} + field + "' is required"};
+    return "null";
+  }
+  return dump(*it);
+}
+
+json give_back(const std::string& text) {
+  if (text.empty())
+    return nullptr;
+  auto parsed = json::parse(text, nullptr, false);
+  return parsed.is_discarded() ? json(text) : parsed;
+}
+
+json task_json(const task_info& t) {
+  json out{{"id", t.id},
+           {"parent", t.parent.empty() ? json(nullptr) : json(t.parent)},
+           {"state", to_string(t.state)},
+           {"payload", give_back(t.payload)},
+           {"worker", t.worker.empty() ? json(nullptr) : json(t.worker)},
+           {"incomplete_children", t.incomplete_children}};
+  if (t.state == task_state::completed)
+    out["result"] = give_back(t.outcome);
+  else if (t.state == task_state::failed)
+    out["reason"] = give_back(t.outcome);
+  return out;
+}
+
+std::string path_task(const httplib::Request& req) {
+  auto id = req.matches[1].str();
+  if (auto parsed = task_id::parse(id); !parsed)
+    fail(parsed.error());
+  return id;
+}
+
+} // namespace
+
+void add_task_routes(router& r) {
+  r.post(R"(/v1/orchestrations)", "POST /v1/orchestrations",
+         [&r](const httplib::Request& req, httplib::Response& res,
+              request_context& ctx) {
+           auto body = parse_body(req, {"payload"});
+           auto id = r.rt().create_orchestration(keep(body, "payload", true));
+           if (!id)
+             fail(id.error());
+           ctx.log["task"] = *id;
+           reply(res, 201, {{"id", *id}});
+         });
+
+  r.get(R"(/v1/orchestrations/([^/]+))", "GET /v1/orchestrations/{id}",
+        [&r](const httplib::Request& req, httplib::Response& res,
+             request_context&) {
+          auto id = path_task(req);
+          auto tree = r.rt().orchestration_tree(id);
+          if (!tree)
+            fail(tree.error());
+          json tasks = json::array();
+          for (auto& t : tree->tasks)
+            tasks.push_back(task_json(t));
+          auto executable = r.rt().executable_tasks(id);
+          reply(res, 200,
+                {{"id", tree->orchestration},
+                 {"tasks", tasks},
+                 {"executable", executable ? json(*executable)
+                                           : json::array()}});
+        });
+
+  r.get(R"(/v1/tasks/([^/]+))", "GET /v1/tasks/{id}",
+        [&r](const httplib::Request& req, httplib::Response& res,
+             request_context&) {
+          auto t = r.rt().task(path_task(req));
+          if (!t)
+            fail(t.error());
+          reply(res, 200, task_json(*t));
+        });
+
+  r.post(R"(/v1/tasks/([^/]+)/subtasks)", "POST /v1/tasks/{id}/subtasks",
+         [&r](const httplib::Request& req, httplib::Response& res,
+              request_context& ctx) {
+           auto parent = path_task(req);
+           auto body = parse_body(req, {"payload"});
+           auto id = r.rt().spawn_subtask(parent, keep(body, "payload", true));
+           if (!id)
+             fail(id.error());
+           ctx.log["task"] = *id;
+           reply(res, 201, {{"id", *id}});
+         });
+
+  r.post(R"(/v1/tasks/claim)", "POST /v1/tasks/claim",
+         [&r](const httplib::Request& req, httplib::Response& res,
+              request_context& ctx) {
+           auto body = parse_body(req, {"worker"});
+           auto worker = required_string(body, "worker");
+           auto claimed = r.rt().claim_task(worker);
+           if (!claimed)
+             fail(claimed.error());
+           if (!*claimed) {
+             res.status = 204;
+             return;
+           }
+           ctx.log["task"] = (*claimed)->id;
+           reply(res, 200, task_json(**claimed));
+         });
+
+  auto finish = [&r](bool complete) {
+    return [&r, complete](const httplib::Request& req, httplib::Response& res,
+                          request_context& ctx) {
+      auto id = path_task(req);
+      auto field = complete ? "result" : "reason";
+      auto body = parse_body(req, {field}, /*allow_empty=*/true);
+      auto value = keep(body, field, false);
+      auto t = complete ? r.rt().complete_task(id, value)
+                        : r.rt().fail_task(id, value);
+      if (!t)
+        fail(t.error());
+      ctx.log["task"] = id;
+      reply(res, 200, task_json(*t));
+    };
+  };
+  r.post(R"(/v1/tasks/([^/]+)/complete)", "POST /v1/tasks/{id}/complete",
+         finish(true));
+  r.post(R"(/v1/tasks/([^/]+)/fail)", "POST /v1/tasks/{id}/fail",
+         finish(false));
+}
+
+} // namespace spindle::http
