@@ -131,6 +131,10 @@ TEST_CASE("api: a conversation through every thread route") {
         != std::string::npos);
   CHECK(a.history(t)["total_turns"] == 4); // the build stored nothing
 
+  auto m = a.cli.Get("/metrics");
+  REQUIRE(m);
+  CHECK(m->body.find("spindle_turns_stored_total 4") != std::string::npos);
+  CHECK(m->body.find("spindle_threads 1") != std::string::npos);
   auto [sd, cleared] = a.del("/v1/threads/" + t + "/turns");
   REQUIRE(sd == 200);
   CHECK(cleared["cleared"] == 4);
@@ -203,6 +207,9 @@ TEST_CASE("api: context items: add with evictions, list, render") {
               400, "invalid_argument");
   check_error(a.get("/v1/threads/w/items?limit=0"), 400, "invalid_argument");
   CHECK(a.get("/v1/threads/w/items").second["items"].size() == 50);
+  auto m = a.cli.Get("/metrics");
+  REQUIRE(m);
+  CHECK(m->body.find("spindle_context_evictions_total 3") != std::string::npos);
 }
 
 TEST_CASE("api: memories are stored and retrieved within the user's scope") {

@@ -15,7 +15,24 @@ http_metrics::http_metrics()
     latency_(prometheus::BuildHistogram()
                .Name("spindle_http_request_duration_seconds")
                .Help("HTTP request latency by route")
-               .Register(*registry_)) {
+               .Register(*registry_)),
+    turns_(prometheus::BuildCounter()
+             .Name("spindle_turns_stored_total")
+             .Help("Turns stored by this server's message routes")
+             .Register(*registry_)),
+    evictions_(prometheus::BuildCounter()
+                 .Name("spindle_context_evictions_total")
+                 .Help("Context items evicted from windows by item routes")
+                 .Register(*registry_)) {
+  turns_.Add({});
+  evictions_.Add({});
+}
+
+void http_metrics::count(const std::string& what, double n) {
+  if (what == "turns")
+    turns_.Add({}).Increment(n);
+  else if (what == "evictions")
+    evictions_.Add({}).Increment(n);
 }
 
 void http_metrics::observe(const std::string& route, const std::string& method,

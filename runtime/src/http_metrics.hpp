@@ -30,6 +30,11 @@ public:
   void observe(const std::string& route, const std::string& method,
                int status, double seconds);
 
+  /// Counts `n` more of a server-side event: "turns" (turns stored by
+  /// message routes), "evictions" (context items evicted by item routes).
+  /// Thread-safe.
+  void count(const std::string& what, double n);
+
   /// Adds a gauge family whose samples `source` computes at each scrape.
   /// Call before serving.
   void add_gauge(const std::string& name, const std::string& help,
@@ -47,6 +52,8 @@ private:
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Counter>& requests_;
   prometheus::Family<prometheus::Histogram>& latency_;
+  prometheus::Family<prometheus::Counter>& turns_;
+  prometheus::Family<prometheus::Counter>& evictions_;
   std::mutex mx_;
   std::vector<gauge_source> gauges_;
 };

@@ -95,6 +95,13 @@ void add_gauges(http_metrics& metrics, runtime& rt) {
       }
       return out;
     });
+  metrics.add_gauge("spindle_threads", "Conversation threads that exist",
+                    [&rt] {
+                      http_metrics::samples out;
+                      if (auto n = rt.count_threads())
+                        out.push_back({{}, static_cast<double>(*n)});
+                      return out;
+                    });
 }
 
 } // namespace

@@ -1,5 +1,6 @@
 // Context item routes: add (with evictions), list, render.
 
+#include "http_metrics.hpp"
 #include "http_router.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/ids.hpp"
@@ -43,6 +44,8 @@ void add_item_routes(router& r) {
              fail(added.error());
            ctx.log["item"] = added->item.id();
            ctx.log["evicted"] = added->evicted.size();
+           r.metrics().count("evictions",
+                             static_cast<double>(added->evicted.size()));
            reply(res, 201, {{"item", context_item_to_json(added->item)},
                             {"evicted", added->evicted}});
          });

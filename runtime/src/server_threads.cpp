@@ -7,6 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "http_metrics.hpp"
 #include "http_router.hpp"
 #include "spindle/runtime/logging.hpp"
 #include "spindle/messages/error.hpp"
@@ -164,6 +165,7 @@ void add_thread_routes(router& r) {
            if (!result)
              fail(result.error());
            log_exchange(ctx, *result);
+           r.metrics().count("turns", 2);
            reply(res, 200, result_json(*result));
          });
 
@@ -185,9 +187,10 @@ void add_thread_routes(router& r) {
         state->push(sse("delta", {{"content", std::string{delta}}}));
         return true;
       };
+      auto* metrics = &r.metrics();
       r.rt().send_message_async(
         std::move(x), on_delta,
-        [state](caf::expected<exchange_result> result) {
+        [state, metrics](caf::expected<exchange_result> result) {
           if (!result) {
             std::lock_guard<std::mutex> guard{state->mx};
             if (!state->started) {
@@ -204,6 +207,7 @@ void add_thread_routes(router& r) {
             request_context tmp;
             log_exchange(tmp, *result);
             tmp.log["interrupted"] = result->interrupted;
+            metrics->count("turns", 2);
             spdlog::info(log_fields("stream_exchange", tmp.log));
             auto done = result_json(*result);
             done.erase("reply");
