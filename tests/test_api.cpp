@@ -141,7 +141,7 @@ TEST_CASE("api: a conversation through every thread route") {
   CHECK(a.history(t)["total_turns"] == 0);
 }
 
-TEST_CASE("api: thread 'new' creates a thread; unknown threads are 404 on "
+TEST_CASE("api: thread 'new' creates a thread - unknown threads are 404 on "
           "reads and never created") {
   server_process srv;
   api a{srv.port()};

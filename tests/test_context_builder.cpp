@@ -68,7 +68,7 @@ void seed_trump(runtime& rt, const std::string& thread) {
 
 } // namespace
 
-// -- the seed's three integration tests ----------------------------------------------
+// -- the seed's three integration tests ---------------------------------------
 
 TEST_CASE("context builder: build_contextual_messages_sees_previous_turns") {
   runtime rt;
@@ -130,7 +130,7 @@ TEST_CASE("context builder: the query rewriter receives the full context: "
              "Contextualized query:\nwho are Donald Trump's children");
 }
 
-// -- FORBIDDEN patterns -------------------------------------------------------------
+// -- FORBIDDEN patterns -------------------------------------------------------
 
 TEST_CASE("context builder: never creates a thread, even under many "
           "concurrent builds for unknown IDs") {
@@ -197,7 +197,8 @@ TEST_CASE("context builder: memory comes after the system prompt and before "
           "the history, as a system message, and never replaces history") {
   runtime rt;
   seed_trump(rt, "mem");
-  REQUIRE(rt.store_memory("Trump has five children.", memory_tags("u1", "mem")));
+  REQUIRE(
+    rt.store_memory("Trump has five children.", memory_tags("u1", "mem")));
   auto r = rt.build_context("mem", "u1", "list the children");
   REQUIRE(r);
   REQUIRE_FALSE(r->memory_snippet.empty());
@@ -287,7 +288,7 @@ TEST_CASE("context builder: bad requests are refused naming the field") {
   REQUIRE(rt.count_threads() == 0u);
 }
 
-// -- the query rewriter --------------------------------------------------------------
+// -- the query rewriter -------------------------------------------------------
 
 TEST_CASE("query rewriter: the provider-backed rewriter falls back to the "
           "original on error, timeout and empty output") {

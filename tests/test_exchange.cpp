@@ -44,7 +44,7 @@ exchange_request message(std::string thread, std::string content,
 
 } // namespace
 
-TEST_CASE("exchange: concurrent messages to one thread queue; turns strictly "
+TEST_CASE("exchange: concurrent messages to one thread queue - turns strictly "
           "alternate user/assistant and none is lost") {
   quiet_logs quiet;
   for (size_t clients : {1, 2, 4, 8, 16}) {
@@ -282,7 +282,8 @@ TEST_CASE("exchange: a provider failure keeps the user turn, returns "
 }
 
 TEST_CASE("exchange: a provider timeout is reported as timeout") {
-  runtime rt{with_provider(std::make_shared<test::failing_provider>(errc::timeout))};
+  runtime rt{
+    with_provider(std::make_shared<test::failing_provider>(errc::timeout))};
   auto r = rt.send_message("slow", "hello?");
   REQUIRE_FALSE(r);
   REQUIRE(classify(r.error()) == errc::timeout);
@@ -388,14 +389,47 @@ TEST_CASE("exchange: stopping the runtime answers a waiting exchange") {
       std::this_thread::sleep_for(1ms);
   }
   REQUIRE(queued_seen);
-  std::thread stopper{[&] { rt->stop(); }};
-  // The queued message is answered while the first is still in the provider.
-  REQUIRE(queued.wait_for(10s) == std::future_status::ready);
+  // CAF's actor system must be destroyed on a thread that used it last (it
+  // keeps a thread-local reference to its logger), so the main thread stops
+  // the runtime and a helper opens the gate once the queued message is
+  // answered.
+  std::atomic<bool> answered_first{false};
+  std::thread opener{[&] {
+    answered_first = queued.wait_for(10s) == std::future_status::ready;
+    gate->open();
+  }};
+  rt->stop();
+  opener.join();
+  REQUIRE(answered_first); // while the first was still in the provider
   auto b = queued.get();
   REQUIRE_FALSE(b);
   REQUIRE(classify(b.error()) == errc::unavailable);
-  gate->open();
-  stopper.join();
   auto a = first.get();
   REQUIRE_FALSE(a); // its thread stopped before the reply could be stored
+}
+
+TEST_CASE("exchange: a live thread that sent messages does not keep the "
+          "runtime from stopping") {
+  auto rt = std::make_unique<runtime>();
+  std::promise<void> sent;
+  std::promise<void> release;
+  auto released = release.get_future().share();
+  std::thread client{[&rt, &sent, released] {
+    auto r = rt->send_message("t", "hi");
+    sent.set_value();
+    released.wait(); // stays alive while the runtime stops
+  }};
+  sent.get_future().wait();
+  std::atomic<bool> stopped{false}, had_to_release{false};
+  std::thread watchdog{[&] {
+    for (int i = 0; i < 1000 && !stopped; ++i)
+      std::this_thread::sleep_for(10ms);
+    had_to_release = !stopped;
+    release.set_value();
+  }};
+  rt.reset(); // on the thread that made it
+  stopped = true;
+  watchdog.join();
+  client.join();
+  REQUIRE_FALSE(had_to_release);
 }

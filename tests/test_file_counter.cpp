@@ -103,7 +103,7 @@ TEST_CASE("id next: global, orchestration and task prefixes give the D2 "
   CHECK(read_file(counters(root) / "global.NextId") == "0003\n");
 }
 
-TEST_CASE("id next: counters cross tiers; task levels render as decimals") {
+TEST_CASE("id next: counters cross tiers - task levels render as decimals") {
   test::temp_dir root;
   write_file(counters(root) / "global.NextId", "9999\n");
   CHECK(next_id(root) == "9999");
@@ -256,7 +256,7 @@ TEST_CASE("id next: a dead claimer's file is left alone during the grace "
   CHECK(read_file(claim) == "0002\n");
 }
 
-TEST_CASE("id next: a live claimer's file is left alone; the caller times "
+TEST_CASE("id next: a live claimer's file is left alone - the caller times "
           "out with who holds it") {
   test::temp_dir root;
   REQUIRE(next_id(root) == "0001");

@@ -40,7 +40,7 @@ TEST_CASE("hybrid36: every tier transition increments to the next tier") {
   CHECK(inc("ZZZY") == "ZZZZ");
 }
 
-TEST_CASE("hybrid36: ZZZZ is the end; incrementing it is refused, never "
+TEST_CASE("hybrid36: ZZZZ is the end - incrementing it is refused, never "
           "wrapped") {
   auto next = hybrid36::increment("ZZZZ");
   REQUIRE_FALSE(next);
@@ -150,7 +150,7 @@ TEST_CASE("task_id: grammar rejections name the problem") {
   CHECK_FALSE(task_id::parse(too_deep));
 }
 
-TEST_CASE("task_id: comparison is by value; t10 after t9, parents before "
+TEST_CASE("task_id: comparison is by value - t10 after t9, parents before "
           "children") {
   auto cmp = [](const char* a, const char* b) {
     return compare(*task_id::parse(a), *task_id::parse(b));
@@ -191,7 +191,7 @@ TEST_CASE("context IDs: ctx-N with N >= 1 in canonical form") {
     CHECK_FALSE(parse_context_id(bad));
 }
 
-TEST_CASE("counter keys: ctx, global or a task ID; IDs render per kind") {
+TEST_CASE("counter keys: ctx, global or a task ID - IDs render per kind") {
   CHECK(classify_counter_key("ctx") == counter_kind::context);
   CHECK(classify_counter_key("global") == counter_kind::orchestration);
   CHECK(classify_counter_key("0001_t3") == counter_kind::task);

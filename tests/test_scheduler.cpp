@@ -397,7 +397,7 @@ TEST_CASE("scheduler: concurrent async claims hand out each task once") {
 }
 
 TEST_CASE("scheduler: a subtask spawned under a running task runs before "
-          "the parent can complete its own work; a completed parent takes "
+          "the parent can complete its own work - a completed parent takes "
           "no subtasks") {
   runtime rt;
   REQUIRE(rt.create_orchestration("o").value() == "0001");
@@ -503,7 +503,7 @@ TEST_CASE("scheduler: a worker whose PID now belongs to another process "
 }
 
 TEST_CASE("scheduler: a late completion beats the news of the worker's "
-          "death; marking stale touches only running tasks") {
+          "death - marking stale touches only running tasks") {
   runtime rt;
   REQUIRE(rt.create_orchestration("o").value() == "0001");
   REQUIRE(claim_id(rt, "w1") == "0001");

@@ -40,7 +40,7 @@ void check_error(const httplib::Result& r, int status, const std::string& code) 
 
 } // namespace
 
-TEST_CASE("server: /healthz answers without auth; every other route needs "
+TEST_CASE("server: /healthz answers without auth - every other route needs "
           "the bearer token when one is set") {
   server_process srv{{"--token", "s3cret"}};
   httplib::Client cli{"127.0.0.1", srv.port()};
@@ -157,7 +157,7 @@ TEST_CASE("server: bad input to /v1/ids gets a clear error and changes no "
   CHECK(body_of(r)["id"] == "ctx-1");
 }
 
-TEST_CASE("server: bodies over the limit get 413; unknown routes 404; both "
+TEST_CASE("server: bodies over the limit get 413 - unknown routes 404 - both "
           "as JSON errors") {
   server_process srv{{"--body-limit", "1024"}};
   httplib::Client cli{"127.0.0.1", srv.port()};
@@ -194,7 +194,7 @@ TEST_CASE("server: /metrics speaks the Prometheus text format with requests "
   CHECK(m->body.find("spindle_ids_issued") != std::string::npos);
 }
 
-TEST_CASE("server: one log line per request; --log-format json writes one "
+TEST_CASE("server: one log line per request - --log-format json writes one "
           "JSON object per line") {
   server_process srv{{"--log-format", "json"}};
   httplib::Client cli{"127.0.0.1", srv.port()};

@@ -133,7 +133,7 @@ TEST_CASE("session: exit policy fails with 'ERROR: Session busy' and the "
 }
 
 TEST_CASE("session: fork policy runs at once under a unique fork session "
-          "and says so; each fork lock is released after") {
+          "and says so - each fork lock is released after") {
   test::temp_dir root;
   holder busy{root, root.path() / "pid"};
   std::set<std::string> names;
@@ -194,7 +194,7 @@ TEST_CASE("session: the lock is released when the command is killed with "
 }
 
 TEST_CASE("session: SIGTERM, SIGINT and SIGHUP to spindle are forwarded to "
-          "the command; the lock is released and the status passed on") {
+          "the command - the lock is released and the status passed on") {
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) {
     DYNAMIC_SECTION("signal " << sig) {
       test::temp_dir root;

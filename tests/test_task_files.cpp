@@ -291,7 +291,7 @@ TEST_CASE("task files: concurrent claimers in threads of one process claim "
 }
 
 TEST_CASE("task files: a kill -9'd worker's task is found by `task stale` "
-          "and moved to stale/; a live worker's task stays") {
+          "and moved to stale/ - a live worker's task stays") {
   test::temp_dir root;
   REQUIRE(queue(root, "a", "x") == "0001");
   REQUIRE(queue(root, "a", "x", "0001") == "0001_t1");
@@ -316,7 +316,7 @@ TEST_CASE("task files: a kill -9'd worker's task is found by `task stale` "
 }
 
 TEST_CASE("task files: a marker whose PID now belongs to another process "
-          "(same PID, other start time) is stale; a seed-style marker with "
+          "(same PID, other start time) is stale - a seed-style marker with "
           "a live PID is not") {
   test::temp_dir root;
   auto dir = tasks_dir(root, "a") / "in_progress";
@@ -357,7 +357,7 @@ TEST_CASE("task files: an in-progress task without any owner record is "
 }
 
 TEST_CASE("task files: requeue moves a stale task back under its plain name "
-          "and keeps the dead owner's record; it is claimed again") {
+          "and keeps the dead owner's record - it is claimed again") {
   test::temp_dir root;
   REQUIRE(queue(root, "a", "body") == "0001");
   test::child doomed{{"sleep", "30"}};

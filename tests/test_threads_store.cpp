@@ -47,7 +47,7 @@ std::vector<turn> turns_of(std::initializer_list<turn_role> roles) {
 
 } // namespace
 
-// -- the seed's seven thread store tests ---------------------------------------------
+// -- the seed's seven thread store tests --------------------------------------
 
 TEST_CASE("threads store: a thread persists across multiple requests") {
   runtime rt;
@@ -91,8 +91,9 @@ TEST_CASE("threads store: add_turn appends exactly one turn and never "
           "replaces the list") {
   runtime rt;
   for (uint64_t i = 1; i <= 50; ++i) {
-    auto count = rt.add_turn("append", i % 2 ? make_user_turn("u" + std::to_string(i))
-                                             : make_assistant_turn("a" + std::to_string(i)));
+    auto count = rt.add_turn(
+      "append", i % 2 ? make_user_turn("u" + std::to_string(i))
+                      : make_assistant_turn("a" + std::to_string(i)));
     REQUIRE(count);
     REQUIRE(*count == i);
     auto snap = rt.snapshot("append");
@@ -101,7 +102,7 @@ TEST_CASE("threads store: add_turn appends exactly one turn and never "
   }
 }
 
-TEST_CASE("threads store: turns keep chronological order; the last turn is "
+TEST_CASE("threads store: turns keep chronological order - the last turn is "
           "the newest") {
   runtime rt;
   rt.add_turn("order", make_user_turn("Who is Donald Trump?"));
@@ -137,6 +138,10 @@ TEST_CASE("threads store: get_thread and get_history never create a thread") {
   auto history = rt.history("ghost", 12);
   REQUIRE(history);
   REQUIRE(history->empty());
+  auto window = rt.read_history("ghost", 12);
+  REQUIRE(window);
+  REQUIRE_FALSE(window->found);
+  REQUIRE(window->thread_actor_id == 0);
   auto snap = rt.snapshot("ghost");
   REQUIRE_FALSE(snap);
   REQUIRE(classify(snap.error()) == errc::not_found);
@@ -151,8 +156,9 @@ TEST_CASE("threads store: windowing returns the newest turns and never "
           "mutates the thread") {
   runtime rt;
   for (int i = 0; i < 30; ++i)
-    rt.add_turn("window", i % 2 == 0 ? make_user_turn("u" + std::to_string(i))
-                                     : make_assistant_turn("a" + std::to_string(i)));
+    rt.add_turn("window", i % 2 == 0
+                            ? make_user_turn("u" + std::to_string(i))
+                            : make_assistant_turn("a" + std::to_string(i)));
   auto w = rt.history("window", 12);
   REQUIRE(w);
   REQUIRE(w->size() == 12);
@@ -187,7 +193,7 @@ TEST_CASE("threads store: only clear removes turns, and it says how many") {
   REQUIRE(rt.add_turn("c", make_user_turn("again")) == 1u);
 }
 
-// -- D6 windows -------------------------------------------------------------------------
+// -- D6 windows ---------------------------------------------------------------
 
 TEST_CASE("history window: never starts with an orphan assistant turn") {
   // u a u a u a, window 3 would start with the assistant at index 3.
@@ -283,11 +289,15 @@ TEST_CASE("history window: the thread's total and epoch come with it") {
   REQUIRE(w->turns.size() == 2);
   REQUIRE(w->total_turns == 7);
   REQUIRE(w->epoch == 0);
+  REQUIRE(w->found);
+  auto ref = rt.call<thread_ref>(rt.thread_registry(), timeout,
+                                 caf::get_atom::value, std::string{"w"});
+  REQUIRE(w->thread_actor_id == ref->handle.id());
 }
 
-// -- snapshots and validation ----------------------------------------------------------
+// -- snapshots and validation -------------------------------------------------
 
-TEST_CASE("threads store: a snapshot is the reader's own copy; changing it "
+TEST_CASE("threads store: a snapshot is the reader's own copy - changing it "
           "changes nothing stored") {
   runtime rt;
   rt.add_turn("snap", make_user_turn("original"));
@@ -355,7 +365,7 @@ TEST_CASE("threads store: list and count see every thread") {
           == std::vector<std::string>{"a", "b", "c:1", "d-2", "e.3"});
 }
 
-// -- the critical invariant under concurrency -------------------------------------------
+// -- the critical invariant under concurrency ---------------------------------
 
 TEST_CASE("threads store: under concurrent writers and readers no reader "
           "ever sees a thread's turn count go down, and every thread ends "

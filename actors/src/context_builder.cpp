@@ -41,7 +41,8 @@ void finish(context_builder_pointer self, const job_ptr& job) {
 
 void rewrite(context_builder_pointer self, const job_ptr& job) {
   auto& st = self->state;
-  if (!job->request.options.rewrite || !st.rewriter) {
+  if (!job->request.options.rewrite
+      || (!st.rewriter && !st.options.inline_rewriter)) {
     finish(self, job);
     return;
   }
@@ -51,6 +52,26 @@ void rewrite(context_builder_pointer self, const job_ptr& job) {
   req.history.reserve(job->out.short_term_history.size());
   for (auto& t : job->out.short_term_history)
     req.history.push_back(to_chat_message(t));
+  if (st.options.inline_rewriter) {
+    rewrite_result res;
+    try {
+      res = st.options.inline_rewriter(req);
+    } catch (const std::exception& e) {
+      res = rewrite_result{{}, std::string{"error: the rewriter threw: "}
+                                 + e.what()};
+    } catch (...) {
+      res = rewrite_result{{}, "error: the rewriter threw"};
+    }
+    if (!res.fallback.empty())
+      spdlog::warn("rewrite for thread '{}' fell back to the original "
+                   "message: {}",
+                   job->request.thread_id, res.fallback);
+    job->out.rewritten_query = res.query.empty() ? job->request.message
+                                                 : std::move(res.query);
+    job->out.rewrite_fallback = std::move(res.fallback);
+    finish(self, job);
+    return;
+  }
   self
     ->request(st.rewriter, st.options.rewrite_timeout + rewrite_grace,
               rewrite_atom::value, std::move(req))
@@ -91,39 +112,25 @@ void fail(const job_ptr& job, caf::error err) {
 
 void read_history(context_builder_pointer self, const job_ptr& job) {
   auto& st = self->state;
+  // The registry's read path: it forwards to the thread's `history` or, for
+  // an unknown thread, answers an empty window; it never creates.
   self
     ->request(st.registry, st.options.read_timeout, caf::get_atom::value,
-              job->request.thread_id)
+              history_atom::value, job->request.thread_id,
+              job->request.options.max_turns)
     .then(
-      [self, job](thread_ref& ref) {
-        if (!ref.found) {
-          // Unknown thread: empty history; nothing is created.
-          read_done(self, job);
-          return;
-        }
-        job->out.thread_found = true;
-        job->out.thread_actor_id = ref.handle.id();
-        self
-          ->request(ref.handle, self->state.options.read_timeout,
-                    caf::get_atom::value, history_atom::value,
-                    job->request.options.max_turns)
-          .then(
-            [self, job](history_window& w) {
-              job->out.short_term_history = std::move(w.turns);
-              job->out.total_turns = w.total_turns;
-              read_done(self, job);
-            },
-            [job](caf::error& err) {
-              fail(job, make_error(classify(err),
-                                   "cannot read the history of thread '"
-                                     + job->request.thread_id
-                                     + "': " + describe(err)));
-            });
+      [self, job](history_window& w) {
+        job->out.thread_found = w.found;
+        job->out.thread_actor_id = w.thread_actor_id;
+        job->out.total_turns = w.total_turns;
+        job->out.short_term_history = std::move(w.turns);
+        read_done(self, job);
       },
       [job](caf::error& err) {
-        fail(job, make_error(classify(err), "cannot look up thread '"
-                                              + job->request.thread_id
-                                              + "': " + describe(err)));
+        fail(job, make_error(classify(err),
+                             "cannot read the history of thread '"
+                               + job->request.thread_id
+                               + "': " + describe(err)));
       });
 }
 

@@ -142,6 +142,8 @@ thread_actor::behavior_type conversation_thread(thread_pointer self,
                      s.turns.end());
       w.total_turns = s.turns.size();
       w.epoch = s.epoch;
+      w.found = true;
+      w.thread_actor_id = self->id();
       return w;
     },
     [self](caf::get_atom, thread_snapshot_atom) -> thread_snapshot {

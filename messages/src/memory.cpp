@@ -189,6 +189,24 @@ memory_snippet build_memory_snippet(const std::vector<std::string>& ranked,
   return out;
 }
 
+std::string memory_scope_token(const std::string& user_id,
+                               const std::string& thread_id) {
+  uint64_t h = 14695981039346656037ULL;
+  auto mix = [&](std::string_view s) {
+    for (char c : s) {
+      h ^= static_cast<unsigned char>(c);
+      h *= 1099511628211ULL;
+    }
+  };
+  std::string out = user_id.empty() ? "sa" : "su";
+  mix(user_id.empty() ? "thread:" : "user:");
+  mix(user_id.empty() ? thread_id : user_id);
+  static constexpr char digits[] = "0123456789abcdef";
+  for (int shift = 60; shift >= 0; shift -= 4)
+    out += digits[(h >> shift) & 0xf];
+  return out;
+}
+
 std::string memory_match_expression(std::string_view text) {
   std::vector<std::string> words;
   std::unordered_set<std::string> seen;

@@ -7,7 +7,7 @@
 
 namespace spindle {
 
-// -- turns ------------------------------------------------------------------------
+// -- turns --------------------------------------------------------------------
 
 const char* to_string(turn_role x) noexcept {
   switch (x) {
@@ -86,7 +86,7 @@ chat_message to_chat_message(const turn& x) {
   return chat_message{to_string(x.role), x.content, x.tool_call_id};
 }
 
-// -- history windows -----------------------------------------------------------------
+// -- history windows ----------------------------------------------------------
 
 caf::error validate_max_turns(uint64_t max_turns) {
   if (max_turns < min_max_turns)
@@ -114,7 +114,7 @@ size_t history_window_start(const std::vector<turn>& turns,
   return plain;
 }
 
-// -- exchanges -------------------------------------------------------------------
+// -- exchanges ----------------------------------------------------------------
 
 const char* to_string(conflict_policy x) noexcept {
   switch (x) {

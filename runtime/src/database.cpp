@@ -26,25 +26,28 @@ const char* const migrations[] = {
   "  high_water INTEGER NOT NULL CHECK (high_water >= 0)"
   ") WITHOUT ROWID;",
   // 1 -> 2: long-term memory (D8). The container tags user:{id} and
-  // thread:{id} are kept as columns ('' = no such tag); FTS5 ranks entries
-  // with bm25, kept in sync by triggers.
+  // thread:{id} are kept as columns ('' = no such tag); `scope` holds the
+  // entry's scope token (memory_scope_token) so FTS5 narrows to one scope
+  // before ranking with bm25. Triggers keep the index in sync.
   "CREATE TABLE memories ("
   "  id INTEGER PRIMARY KEY,"
   "  user_id TEXT NOT NULL DEFAULT '',"
   "  thread_id TEXT NOT NULL DEFAULT '',"
+  "  scope TEXT NOT NULL,"
   "  content TEXT NOT NULL,"
   "  created_ms INTEGER NOT NULL"
   ");"
   "CREATE INDEX memories_by_user ON memories(user_id);"
   "CREATE INDEX memories_by_thread ON memories(thread_id, user_id);"
   "CREATE VIRTUAL TABLE memories_fts USING fts5("
-  "  content, content='memories', content_rowid='id');"
+  "  content, scope, content='memories', content_rowid='id');"
   "CREATE TRIGGER memories_ai AFTER INSERT ON memories BEGIN"
-  "  INSERT INTO memories_fts(rowid, content) VALUES (new.id, new.content);"
+  "  INSERT INTO memories_fts(rowid, content, scope)"
+  "  VALUES (new.id, new.content, new.scope);"
   " END;"
   "CREATE TRIGGER memories_ad AFTER DELETE ON memories BEGIN"
-  "  INSERT INTO memories_fts(memories_fts, rowid, content)"
-  "  VALUES ('delete', old.id, old.content);"
+  "  INSERT INTO memories_fts(memories_fts, rowid, content, scope)"
+  "  VALUES ('delete', old.id, old.content, old.scope);"
   " END;",
 };
 

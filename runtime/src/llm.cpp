@@ -104,7 +104,8 @@ offline_provider::reply_for(const std::vector<chat_message>& messages) {
   std::string out = "[offline provider] No language model is configured, so "
                     "this is not an answer. Received ";
   out += std::to_string(s.messages);
-  out += s.messages == 1 ? " message: system prompt " : " messages: system prompt ";
+  out += s.messages == 1 ? " message: system prompt "
+                         : " messages: system prompt ";
   out += yes_no(s.system_prompt);
   out += ", long-term memory ";
   out += yes_no(s.memory);

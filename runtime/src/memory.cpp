@@ -47,21 +47,23 @@ memory(memory_actor::stateful_pointer<memory_state> self,
   auto& st = self->state;
   st.db = std::move(*db);
   auto failed = prepare(st, st.insert,
-                     "INSERT INTO memories(user_id, thread_id, content, "
-                     "created_ms) VALUES(?1, ?2, ?3, ?4);");
+                     "INSERT INTO memories(user_id, thread_id, scope, "
+                     "content, created_ms) VALUES(?1, ?2, ?3, ?4, ?5);");
   if (!failed)
     failed = prepare(st, st.by_user,
                   "SELECT m.content FROM memories_fts JOIN memories m "
                   "ON m.id = memories_fts.rowid "
                   "WHERE memories_fts MATCH ?1 AND m.user_id = ?2 "
-                  "ORDER BY bm25(memories_fts), m.id DESC LIMIT ?3;");
+                  "ORDER BY bm25(memories_fts, 1.0, 0.0), m.id DESC "
+                  "LIMIT ?3;");
   if (!failed)
     failed = prepare(st, st.by_thread,
                   "SELECT m.content FROM memories_fts JOIN memories m "
                   "ON m.id = memories_fts.rowid "
                   "WHERE memories_fts MATCH ?1 AND m.user_id = '' "
                   "AND m.thread_id = ?2 "
-                  "ORDER BY bm25(memories_fts), m.id DESC LIMIT ?3;");
+                  "ORDER BY bm25(memories_fts, 1.0, 0.0), m.id DESC "
+                  "LIMIT ?3;");
   st.broken = std::move(failed);
   return {
     [self](caf::put_atom, memory_atom, const std::string& content,
@@ -82,8 +84,9 @@ memory(memory_actor::stateful_pointer<memory_state> self,
         return scope.error();
       s.insert.bind(1, std::string_view{scope->user_id})
         .bind(2, std::string_view{scope->thread_id})
-        .bind(3, std::string_view{content})
-        .bind(4, now_ms());
+        .bind(3, memory_scope_token(scope->user_id, scope->thread_id))
+        .bind(4, std::string_view{content})
+        .bind(5, now_ms());
       if (auto err = s.insert.run())
         return err;
       return static_cast<int64_t>(sqlite3_last_insert_rowid(s.db->handle()));
@@ -95,9 +98,12 @@ memory(memory_actor::stateful_pointer<memory_state> self,
         return s.broken;
       if (auto err = validate_memory_query(q))
         return err;
-      auto match = memory_match_expression(q.query);
-      if (match.empty() || q.max_chars == 0)
+      auto terms = memory_match_expression(q.query);
+      if (terms.empty() || q.max_chars == 0)
         return memory_snippet{};
+      // Narrow to the requester's scope inside the index, then rank.
+      auto match = "scope : \"" + memory_scope_token(q.user_id, q.thread_id)
+                   + "\" AND content : (" + terms + ")";
       auto& stmt = q.user_id.empty() ? s.by_thread : s.by_user;
       stmt.bind(1, std::string_view{match});
       stmt.bind(2, std::string_view{q.user_id.empty() ? q.thread_id

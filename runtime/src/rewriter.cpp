@@ -31,7 +31,7 @@ rewrite_result fallback(const rewrite_request& request, std::string why) {
 
 } // namespace
 
-// -- offline ------------------------------------------------------------------------
+// -- offline ------------------------------------------------------------------
 
 std::string offline_rewriter::name() const {
   return "offline";
@@ -49,7 +49,7 @@ std::shared_ptr<query_rewriter> make_offline_rewriter() {
   return std::make_shared<offline_rewriter>();
 }
 
-// -- provider-backed --------------------------------------------------------------
+// -- provider-backed ----------------------------------------------------------
 
 std::vector<chat_message> rewrite_prompt(const rewrite_request& request) {
   std::string instruction
@@ -125,7 +125,7 @@ rewrite_result llm_rewriter::rewrite(const rewrite_request& request) {
   return rewrite_result{std::move(query), {}};
 }
 
-// -- the actor --------------------------------------------------------------------
+// -- the actor ----------------------------------------------------------------
 
 namespace {
 
@@ -168,8 +168,9 @@ rewriter(query_rewriter_actor::stateful_pointer<rewriter_state> self,
 
 } // namespace
 
-query_rewriter_actor spawn_query_rewriter(caf::actor_system& sys,
-                                          std::shared_ptr<query_rewriter> impl) {
+query_rewriter_actor
+spawn_query_rewriter(caf::actor_system& sys,
+                     std::shared_ptr<query_rewriter> impl) {
   if (!impl)
     impl = make_offline_rewriter();
   return sys.spawn(rewriter, std::move(impl));

@@ -34,8 +34,17 @@ caf::error runtime::start_threads() {
     memory_ = std::move(*mem);
   }
   rewriter_ = spawn_query_rewriter(*system_, conv.rewriter);
+  auto builder_options = conv.builder;
+  if (!conv.rewriter->blocking()) {
+    // Cannot block and sees no thread: no need for a message round trip.
+    auto rw = conv.rewriter;
+    builder_options.inline_rewriter = [rw](const rewrite_request& req) {
+      return rw->rewrite(req);
+    };
+  }
   context_builder_ = system_->spawn(spindle::context_builder, thread_registry_,
-                                    memory_, rewriter_, conv.builder);
+                                    memory_, rewriter_,
+                                    std::move(builder_options));
   return caf::none;
 }
 
@@ -125,12 +134,18 @@ void runtime::send_message_async(exchange_request request,
                              options_.provider, options_.conversation};
   spawn_exchange(*system_, services, std::move(request), std::move(on_delta),
                  std::move(done));
+  // Spawning pins this system's logger in a thread-local of the calling
+  // thread; ~actor_system waits until every such reference is gone. Drop it,
+  // so a server thread that sent messages never keeps the runtime from
+  // stopping on another thread.
+  caf::logger::set_current_actor_system(nullptr);
 }
 
 caf::expected<exchange_result> runtime::send_message(exchange_request request,
                                                      delta_callback on_delta) {
   // Every step of an exchange has its own timeout, so `done` always runs.
-  auto result = std::make_shared<std::promise<caf::expected<exchange_result>>>();
+  auto result
+    = std::make_shared<std::promise<caf::expected<exchange_result>>>();
   auto future = result->get_future();
   send_message_async(std::move(request), std::move(on_delta),
                      [result](caf::expected<exchange_result> r) {
@@ -152,8 +167,9 @@ runtime::send_message(const std::string& thread_id, const std::string& content,
   return send_message(std::move(request), std::move(on_delta));
 }
 
-void runtime::add_turn_async(const std::string& thread_id, turn t,
-                             std::function<void(caf::expected<uint64_t>)> done) {
+void runtime::add_turn_async(
+  const std::string& thread_id, turn t,
+  std::function<void(caf::expected<uint64_t>)> done) {
   call_async<uint64_t>(thread_registry_, options_.conversation.queue_timeout,
                        std::move(done), caf::add_atom::value, thread_id,
                        std::move(t));
@@ -168,7 +184,8 @@ void runtime::history_async(
 }
 
 void runtime::build_context_async(
-  build_request request, std::function<void(caf::expected<built_context>)> done) {
+  build_request request,
+  std::function<void(caf::expected<built_context>)> done) {
   call_async<built_context>(context_builder_,
                             build_timeout(options_.conversation.builder),
                             std::move(done), build_context_atom::value,

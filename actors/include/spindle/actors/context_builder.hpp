@@ -1,6 +1,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 
 #include <caf/typed_event_based_actor.hpp>
@@ -28,14 +29,18 @@ struct context_builder_options {
   std::chrono::milliseconds rewrite_timeout{2000};
   /// Snippet budget (at most 2000, D8).
   uint64_t memory_max_chars = 2000;
+  /// A rewriter that never blocks (the offline one), called by the builder
+  /// itself instead of messaging the rewriter actor. Empty: use the actor.
+  std::function<rewrite_result(const rewrite_request&)> inline_rewriter;
 };
 
 /// State of the context builder (protocol in
 /// messages/context_builder.hpp). It owns nothing mutable: per build it
-/// reads the thread through the registry's `get` and the thread's
-/// `history` (never `put`, `add` or `reset`), retrieves memory in parallel
-/// with the history, then asks the rewriter and assembles the prompt (D7).
-/// Many builds run interleaved; none blocks the actor.
+/// reads the history through the registry's read path (`get, history`:
+/// forwarded to the thread's `history`, never creating a thread; never
+/// `put`, `add` or `reset`), retrieves memory in parallel with the
+/// history, then asks the rewriter and assembles the prompt (D7). Many
+/// builds run interleaved; none blocks the actor.
 struct context_builder_state {
   static inline const char* name = "spindle.context_builder";
   thread_registry_actor registry;

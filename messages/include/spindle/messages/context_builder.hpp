@@ -19,7 +19,7 @@
 
 namespace spindle {
 
-// -- query rewriting -------------------------------------------------------------
+// -- query rewriting ----------------------------------------------------------
 
 /// What a rewriter sees: the original message, the history window (oldest
 /// first) and the long-term memory snippet (empty if none).
@@ -53,7 +53,7 @@ typename Inspector::result_type inspect(Inspector& f, rewrite_result& x) {
 using query_rewriter_actor = caf::typed_actor<
   caf::replies_to<rewrite_atom, rewrite_request>::with<rewrite_result>>;
 
-// -- prompt assembly (D7) ------------------------------------------------------
+// -- prompt assembly (D7) -----------------------------------------------------
 
 /// The prefix of the long-term memory system message.
 inline constexpr std::string_view memory_message_prefix = "Long-term memory:\n";
@@ -75,7 +75,7 @@ std::vector<chat_message> assemble_messages(const std::string& system_prompt,
                                             const std::string& original,
                                             const std::string& rewritten);
 
-// -- the context builder -----------------------------------------------------------
+// -- the context builder ------------------------------------------------------
 
 /// How to build one prompt.
 struct build_options {

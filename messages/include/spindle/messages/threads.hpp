@@ -23,7 +23,7 @@
 
 namespace spindle {
 
-// -- turns ------------------------------------------------------------------------
+// -- turns --------------------------------------------------------------------
 
 /// Who spoke a turn.
 enum class turn_role : uint8_t { system, user, assistant, tool };
@@ -95,7 +95,7 @@ turn make_tool_turn(std::string content, std::string tool_call_id);
 /// The chat message of a turn (role name, content, tool call ID).
 chat_message to_chat_message(const turn& x);
 
-// -- history windows (D6) ------------------------------------------------------------
+// -- history windows (D6) -----------------------------------------------------
 
 /// The store's default window: `history(thread)` without `max_turns`.
 inline constexpr uint64_t store_default_max_turns = 20;
@@ -128,12 +128,16 @@ struct history_window {
   /// How many times the thread has been cleared; a turn count may only go
   /// down when this goes up.
   uint64_t epoch = 0;
+  /// False when read through the registry for a thread that does not exist.
+  bool found = false;
+  /// The thread actor's ID (0 if not found), for logs.
+  uint64_t thread_actor_id = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, history_window& x) {
   return f(caf::meta::type_name("history_window"), x.turns, x.total_turns,
-           x.epoch);
+           x.epoch, x.found, x.thread_actor_id);
 }
 
 /// An immutable copy of a whole thread: the reader owns it, so nothing a
@@ -160,7 +164,7 @@ typename Inspector::result_type inspect(Inspector& f, thread_snapshot& x) {
            x.epoch, x.committed, x.in_exchange, x.queued);
 }
 
-// -- exchanges (D9) -----------------------------------------------------------------
+// -- exchanges (D9) -----------------------------------------------------------
 
 /// What a message does when another exchange holds its thread.
 enum class conflict_policy : uint8_t {
@@ -179,7 +183,7 @@ const char* to_string(conflict_policy x) noexcept;
 /// This function is thread-safe.
 caf::expected<conflict_policy> parse_conflict_policy(std::string_view name);
 
-// -- thread actors ------------------------------------------------------------------
+// -- thread actors ------------------------------------------------------------
 
 /// One conversation: owns its turns, append-only between explicit clears.
 ///

@@ -12,6 +12,7 @@
 #include <caf/expected.hpp>
 
 #include "spindle/messages/chat.hpp"
+#include "spindle/messages/error.hpp"
 
 // The LLM provider interface: a blocking, streaming chat completion. Network
 // providers (OpenAI-compatible HTTP) implement it elsewhere; this file holds
