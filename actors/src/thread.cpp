@@ -1,5 +1,6 @@
 #include "spindle/actors/thread.hpp"
 
+#include <algorithm>
 #include <chrono>
 
 #include <caf/all.hpp>
@@ -19,20 +20,76 @@ int64_t now_ms() {
     .count();
 }
 
-uint64_t append(state& st, turn t) {
-  if (t.timestamp_ms == 0)
-    t.timestamp_ms = now_ms();
-  st.turns.push_back(std::move(t));
-  return st.turns.size();
+using promise = caf::typed_response_promise<uint64_t>;
+
+void drain(thread_pointer self);
+
+// Stops the thread after a write whose outcome is unknown (the store did
+// not answer in time): the registry loads it again from what committed.
+void resync(thread_pointer self, const caf::error& err) {
+  if (err == caf::sec::request_timeout)
+    self->quit(err);
 }
 
-uint64_t clear(state& st) {
-  auto removed = st.turns.size();
-  // Swap, not clear(): give the memory back, a cleared thread is usually
-  // started over.
-  std::vector<turn>{}.swap(st.turns);
-  ++st.epoch;
-  return removed;
+caf::error store_error(const state& st, const caf::error& err) {
+  return make_error(errc::storage_failure,
+                    "thread '" + st.thread_id
+                      + "': the write was not stored: " + describe(err));
+}
+
+// Runs `apply` once `write` committed (at once without a store), then
+// answers `rp` with what it returns. Later writes wait until then.
+template <class Apply>
+void write_through(thread_pointer self, sql_write write, promise rp,
+                   Apply apply) {
+  auto& st = self->state;
+  if (!st.store) {
+    rp.deliver(apply());
+    return;
+  }
+  st.writing = true;
+  self->request(st.store, st.store_timeout, store_atom::value, std::move(write))
+    .then(
+      [self, rp, apply](uint64_t) mutable {
+        self->state.writing = false;
+        rp.deliver(apply());
+        drain(self);
+      },
+      [self, rp](caf::error& err) mutable {
+        self->state.writing = false;
+        rp.deliver(store_error(self->state, err));
+        resync(self, err);
+        drain(self);
+      });
+}
+
+void append(thread_pointer self, turn t, promise rp) {
+  auto& st = self->state;
+  if (t.timestamp_ms == 0)
+    t.timestamp_ms = now_ms();
+  auto write = st.store ? records::append_turn(st.thread_id, st.next_seq++, t)
+                        : sql_write{};
+  write_through(self, std::move(write), std::move(rp),
+                [self, t = std::move(t)]() mutable -> uint64_t {
+                  auto& turns = self->state.turns;
+                  turns.push_back(std::move(t));
+                  return turns.size();
+                });
+}
+
+void clear(thread_pointer self, promise rp) {
+  auto& st = self->state;
+  auto write = st.store ? records::clear_thread(st.thread_id) : sql_write{};
+  write_through(self, std::move(write), std::move(rp), [self]() -> uint64_t {
+    auto& s = self->state;
+    auto removed = s.turns.size();
+    // Swap, not clear(): give the memory back, a cleared thread is usually
+    // started over.
+    std::vector<turn>{}.swap(s.turns);
+    s.next_seq = 0;
+    ++s.epoch;
+    return removed;
+  });
 }
 
 uint64_t grant(thread_pointer self, caf::strong_actor_ptr holder) {
@@ -51,15 +108,15 @@ uint64_t grant(thread_pointer self, caf::strong_actor_ptr holder) {
 // exchange (which holds the thread again).
 void drain(thread_pointer self) {
   auto& st = self->state;
-  while (st.lease == 0 && !st.waiting.empty()) {
+  while (st.lease == 0 && !st.writing && !st.waiting.empty()) {
     auto w = std::move(st.waiting.front());
     st.waiting.pop_front();
     switch (w.what) {
       case waiter::op::add:
-        w.promise.deliver(append(st, std::move(w.item)));
+        append(self, std::move(w.item), std::move(w.promise));
         break;
       case waiter::op::clear:
-        w.promise.deliver(clear(st));
+        clear(self, std::move(w.promise));
         break;
       case waiter::op::begin:
         w.promise.deliver(grant(self, std::move(w.requester)));
@@ -79,7 +136,7 @@ void release(thread_pointer self) {
 }
 
 bool busy(const state& st) {
-  return st.lease != 0 || !st.waiting.empty();
+  return st.lease != 0 || st.writing || !st.waiting.empty();
 }
 
 caf::typed_response_promise<uint64_t>
@@ -98,12 +155,17 @@ thread_state::~thread_state() {
                                  "thread '" + thread_id + "' has stopped"));
 }
 
-thread_actor::behavior_type conversation_thread(thread_pointer self,
-                                                std::string thread_id,
-                                                std::vector<turn> initial) {
+thread_actor::behavior_type
+conversation_thread(thread_pointer self, std::string thread_id,
+                    records::stored_thread initial, storage_actor store,
+                    std::chrono::milliseconds store_timeout) {
   auto& st = self->state;
   st.thread_id = std::move(thread_id);
-  st.turns = std::move(initial);
+  st.turns = std::move(initial.turns);
+  st.epoch = initial.epoch;
+  st.next_seq = std::max<uint64_t>(initial.next_seq, st.turns.size());
+  st.store = std::move(store);
+  st.store_timeout = store_timeout;
   st.committed = st.turns.size();
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& s = self->state;
@@ -115,9 +177,11 @@ thread_actor::behavior_type conversation_thread(thread_pointer self,
       if (auto err = validate_turn(t))
         return err;
       auto& s = self->state;
-      if (!busy(s))
-        return append(s, std::move(t));
-      return enqueue(self, waiter::op::add, std::move(t));
+      if (busy(s))
+        return enqueue(self, waiter::op::add, std::move(t));
+      auto rp = self->make_response_promise<uint64_t>();
+      append(self, std::move(t), rp);
+      return rp;
     },
     [self](caf::add_atom, turn& t, uint64_t lease) -> caf::result<uint64_t> {
       auto& s = self->state;
@@ -127,7 +191,14 @@ thread_actor::behavior_type conversation_thread(thread_pointer self,
                             + " does not hold thread '" + s.thread_id + "'");
       if (auto err = validate_turn(t))
         return err;
-      return append(s, std::move(t));
+      if (s.writing)
+        return make_error(errc::conflict,
+                          "thread '" + s.thread_id
+                            + "': the exchange's previous turn is still "
+                              "being stored");
+      auto rp = self->make_response_promise<uint64_t>();
+      append(self, std::move(t), rp);
+      return rp;
     },
     [self](caf::get_atom, history_atom,
            uint64_t max_turns) -> caf::result<history_window> {
@@ -157,9 +228,11 @@ thread_actor::behavior_type conversation_thread(thread_pointer self,
     },
     [self](caf::reset_atom) -> caf::result<uint64_t> {
       auto& s = self->state;
-      if (!busy(s))
-        return clear(s);
-      return enqueue(self, waiter::op::clear, turn{});
+      if (busy(s))
+        return enqueue(self, waiter::op::clear, turn{});
+      auto rp = self->make_response_promise<uint64_t>();
+      clear(self, rp);
+      return rp;
     },
     [self](exchange_begin_atom,
            conflict_policy policy) -> caf::result<uint64_t> {
@@ -187,6 +260,16 @@ thread_actor::behavior_type conversation_thread(thread_pointer self,
       auto count = s.turns.size();
       release(self);
       return count;
+    },
+    [self](passivate_atom) -> caf::result<bool> {
+      if (busy(self->state))
+        return false;
+      // Everything this thread holds is stored: nothing is lost. Answer
+      // first, then stop.
+      auto rp = self->make_response_promise<bool>();
+      rp.deliver(true);
+      self->quit();
+      return rp;
     },
   };
 }

@@ -49,6 +49,52 @@ const char* const migrations[] = {
   "  INSERT INTO memories_fts(memories_fts, rowid, content, scope)"
   "  VALUES ('delete', old.id, old.content, old.scope);"
   " END;",
+  // 2 -> 3: the state of thread actors, context managers and orchestrators
+  // (docs/storage.md). Turns are kept in the order they were appended
+  // (`seq`); `epoch` counts clears. Context items are kept as their seed
+  // 002 JSON, in window order (`position`), with the ID's number as key so
+  // an ID can live in one window only (D4).
+  "CREATE TABLE threads ("
+  "  thread_id TEXT PRIMARY KEY NOT NULL,"
+  "  epoch INTEGER NOT NULL DEFAULT 0,"
+  "  created_ms INTEGER NOT NULL"
+  ") WITHOUT ROWID;"
+  "CREATE TABLE turns ("
+  "  thread_id TEXT NOT NULL,"
+  "  seq INTEGER NOT NULL,"
+  "  role INTEGER NOT NULL,"
+  "  content TEXT NOT NULL,"
+  "  timestamp_ms INTEGER NOT NULL,"
+  "  tool_call_id TEXT NOT NULL DEFAULT '',"
+  "  interrupted INTEGER NOT NULL DEFAULT 0,"
+  "  PRIMARY KEY (thread_id, seq)"
+  ") WITHOUT ROWID;"
+  "CREATE TABLE context_windows ("
+  "  thread_id TEXT PRIMARY KEY NOT NULL,"
+  "  capacity INTEGER NOT NULL,"
+  "  token_budget INTEGER NOT NULL,"
+  "  added INTEGER NOT NULL DEFAULT 0,"
+  "  evicted INTEGER NOT NULL DEFAULT 0,"
+  "  removed INTEGER NOT NULL DEFAULT 0,"
+  "  cleared INTEGER NOT NULL DEFAULT 0"
+  ") WITHOUT ROWID;"
+  "CREATE TABLE context_items ("
+  "  seq INTEGER PRIMARY KEY,"
+  "  thread_id TEXT NOT NULL,"
+  "  position INTEGER NOT NULL,"
+  "  item TEXT NOT NULL"
+  ");"
+  "CREATE INDEX context_items_by_window ON context_items(thread_id, position);"
+  "CREATE TABLE tasks ("
+  "  id TEXT PRIMARY KEY NOT NULL,"
+  "  orchestration TEXT NOT NULL,"
+  "  parent TEXT NOT NULL,"
+  "  state INTEGER NOT NULL,"
+  "  payload TEXT NOT NULL,"
+  "  outcome TEXT NOT NULL DEFAULT '',"
+  "  worker TEXT NOT NULL DEFAULT ''"
+  ") WITHOUT ROWID;"
+  "CREATE INDEX tasks_by_orchestration ON tasks(orchestration, id);",
 };
 
 static_assert(sizeof(migrations) / sizeof(migrations[0])
@@ -124,6 +170,33 @@ std::string statement::column_text(int index) const {
                      static_cast<size_t>(size)};
 }
 
+statement& statement::bind(int index, const sql_value& value) {
+  switch (value.type) {
+    case sql_value::kind::integer:
+      return bind(index, value.integer);
+    case sql_value::kind::text:
+      return bind(index, std::string_view{value.text});
+    case sql_value::kind::null:
+      break;
+  }
+  return bind_null(index);
+}
+
+int statement::column_count() const {
+  return sqlite3_column_count(stmt_);
+}
+
+sql_value statement::column(int index) const {
+  switch (sqlite3_column_type(stmt_, index)) {
+    case SQLITE_NULL:
+      return sql_value{};
+    case SQLITE_INTEGER:
+      return sql_value::of(column_int64(index));
+    default:
+      return sql_value::of(column_text(index));
+  }
+}
+
 bool statement::column_is_null(int index) const {
   return sqlite3_column_type(stmt_, index) == SQLITE_NULL;
 }
@@ -188,6 +261,10 @@ caf::expected<statement> database::prepare(std::string_view sql) {
       != SQLITE_OK)
     return sqlite_error(db_, "cannot prepare statement");
   return statement{db_, stmt};
+}
+
+int64_t database::changes() {
+  return sqlite3_changes(db_);
 }
 
 int database::user_version() {

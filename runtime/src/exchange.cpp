@@ -65,20 +65,30 @@ caf::expected<exchange_result> run(caf::blocking_actor* self,
     return make_error(errc::unavailable, "no LLM provider is configured");
   spdlog::debug("exchange: request thread_id='{}' on_conflict={}",
                req.thread_id, to_string(req.on_conflict));
-  // 1. The thread (write path: get_or_create).
-  auto ref = ask<thread_ref>(self, svc.registry, opt.step_timeout,
-                             caf::put_atom::value, req.thread_id);
-  if (!ref)
-    return wrap(ref.error(), "cannot open thread '" + req.thread_id + "'");
+  // 1. The thread (write path: get_or_create). A thread passivated
+  // between the lookup and the lease is simply looked up again: it holds
+  // exactly what it stored.
   exchange_result res;
-  res.thread_id = ref->thread_id;
-  res.created = ref->created;
-  auto thread = ref->handle;
-  // 2. Hold it (D9).
+  thread_actor thread;
+  caf::expected<uint64_t> lease{caf::error{}};
   auto wait = req.on_conflict == conflict_policy::queue ? opt.queue_timeout
                                                         : opt.step_timeout;
-  auto lease = ask<uint64_t>(self, thread, wait, exchange_begin_atom::value,
-                             req.on_conflict);
+  for (int attempt = 0;; ++attempt) {
+    auto ref = ask<thread_ref>(self, svc.registry, opt.step_timeout,
+                               caf::put_atom::value,
+                               attempt == 0 ? req.thread_id : res.thread_id);
+    if (!ref)
+      return wrap(ref.error(), "cannot open thread '" + req.thread_id + "'");
+    res.thread_id = ref->thread_id;
+    res.created = res.created || ref->created;
+    thread = ref->handle;
+    // 2. Hold it (D9).
+    lease = ask<uint64_t>(self, thread, wait, exchange_begin_atom::value,
+                          req.on_conflict);
+    if (lease || lease.error() != caf::sec::request_receiver_down
+        || attempt == 3)
+      break;
+  }
   if (!lease && req.on_conflict == conflict_policy::fork
       && classify(lease.error()) == errc::conflict) {
     auto forked = ask<thread_ref>(self, svc.registry, opt.step_timeout,

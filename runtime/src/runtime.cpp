@@ -39,6 +39,10 @@ caf::error runtime::start_core() {
   if (!store)
     return store.error();
   counter_store_ = *store;
+  auto state_store = spawn_state_store(*system_, options_.storage);
+  if (!state_store)
+    return state_store.error();
+  state_store_ = *state_store;
   id_allocator_ = system_->spawn(spindle::id_allocator, counter_store_,
                                  options_.ids);
   // -- context items (spawn here) --
@@ -73,6 +77,7 @@ std::vector<caf::actor> runtime::core_actors() const {
   // -- context items (add here) --
   add(context_directory_);
   add(id_allocator_);
+  add(state_store_);
   add(counter_store_);
   return result;
 }
@@ -91,6 +96,7 @@ void runtime::stop() {
   context_directory_ = nullptr;
   scheduler_ = nullptr;
   id_allocator_ = nullptr;
+  state_store_ = nullptr;
   counter_store_ = nullptr;
   // ~actor_system waits until every actor has finished.
   system_.reset();

@@ -26,7 +26,8 @@ caf::error runtime::start_threads() {
   auto& conv = options_.conversation;
   if (!conv.rewriter)
     conv.rewriter = make_offline_rewriter();
-  thread_registry_ = system_->spawn(spindle::thread_registry, conv.registry);
+  thread_registry_ = system_->spawn(spindle::thread_registry, conv.registry,
+                                    state_store_);
   if (conv.memory) {
     auto mem = spawn_memory(*system_, options_.storage);
     if (!mem)
@@ -92,6 +93,12 @@ caf::expected<std::vector<std::string>> runtime::list_threads() {
 caf::expected<uint64_t> runtime::count_threads() {
   return call<uint64_t>(thread_registry_, options_.default_timeout,
                         caf::get_atom::value, thread_count_atom::value);
+}
+
+caf::expected<thread_registry_stats> runtime::thread_stats() {
+  return call<thread_registry_stats>(thread_registry_,
+                                     options_.default_timeout,
+                                     stats_atom::value);
 }
 
 caf::expected<built_context>

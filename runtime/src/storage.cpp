@@ -79,7 +79,192 @@ counter_store_actor::behavior_type sqlite_counter_store(
   };
 }
 
+// -- the state store ------------------------------------------------------------
+
+struct state_store_state {
+  static inline const char* name = "spindle.state_store";
+
+  struct pending_write {
+    sql_write write;
+    caf::typed_response_promise<uint64_t> promise;
+  };
+
+  std::unique_ptr<database> db;
+  bool group_commit = true;
+  /// Prepared statements by SQL text: each area sends a handful of
+  /// distinct statements, prepared once.
+  std::unordered_map<std::string, statement> cache;
+  std::vector<pending_write> pending;
+  bool flush_scheduled = false;
+};
+
+using state_store_pointer
+  = storage_actor::extend<caf::reacts_to<flush_atom>>::stateful_pointer<
+    state_store_state>;
+
+caf::expected<statement*> prepared(state_store_state& st,
+                                   const std::string& sql) {
+  auto i = st.cache.find(sql);
+  if (i == st.cache.end()) {
+    auto stmt = st.db->prepare(sql);
+    if (!stmt)
+      return stmt.error();
+    i = st.cache.emplace(sql, std::move(*stmt)).first;
+  }
+  return &i->second;
+}
+
+caf::error run(state_store_state& st, const sql_statement& x,
+               uint64_t* changes) {
+  auto stmt = prepared(st, x.sql);
+  if (!stmt)
+    return stmt.error();
+  auto& s = **stmt;
+  for (size_t i = 0; i < x.params.size(); ++i)
+    s.bind(static_cast<int>(i + 1), x.params[i]);
+  if (auto err = s.run())
+    return err;
+  if (changes != nullptr)
+    *changes += static_cast<uint64_t>(st.db->changes());
+  return caf::none;
+}
+
+caf::error run(state_store_state& st, const char* sql) {
+  return run(st, sql_statement{sql, {}}, nullptr);
+}
+
+// Commits every pending write in one transaction, each in its own
+// savepoint, then answers them all.
+void flush(state_store_state& st) {
+  if (st.pending.empty())
+    return;
+  auto batch = std::move(st.pending);
+  st.pending.clear();
+  auto fail_all = [&](const caf::error& err) {
+    for (auto& w : batch)
+      w.promise.deliver(err);
+  };
+  if (auto err = run(st, "BEGIN IMMEDIATE;")) {
+    fail_all(err);
+    return;
+  }
+  std::vector<caf::expected<uint64_t>> results;
+  results.reserve(batch.size());
+  for (auto& w : batch) {
+    uint64_t changes = 0;
+    caf::error failed = run(st, "SAVEPOINT write;");
+    for (auto& x : w.write) {
+      if (failed)
+        break;
+      failed = run(st, x, &changes);
+    }
+    if (failed) {
+      run(st, "ROLLBACK TO write;");
+      run(st, "RELEASE write;");
+      results.emplace_back(std::move(failed));
+    } else {
+      run(st, "RELEASE write;");
+      results.emplace_back(changes);
+    }
+  }
+  if (auto err = run(st, "COMMIT;")) {
+    run(st, "ROLLBACK;");
+    fail_all(err);
+    return;
+  }
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (results[i])
+      batch[i].promise.deliver(*results[i]);
+    else
+      batch[i].promise.deliver(results[i].error());
+  }
+}
+
+storage_actor::extend<caf::reacts_to<flush_atom>>::behavior_type
+state_store(state_store_pointer self,
+            std::shared_ptr<std::unique_ptr<database>> db, bool group_commit) {
+  auto& st = self->state;
+  // The actor is the connection's only user; the shared_ptr only carries
+  // it through spawn (CAF copies spawn arguments).
+  st.db = std::move(*db);
+  st.group_commit = group_commit;
+  return {
+    [self](store_atom, sql_write& write) -> caf::result<uint64_t> {
+      auto& s = self->state;
+      auto rp = self->make_response_promise<uint64_t>();
+      s.pending.push_back({std::move(write), rp});
+      if (!s.group_commit) {
+        flush(s);
+      } else if (!s.flush_scheduled) {
+        // Behind every write already in the mailbox: they commit together.
+        s.flush_scheduled = true;
+        self->send(self, flush_atom::value);
+      }
+      return rp;
+    },
+    [self](flush_atom) {
+      self->state.flush_scheduled = false;
+      flush(self->state);
+    },
+    [self](load_atom, const sql_statement& query) -> caf::result<sql_rows> {
+      auto& s = self->state;
+      flush(s); // a read sees every write that arrived before it
+      auto stmt = prepared(s, query.sql);
+      if (!stmt)
+        return stmt.error();
+      auto& q = **stmt;
+      for (size_t i = 0; i < query.params.size(); ++i)
+        q.bind(static_cast<int>(i + 1), query.params[i]);
+      sql_rows rows;
+      for (;;) {
+        auto row = q.step();
+        if (!row) {
+          q.reset();
+          return row.error();
+        }
+        if (!*row)
+          break;
+        std::vector<sql_value> columns;
+        auto n = q.column_count();
+        columns.reserve(static_cast<size_t>(n));
+        for (int i = 0; i < n; ++i)
+          columns.push_back(q.column(i));
+        rows.push_back(std::move(columns));
+      }
+      q.reset();
+      return rows;
+    },
+  };
+}
+
 } // namespace
+
+caf::error create_data_dir(const storage_options& options) {
+  if (options.in_memory())
+    return caf::none;
+  std::error_code ec;
+  std::filesystem::create_directories(options.data_dir, ec);
+  if (ec)
+    return make_error(errc::storage_failure,
+                      "cannot create data directory '" + options.data_dir
+                        + "': " + ec.message());
+  return caf::none;
+}
+
+caf::expected<storage_actor>
+spawn_state_store(caf::actor_system& sys, const storage_options& options) {
+  if (options.in_memory())
+    return storage_actor{};
+  if (auto err = create_data_dir(options))
+    return err;
+  auto db = database::open(database_path(options), options.sync);
+  if (!db)
+    return db.error();
+  auto shared = std::make_shared<std::unique_ptr<database>>(std::move(*db));
+  auto handle = sys.spawn<caf::detached>(state_store, std::move(shared),
+                                         options.group_commit);
+  return caf::actor_cast<storage_actor>(handle);
+}
 
 std::string database_path(const storage_options& options) {
   if (options.in_memory())

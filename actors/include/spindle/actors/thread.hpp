@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <string>
@@ -10,6 +11,8 @@
 #include <caf/typed_event_based_actor.hpp>
 #include <caf/typed_response_promise.hpp>
 
+#include "spindle/actors/records.hpp"
+#include "spindle/messages/storage.hpp"
 #include "spindle/messages/threads.hpp"
 
 namespace spindle {
@@ -44,6 +47,15 @@ struct thread_state {
   uint64_t committed = 0;
   std::deque<waiter> waiting;
 
+  /// The state store (invalid: in memory only). With a store, a write is
+  /// made durable first and applied when it committed; meanwhile `writing`
+  /// holds later writes back, so they commit in order.
+  storage_actor store;
+  std::chrono::milliseconds store_timeout{30000};
+  bool writing = false;
+  /// Sequence number of the next turn in the store.
+  uint64_t next_seq = 0;
+
   thread_state() = default;
   thread_state(const thread_state&) = delete;
   thread_state& operator=(const thread_state&) = delete;
@@ -53,10 +65,16 @@ struct thread_state {
 
 using thread_pointer = thread_actor::stateful_pointer<thread_state>;
 
-/// Behaviour of a thread actor holding `initial` turns (a fork's copy, or
-/// none). Spawned only by the thread registry.
-thread_actor::behavior_type conversation_thread(thread_pointer self,
-                                                std::string thread_id,
-                                                std::vector<turn> initial);
+/// Behaviour of a thread actor starting from `initial` (as loaded from the
+/// store, a fork's copy, or nothing), writing through `store` when valid.
+/// Spawned only by the thread registry.
+///
+/// Besides the protocol of `thread_actor` it answers `(passivate)` with
+/// true and stops when it is idle (no exchange, no waiting or unfinished
+/// write), else with false: the registry passivates only idle threads.
+thread_actor::behavior_type
+conversation_thread(thread_pointer self, std::string thread_id,
+                    records::stored_thread initial, storage_actor store,
+                    std::chrono::milliseconds store_timeout);
 
 } // namespace spindle

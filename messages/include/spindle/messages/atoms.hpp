@@ -52,3 +52,6 @@ CAF_ADD_ATOM(spindle, spindle, ready_atom, "ready")
 CAF_ADD_ATOM(spindle, spindle, unready_atom, "unready")
 
 // -- storage and server -------------------------------------------------------------
+CAF_ADD_ATOM(spindle, spindle, flush_atom, "flush")
+CAF_ADD_ATOM(spindle, spindle, passivate_atom, "passivate")
+CAF_ADD_ATOM(spindle, spindle, tick_atom, "tick")

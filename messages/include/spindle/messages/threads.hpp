@@ -209,7 +209,8 @@ using thread_actor = caf::typed_actor<
   caf::replies_to<caf::get_atom, thread_snapshot_atom>::with<thread_snapshot>,
   caf::replies_to<caf::reset_atom>::with<uint64_t>,
   caf::replies_to<exchange_begin_atom, conflict_policy>::with<uint64_t>,
-  caf::replies_to<exchange_end_atom, uint64_t>::with<uint64_t>>;
+  caf::replies_to<exchange_end_atom, uint64_t>::with<uint64_t>,
+  caf::replies_to<passivate_atom>::with<bool>>;
 
 /// A registry lookup: the thread and how it was obtained.
 struct thread_ref {
@@ -230,6 +231,23 @@ typename Inspector::result_type inspect(Inspector& f, thread_ref& x) {
            x.created, x.forked_from);
 }
 
+/// What the thread registry holds in memory, and what it did.
+struct thread_registry_stats {
+  /// Thread actors alive now.
+  uint64_t resident = 0;
+  /// Threads loaded from the store (activations) and stopped because they
+  /// were idle or over the resident cap (passivations), since start.
+  uint64_t activations = 0;
+  uint64_t passivations = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f,
+                                        thread_registry_stats& x) {
+  return f(caf::meta::type_name("thread_registry_stats"), x.resident,
+           x.activations, x.passivations);
+}
+
 /// The one map from thread ID to thread actor. Thread actors are created
 /// only here and only by the write paths.
 ///
@@ -248,6 +266,9 @@ typename Inspector::result_type inspect(Inspector& f, thread_ref& x) {
 ///   empty window for an unknown thread (nothing is created).
 /// - `(get, tsnapshot, thread_id)`, `(reset, thread_id)`: the thread's
 ///   `snapshot` and `reset`. Errors: `not_found` (nothing is created).
+/// - `(stats)`: resident threads and what activation did
+///   (`thread_registry_stats`).
+/// - `(tick)`: housekeeping (idle passivation); sent by the registry itself.
 /// Every ID is validated (D10); errors: `invalid_id`.
 using thread_registry_actor = caf::typed_actor<
   caf::replies_to<caf::get_atom, std::string>::with<thread_ref>,
@@ -261,7 +282,9 @@ using thread_registry_actor = caf::typed_actor<
   caf::replies_to<caf::reset_atom, std::string>::with<uint64_t>,
   caf::replies_to<caf::get_atom, thread_list_atom>::with<
     std::vector<std::string>>,
-  caf::replies_to<caf::get_atom, thread_count_atom>::with<uint64_t>>;
+  caf::replies_to<caf::get_atom, thread_count_atom>::with<uint64_t>,
+  caf::replies_to<stats_atom>::with<thread_registry_stats>,
+  caf::reacts_to<tick_atom>>;
 
 /// A fresh random UUIDv4 in canonical lowercase form. Thread-safe.
 std::string make_uuid_v4();

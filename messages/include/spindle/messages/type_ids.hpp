@@ -17,6 +17,7 @@
 #include "spindle/messages/memory.hpp"
 #include "spindle/messages/threads.hpp"
 #include "spindle/messages/orchestration.hpp"
+#include "spindle/messages/storage.hpp"
 
 CAF_BEGIN_TYPE_ID_BLOCK(spindle, caf::first_custom_type_id)
 
@@ -46,6 +47,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(spindle, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(spindle, (spindle::thread_snapshot))
   CAF_ADD_TYPE_ID(spindle, (spindle::conflict_policy))
   CAF_ADD_TYPE_ID(spindle, (spindle::thread_ref))
+  CAF_ADD_TYPE_ID(spindle, (spindle::thread_registry_stats))
   CAF_ADD_TYPE_ID(spindle, (spindle::memory_query))
   CAF_ADD_TYPE_ID(spindle, (spindle::memory_snippet))
   CAF_ADD_TYPE_ID(spindle, (spindle::rewrite_request))
@@ -63,6 +65,12 @@ CAF_BEGIN_TYPE_ID_BLOCK(spindle, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(spindle, (spindle::process_worker))
   CAF_ADD_TYPE_ID(spindle, (std::vector<spindle::task_info>))
   CAF_ADD_TYPE_ID(spindle, (std::vector<spindle::process_worker>))
+  // -- storage --------------------------------------------------------------------------
+  CAF_ADD_TYPE_ID(spindle, (spindle::sql_value))
+  CAF_ADD_TYPE_ID(spindle, (std::vector<spindle::sql_value>))
+  CAF_ADD_TYPE_ID(spindle, (spindle::sql_statement))
+  CAF_ADD_TYPE_ID(spindle, (std::vector<spindle::sql_statement>))
+  CAF_ADD_TYPE_ID(spindle, (std::vector<std::vector<spindle::sql_value>>))
   // Shared by several areas; listed once, here.
   CAF_ADD_TYPE_ID(spindle, (std::vector<std::string>))
 

@@ -10,6 +10,8 @@
 #include <caf/error.hpp>
 #include <caf/expected.hpp>
 
+#include "spindle/messages/storage.hpp"
+
 struct sqlite3;
 struct sqlite3_stmt;
 
@@ -35,6 +37,8 @@ public:
   statement& bind(int index, int64_t value);
   statement& bind(int index, std::string_view value);
   statement& bind_null(int index);
+  /// Binds an integer, a text or NULL.
+  statement& bind(int index, const sql_value& value);
 
   /// Steps once: true while a row is available, false when done.
   /// Errors: `storage_failure` with SQLite's message.
@@ -46,6 +50,10 @@ public:
   int64_t column_int64(int index) const;
   std::string column_text(int index) const;
   bool column_is_null(int index) const;
+  /// How many columns a row has.
+  int column_count() const;
+  /// A column as an integer, a text or NULL.
+  sql_value column(int index) const;
 
   /// Clears bindings and rewinds, ready for the next use.
   void reset();
@@ -61,7 +69,7 @@ class database {
 public:
   /// The schema version this build writes. A database of a newer version
   /// is refused at open, never touched.
-  static constexpr int schema_version = 2;
+  static constexpr int schema_version = 3;
 
   /// Opens (creating if missing) the database at `path`, or a private
   /// in-memory one for ":memory:". Turns on WAL, sets `sync`, and applies
@@ -80,6 +88,9 @@ public:
 
   /// Prepares a statement. Errors: `storage_failure` with SQLite's message.
   caf::expected<statement> prepare(std::string_view sql);
+
+  /// Rows changed by the last statement.
+  int64_t changes();
 
   /// The schema version stored in the file.
   int user_version();

@@ -104,6 +104,12 @@ public:
 
   // -- IDs (the ID allocator) -------------------------------------------------
 
+  /// The state store of threads, context windows and tasks; invalid when
+  /// the runtime keeps its state in memory only (docs/storage.md).
+  storage_actor state_store() const noexcept {
+    return state_store_;
+  }
+
   /// The ID allocator actor.
   id_allocator_actor id_allocator() const noexcept {
     return id_allocator_;
@@ -275,6 +281,9 @@ public:
 
   /// How many threads exist.
   caf::expected<uint64_t> count_threads();
+
+  /// Thread actors in memory, activations and passivations since start.
+  caf::expected<thread_registry_stats> thread_stats();
 
   /// Builds the prompt for `message` in `thread_id` (D7) without storing
   /// anything; an unknown thread gives an empty history and is not
@@ -464,6 +473,8 @@ private:
 
   // -- core actors (each area appends its handles in its own section) ----------
   counter_store_actor counter_store_;
+  /// Invalid when the runtime keeps its state in memory only.
+  storage_actor state_store_;
   id_allocator_actor id_allocator_;
   // context items:
   context_directory_actor context_directory_;

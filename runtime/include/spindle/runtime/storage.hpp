@@ -7,6 +7,7 @@
 #include <caf/expected.hpp>
 
 #include "spindle/messages/id_allocator.hpp"
+#include "spindle/messages/storage.hpp"
 #include "spindle/runtime/database.hpp"
 
 namespace spindle {
@@ -18,6 +19,9 @@ struct storage_options {
   std::string data_dir;
   /// How hard commits press data to disk.
   sync_mode sync = sync_mode::full;
+  /// Commit the writes that arrive while a commit runs together (group
+  /// commit). Off: one transaction per write (a baseline for benchmarks).
+  bool group_commit = true;
 
   bool in_memory() const noexcept {
     return data_dir.empty() || data_dir == ":memory:";
@@ -33,5 +37,18 @@ std::string database_path(const storage_options& options);
 /// directory or file and the cause, before anything is spawned.
 caf::expected<counter_store_actor>
 spawn_counter_store(caf::actor_system& sys, const storage_options& options);
+
+/// Opens the state store of threads, context windows and tasks
+/// (messages/storage.hpp) and spawns its actor (detached: SQLite blocks),
+/// with its own connection to `database_path(options)`. For an in-memory
+/// configuration there is nothing to make durable: the result is an
+/// invalid handle, and the actors keep their state in memory only.
+/// Errors: `storage_failure` naming the directory or file and the cause.
+caf::expected<storage_actor>
+spawn_state_store(caf::actor_system& sys, const storage_options& options);
+
+/// Creates the data directory of `options` if missing (a no-op in memory).
+/// Errors: `storage_failure` naming the directory and the cause.
+caf::error create_data_dir(const storage_options& options);
 
 } // namespace spindle

@@ -1,0 +1,95 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <caf/expected.hpp>
+
+#include "spindle/messages/context_item.hpp"
+#include "spindle/messages/context_window.hpp"
+#include "spindle/messages/storage.hpp"
+#include "spindle/messages/threads.hpp"
+
+// How each actor's state maps to the state store's tables (schema in
+// runtime/src/database.cpp, migration 3). Pure functions: each builds the
+// statements of one change, or decodes the rows of one load. Keeping the
+// SQL here keeps it beside the actors whose state it is, and out of the
+// domain-agnostic store.
+
+namespace spindle::records {
+
+// -- threads --------------------------------------------------------------------
+
+/// A thread as stored: its turns in order, how many clears it has seen, and
+/// the sequence number its next turn takes.
+struct stored_thread {
+  std::vector<turn> turns;
+  uint64_t epoch = 0;
+  uint64_t next_seq = 0;
+};
+
+/// The query loading one thread (the thread row joined with its turns).
+sql_statement load_thread(const std::string& thread_id);
+
+/// Decodes `load_thread`'s rows: none when the thread is not stored.
+/// Errors: `storage_failure` for rows this build cannot read.
+caf::expected<std::optional<stored_thread>>
+decode_thread(const sql_rows& rows);
+
+/// Creates a thread (a no-op if it exists) holding `turns` as 0, 1, ...
+sql_write create_thread(const std::string& thread_id,
+                        const std::vector<turn>& turns, int64_t now_ms);
+
+/// Appends one turn with sequence number `seq`.
+sql_write append_turn(const std::string& thread_id, uint64_t seq,
+                      const turn& t);
+
+/// Removes every turn and counts the clear.
+sql_write clear_thread(const std::string& thread_id);
+
+/// Every stored thread ID, sorted; and how many there are.
+sql_statement list_threads();
+sql_statement count_threads();
+
+// -- context windows --------------------------------------------------------------
+
+/// A window as stored: its bounds, counters and items in window order.
+struct stored_window {
+  window_options bounds;
+  uint64_t added = 0;
+  uint64_t evicted = 0;
+  uint64_t removed = 0;
+  uint64_t cleared = 0;
+  std::vector<context_item> items;
+  /// The position the next item takes.
+  uint64_t next_position = 0;
+};
+
+/// The window row of a thread; and its items in window order.
+sql_statement load_window(const std::string& thread_id);
+sql_statement load_window_items(const std::string& thread_id);
+
+/// Decodes both loads: none when no window is stored.
+/// Errors: `storage_failure` for rows or items this build cannot read.
+caf::expected<std::optional<stored_window>>
+decode_window(const sql_rows& window_rows, const sql_rows& item_rows);
+
+/// Inserts or updates the window row (bounds and counters).
+sql_statement put_window(const std::string& thread_id,
+                         const window_options& bounds, uint64_t added,
+                         uint64_t evicted, uint64_t removed, uint64_t cleared);
+
+/// Stores an item at `position` of the window of `thread_id`.
+sql_statement insert_item(const std::string& thread_id, uint64_t position,
+                          const context_item& item);
+
+/// Removes one item (by the number of its ID); every item of a window.
+sql_statement delete_item(uint64_t sequence);
+sql_statement delete_items(const std::string& thread_id);
+
+/// The thread holding item number `sequence`, if any (D4 across restarts).
+sql_statement find_item_owner(uint64_t sequence);
+
+} // namespace spindle::records

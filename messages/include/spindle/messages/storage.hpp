@@ -1,0 +1,100 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <caf/meta/type_name.hpp>
+#include <caf/replies_to.hpp>
+#include <caf/typed_actor.hpp>
+
+#include "spindle/messages/atoms.hpp"
+
+// The state store: one detached actor owning one SQLite connection, through
+// which thread actors, context managers and orchestrators make their state
+// durable. It knows no domain: a write is a list of SQL statements with
+// their parameters, applied atomically; a read is one query. Writes that
+// arrive while a commit runs are committed together (group commit), and a
+// write is answered only after its transaction committed. The SQL of each
+// area lives beside its actor (actors/src/records.cpp); the schema in
+// runtime/src/database.cpp. See docs/storage.md.
+
+namespace spindle {
+
+/// A parameter or a column value: an integer, a text or NULL.
+struct sql_value {
+  enum class kind : uint8_t { null, integer, text };
+  kind type = kind::null;
+  int64_t integer = 0;
+  std::string text;
+
+  static sql_value of(int64_t x) {
+    return sql_value{kind::integer, x, {}};
+  }
+  static sql_value of(std::string x) {
+    return sql_value{kind::text, 0, std::move(x)};
+  }
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sql_value& x) {
+  return f(caf::meta::type_name("sql_value"), x.type, x.integer, x.text);
+}
+
+/// One statement and its parameters (?1, ?2, ...).
+struct sql_statement {
+  std::string sql;
+  std::vector<sql_value> params;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, sql_statement& x) {
+  return f(caf::meta::type_name("sql_statement"), x.sql, x.params);
+}
+
+/// Statements applied all or nothing.
+using sql_write = std::vector<sql_statement>;
+
+/// Rows of a query, each a vector of its columns.
+using sql_rows = std::vector<std::vector<sql_value>>;
+
+inline sql_value to_sql_value(std::string x) {
+  return sql_value::of(std::move(x));
+}
+inline sql_value to_sql_value(const char* x) {
+  return sql_value::of(std::string{x});
+}
+inline sql_value to_sql_value(int64_t x) {
+  return sql_value::of(x);
+}
+inline sql_value to_sql_value(uint64_t x) {
+  return sql_value::of(static_cast<int64_t>(x));
+}
+inline sql_value to_sql_value(int x) {
+  return sql_value::of(static_cast<int64_t>(x));
+}
+inline sql_value to_sql_value(bool x) {
+  return sql_value::of(static_cast<int64_t>(x ? 1 : 0));
+}
+
+/// Builds a statement from SQL and parameters (int64_t-convertible numbers
+/// and strings).
+template <class... Ts>
+sql_statement make_sql(std::string sql, Ts&&... params) {
+  return sql_statement{std::move(sql),
+                       std::vector<sql_value>{to_sql_value(
+                         std::forward<Ts>(params))...}};
+}
+
+/// The state store's protocol.
+/// - `(store, write)`: applies the statements in one savepoint of the next
+///   transaction and replies with the rows they changed, after the commit.
+///   A failing statement undoes its whole write (not its batch neighbours).
+///   Errors: `storage_failure` with SQLite's message.
+/// - `(load, statement)`: runs a query after every write that arrived
+///   before it has committed, and replies with its rows.
+using storage_actor = caf::typed_actor<
+  caf::replies_to<store_atom, sql_write>::with<uint64_t>,
+  caf::replies_to<load_atom, sql_statement>::with<sql_rows>>;
+
+} // namespace spindle
