@@ -1,5 +1,7 @@
 #include "support.hpp"
 
+#include <algorithm>
+
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
@@ -201,8 +203,11 @@ server_process::server_process(const std::vector<std::string>& extra,
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
   posix_spawn_file_actions_adddup2(&actions, log_fd, 2);
-  std::vector<std::string> args{spindle_binary(), "serve", "--port", "0",
-                                "--data", ":memory:"};
+  std::vector<std::string> args{spindle_binary(), "serve", "--port", "0"};
+  if (std::find(extra.begin(), extra.end(), "--data") == extra.end()) {
+    args.push_back("--data");
+    args.push_back(":memory:");
+  }
   args.insert(args.end(), extra.begin(), extra.end());
   auto envs = make_env(env);
   auto c_args = c_array(args);

@@ -75,7 +75,8 @@ private:
 /// collected in a file.
 class server_process {
 public:
-  /// Starts `spindle serve --port 0 --data :memory: <extra>` and waits
+  /// Starts `spindle serve --port 0 --data :memory: <extra>` (without
+  /// `--data :memory:` when `extra` names a --data) and waits
   /// until it prints its address.
   explicit server_process(const std::vector<std::string>& extra = {},
                           const std::map<std::string, std::string>& env = {});

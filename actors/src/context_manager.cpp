@@ -5,6 +5,7 @@
 
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/ids.hpp"
+#include "spindle/actors/records.hpp"
 
 namespace spindle {
 
@@ -33,6 +34,49 @@ std::string join(const std::vector<std::string>& ids) {
     out += id;
   }
   return out;
+}
+
+// Answers an add: the add is no longer in flight.
+template <class T>
+void answer(pointer self, add_promise& rp, T&& x) {
+  --self->state.in_flight;
+  rp.deliver(std::forward<T>(x));
+}
+
+// The window row with the current bounds and counters.
+sql_statement window_row(const context_manager_state& st) {
+  return records::put_window(st.thread_id, st.window.options(), st.added,
+                             st.evicted, st.removed, st.cleared);
+}
+
+// Answers `rp` with `value` once `write` committed (at once without a
+// store). The change is already applied in memory; a write that fails
+// stops the manager, so the directory loads the window again from what
+// committed.
+template <class T>
+void persist(pointer self, sql_write write,
+             caf::typed_response_promise<T> rp, T value) {
+  auto& st = self->state;
+  if (!st.store) {
+    rp.deliver(std::move(value));
+    return;
+  }
+  write.push_back(window_row(st));
+  ++st.in_flight;
+  self->request(st.store, st.timeout, store_atom::value, std::move(write))
+    .then(
+      [self, rp, value](uint64_t) mutable {
+        --self->state.in_flight;
+        rp.deliver(std::move(value));
+      },
+      [self, rp](caf::error& err) mutable {
+        --self->state.in_flight;
+        rp.deliver(make_error(errc::storage_failure,
+                              "context '" + self->state.thread_id
+                                + "': the change was not stored: "
+                                + describe(err)));
+        self->quit(err);
+      });
 }
 
 void release(pointer self, std::vector<uint64_t> ids) {
@@ -70,14 +114,23 @@ void store(pointer self, context_item item, add_promise rp) {
   if (auto err = st.window.push(item, &gone)) {
     // The bounds changed while the ID was on its way.
     release(self, {item.sequence()});
-    rp.deliver(err);
+    answer(self, rp, err);
     return;
   }
   ++st.added;
   auto cause = st.window.options().token_budget > 0 ? "capacity or token budget"
                                                     : "capacity";
   auto evicted = account_evictions(self, gone, cause);
-  rp.deliver(context_add_result{std::move(item), std::move(evicted)});
+  sql_write write;
+  if (st.store) {
+    write.push_back(records::insert_item(st.thread_id, st.next_position++,
+                                         item));
+    for (auto& old : gone)
+      write.push_back(records::delete_item(old.sequence()));
+  }
+  --st.in_flight; // from here on, `persist` accounts for it
+  persist(self, std::move(write), rp,
+          context_add_result{std::move(item), std::move(evicted)});
 }
 
 void allocate(pointer self, context_draft draft, add_promise rp,
@@ -103,7 +156,7 @@ void claim_and_store(pointer self, context_item item, add_promise rp,
           allocate(self, std::move(*retry), std::move(rp), attempt + 1);
           return;
         }
-        rp.deliver(from("context directory", err));
+        answer(self, rp, from("context directory", err));
       });
 }
 
@@ -118,14 +171,14 @@ void allocate(pointer self, context_draft draft, add_promise rp,
         auto item = make_context_item(draft, format_context_id(range.first),
                                       universal_time_now());
         if (!item) {
-          rp.deliver(item.error());
+          answer(self, rp, item.error());
           return;
         }
         claim_and_store(self, std::move(*item), std::move(rp),
                         std::move(draft), attempt);
       },
-      [rp](caf::error& err) mutable {
-        rp.deliver(from("ID allocator", err));
+      [self, rp](caf::error& err) mutable {
+        answer(self, rp, from("ID allocator", err));
       });
 }
 
@@ -139,10 +192,21 @@ caf::error not_found(pointer self, const std::string& id) {
 context_manager_actor::behavior_type
 context_manager(context_manager_pointer self, std::string thread_id,
                 context_manager_options options, id_allocator_actor ids,
-                context_directory_actor directory) {
+                context_directory_actor directory,
+                records::stored_window initial, storage_actor store) {
   auto& init = self->state;
   init.thread_id = std::move(thread_id);
   init.window = context_window{options.window};
+  for (auto& item : initial.items) {
+    std::vector<context_item> gone; // a stored window fits its bounds
+    init.window.push(std::move(item), &gone);
+  }
+  init.added = initial.added;
+  init.evicted = initial.evicted;
+  init.removed = initial.removed;
+  init.cleared = initial.cleared;
+  init.next_position = initial.next_position;
+  init.store = std::move(store);
   init.ids = std::move(ids);
   init.directory = std::move(directory);
   init.timeout = options.request_timeout;
@@ -163,6 +227,7 @@ context_manager(context_manager_pointer self, std::string thread_id,
                             + " tokens, more than the whole token_budget of "
                             + std::to_string(budget));
       auto rp = self->make_response_promise<context_add_result>();
+      ++self->state.in_flight;
       allocate(self, std::move(draft), rp, 0);
       return rp;
     },
@@ -179,6 +244,7 @@ context_manager(context_manager_pointer self, std::string thread_id,
       if (auto err = st.window.admissible(*item))
         return err;
       auto rp = self->make_response_promise<context_add_result>();
+      ++st.in_flight;
       // D4: first make sure the counter never hands this ID out again,
       // then claim it; an allocation racing the advance loses its claim.
       self
@@ -186,11 +252,36 @@ context_manager(context_manager_pointer self, std::string thread_id,
                   std::string{counter_keys::context}, item->sequence())
         .then(
           [self, checked = std::move(*item), rp](uint64_t) mutable {
-            claim_and_store(self, std::move(checked), std::move(rp),
-                            std::nullopt, 0);
+            auto& s = self->state;
+            if (!s.store) {
+              claim_and_store(self, std::move(checked), std::move(rp),
+                              std::nullopt, 0);
+              return;
+            }
+            // The directory knows the IDs of windows in memory; the store
+            // knows every other.
+            self
+              ->request(s.store, s.timeout, load_atom::value,
+                        records::find_item_owner(checked.sequence()))
+              .then(
+                [self, checked, rp](sql_rows& rows) mutable {
+                  if (!rows.empty() && !rows[0].empty()) {
+                    answer(self, rp,
+                           make_error(errc::already_exists,
+                                      "id '" + checked.id()
+                                        + "' is already in use in thread '"
+                                        + rows[0][0].text + "'"));
+                    return;
+                  }
+                  claim_and_store(self, std::move(checked), std::move(rp),
+                                  std::nullopt, 0);
+                },
+                [self, rp](caf::error& err) mutable {
+                  answer(self, rp, from("state store", err));
+                });
           },
-          [rp](caf::error& err) mutable {
-            rp.deliver(from("ID allocator", err));
+          [self, rp](caf::error& err) mutable {
+            answer(self, rp, from("ID allocator", err));
           });
       return rp;
     },
@@ -204,22 +295,34 @@ context_manager(context_manager_pointer self, std::string thread_id,
     },
     [self](caf::delete_atom,
            const std::string& id) -> caf::result<context_item> {
-      auto item = self->state.window.erase(id);
+      auto& st = self->state;
+      auto item = st.window.erase(id);
       if (!item)
         return not_found(self, id);
-      ++self->state.removed;
+      ++st.removed;
       release(self, {item->sequence()});
-      return std::move(*item);
+      auto rp = self->make_response_promise<context_item>();
+      sql_write write;
+      if (st.store)
+        write.push_back(records::delete_item(item->sequence()));
+      persist(self, std::move(write), rp, std::move(*item));
+      return rp;
     },
-    [self](caf::reset_atom) -> uint64_t {
-      auto gone = self->state.window.clear();
+    [self](caf::reset_atom) -> caf::result<uint64_t> {
+      auto& st = self->state;
+      auto gone = st.window.clear();
       std::vector<uint64_t> numbers;
       numbers.reserve(gone.size());
       for (auto& item : gone)
         numbers.push_back(item.sequence());
-      self->state.cleared += gone.size();
+      st.cleared += gone.size();
       release(self, std::move(numbers));
-      return gone.size();
+      auto rp = self->make_response_promise<uint64_t>();
+      sql_write write;
+      if (st.store)
+        write.push_back(records::delete_items(st.thread_id));
+      persist(self, std::move(write), rp, uint64_t{gone.size()});
+      return rp;
     },
     [self](ctx_render_atom, uint64_t limit) -> std::string {
       return render_markdown(self->state.window.newest(limit));
@@ -240,10 +343,32 @@ context_manager(context_manager_pointer self, std::string thread_id,
     },
     [self](caf::put_atom,
            window_options bounds) -> caf::result<context_evicted> {
+      auto& st = self->state;
       std::vector<context_item> gone;
-      if (auto err = self->state.window.configure(bounds, &gone))
+      if (auto err = st.window.configure(bounds, &gone))
         return err;
-      return context_evicted{account_evictions(self, gone, "new bounds")};
+      sql_write write;
+      if (st.store)
+        for (auto& old : gone)
+          write.push_back(records::delete_item(old.sequence()));
+      auto rp = self->make_response_promise<context_evicted>();
+      persist(self, std::move(write), rp,
+              context_evicted{account_evictions(self, gone, "new bounds")});
+      return rp;
+    },
+    [self](passivate_atom) -> caf::result<bool> {
+      if (self->state.in_flight > 0)
+        return false;
+      // Everything this window holds is stored: its IDs are no longer live
+      // in memory (the store knows them). Answer first, then stop.
+      std::vector<uint64_t> numbers;
+      for (auto& item : self->state.window.newest(UINT64_MAX))
+        numbers.push_back(item.sequence());
+      release(self, std::move(numbers));
+      auto rp = self->make_response_promise<bool>();
+      rp.deliver(true);
+      self->quit();
+      return rp;
     },
   };
 }

@@ -15,10 +15,9 @@ namespace spindle {
 namespace {
 
 using pointer = thread_registry_pointer;
-using state = thread_registry_state;
-using resolved = state::resolved;
-using continuation = state::continuation;
-using steady = std::chrono::steady_clock;
+using table = activation_table<thread_actor>;
+using resolved = table::resolved;
+using continuation = table::continuation;
 
 int64_t now_ms() {
   using namespace std::chrono;
@@ -32,13 +31,6 @@ caf::error store_error(const std::string& id, const caf::error& err) {
                       + describe(err));
 }
 
-void touch(state& st, state::resident& r) {
-  st.lru.splice(st.lru.begin(), st.lru, r.lru);
-  r.used = steady::now();
-}
-
-void shed(pointer self);
-
 thread_actor spawn_thread(pointer self, const std::string& id,
                           records::stored_thread initial) {
   auto& st = self->state;
@@ -46,195 +38,79 @@ thread_actor spawn_thread(pointer self, const std::string& id,
                                             std::move(initial), st.store,
                                             st.options.store_timeout);
   self->monitor(handle);
-  st.lru.push_front(id);
-  st.threads.emplace(id, state::resident{handle, st.lru.begin(),
-                                         steady::now()});
-  st.ids.emplace(handle.address(), id);
   return handle;
 }
 
-// Answers every request waiting for `id`, in arrival order; a creation is
-// reported to the first request that asked for one.
-void finish(pointer self, const std::string& id, caf::expected<resolved> r) {
+// Stores a new thread holding `turns` (without a store: at once), then
+// spawns it.
+void create(pointer self, const std::string& id, std::vector<turn> turns,
+            continuation done) {
   auto& st = self->state;
-  auto i = st.transit.find(id);
-  if (i == st.transit.end())
+  auto spawn_it = [self, id](std::vector<turn> initial_turns) {
+    records::stored_thread initial;
+    initial.next_seq = initial_turns.size();
+    initial.turns = std::move(initial_turns);
+    return resolved{spawn_thread(self, id, std::move(initial)), true};
+  };
+  if (!st.store) {
+    done(spawn_it(std::move(turns)));
     return;
-  auto waiting = std::move(i->second);
-  st.transit.erase(i);
-  bool created = r && r->created;
-  for (auto& w : waiting) {
-    if (!r) {
-      w.next(r.error());
-      continue;
-    }
-    w.next(resolved{r->handle, created && w.create});
-    if (w.create)
-      created = false;
   }
-  shed(self);
-}
-
-void create(pointer self, const std::string& id,
-            std::vector<turn> turns = {}) {
-  auto& st = self->state;
   auto write = records::create_thread(id, turns, now_ms());
   self->request(st.store, st.options.store_timeout, store_atom::value,
                 std::move(write))
     .then(
-      [self, id, turns](uint64_t) mutable {
-        records::stored_thread initial;
-        initial.next_seq = turns.size();
-        initial.turns = std::move(turns);
-        auto handle = spawn_thread(self, id, std::move(initial));
-        finish(self, id, resolved{handle, true});
+      [done, spawn_it, turns](uint64_t) mutable {
+        done(spawn_it(std::move(turns)));
       },
-      [self, id](caf::error& err) {
-        finish(self, id, store_error(id, err));
-      });
+      [done, id](caf::error& err) mutable { done(store_error(id, err)); });
 }
 
-// Loads `id` from the store; creates it if it is not stored and a waiting
-// request asked for that.
-void activate(pointer self, const std::string& id) {
+// The activation table's load hook: the thread as stored, or created.
+void load(pointer self, const std::string& id, bool create_missing,
+          continuation done) {
   auto& st = self->state;
+  if (!st.store) {
+    create(self, id, {}, std::move(done)); // only asked to create
+    return;
+  }
   self
     ->request(st.store, st.options.store_timeout, load_atom::value,
               records::load_thread(id))
     .then(
-      [self, id](sql_rows& rows) {
+      [self, id, create_missing, done](sql_rows& rows) mutable {
         auto stored = records::decode_thread(rows);
-        if (!stored) {
-          finish(self, id, stored.error());
-          return;
-        }
-        if (*stored) {
-          ++self->state.activations;
-          auto handle = spawn_thread(self, id, std::move(**stored));
-          finish(self, id, resolved{handle, false});
-          return;
-        }
-        auto& waiting = self->state.transit[id];
-        if (std::none_of(waiting.begin(), waiting.end(),
-                         [](auto& w) { return w.create; })) {
-          finish(self, id, resolved{});
-          return;
-        }
-        create(self, id);
+        if (!stored)
+          done(stored.error());
+        else if (*stored)
+          done(resolved{spawn_thread(self, id, std::move(**stored)), false});
+        else if (create_missing)
+          create(self, id, {}, std::move(done));
+        else
+          done(resolved{});
       },
-      [self, id](caf::error& err) {
-        finish(self, id, store_error(id, err));
-      });
+      [done, id](caf::error& err) mutable { done(store_error(id, err)); });
 }
 
-// Calls `next` with the thread `id` once it is in memory (loading or
-// creating it as needed), or with an invalid handle if it does not exist
-// and `create` is false.
+void passivate(pointer self, const thread_actor& handle,
+               std::function<void(bool)> done) {
+  self->request(handle, self->state.options.store_timeout,
+                passivate_atom::value)
+    .then([done](bool stopped) { done(stopped); },
+          // It is gone either way: load it again if anyone asks.
+          [done](caf::error&) { done(true); });
+}
+
 void resolve(pointer self, const std::string& id, bool create_missing,
              continuation next) {
-  auto& st = self->state;
-  if (auto i = st.threads.find(id); i != st.threads.end()) {
-    touch(st, i->second);
-    next(resolved{i->second.handle, false});
-    return;
-  }
-  if (auto i = st.transit.find(id); i != st.transit.end()) {
-    i->second.push_back({create_missing, std::move(next)});
-    return;
-  }
-  if (!st.store) {
-    if (!create_missing) {
-      next(resolved{});
-      return;
-    }
-    auto handle = spawn_thread(self, id, {});
-    next(resolved{handle, true});
-    shed(self);
-    return;
-  }
-  st.transit[id].push_back({create_missing, std::move(next)});
-  activate(self, id);
-}
-
-// Asks the thread to stop if idle. Requests arriving meanwhile wait; if it
-// stopped, they load it again.
-void passivate(pointer self, const std::string& id) {
-  auto& st = self->state;
-  auto i = st.threads.find(id);
-  if (i == st.threads.end())
-    return;
-  auto handle = i->second.handle;
-  st.lru.erase(i->second.lru);
-  st.threads.erase(i);
-  st.transit[id]; // requests for it wait from now on
-  st.passivating.emplace(id, handle);
-  self->request(handle, st.options.store_timeout, passivate_atom::value)
-    .then(
-      [self, id, handle](bool stopped) {
-        auto& s = self->state;
-        s.passivating.erase(id);
-        if (!stopped) {
-          // Busy: it stays, as the most recently used.
-          s.lru.push_front(id);
-          s.threads.emplace(id, state::resident{handle, s.lru.begin(),
-                                                steady::now()});
-          finish(self, id, resolved{handle, false});
-          return;
-        }
-        ++s.passivations;
-        if (s.transit[id].empty())
-          s.transit.erase(id);
-        else
-          activate(self, id);
-      },
-      [self, id](caf::error&) {
-        // It is gone either way: load it again if anyone asks.
-        auto& s = self->state;
-        s.passivating.erase(id);
-        if (s.transit[id].empty())
-          s.transit.erase(id);
-        else
-          activate(self, id);
-      });
-}
-
-// Keeps at most `max_resident` threads in memory (a store is needed to
-// give any back).
-void shed(pointer self) {
-  auto& st = self->state;
-  if (!st.store || st.options.max_resident == 0)
-    return;
-  auto excess = st.threads.size() > st.options.max_resident
-                  ? st.threads.size() - st.options.max_resident
-                  : 0;
-  while (excess-- > 0 && !st.lru.empty())
-    passivate(self, st.lru.back());
-}
-
-void passivate_idle(pointer self) {
-  auto& st = self->state;
-  if (!st.store || st.options.idle_timeout.count() == 0)
-    return;
-  auto deadline = steady::now() - st.options.idle_timeout;
-  while (!st.lru.empty()) {
-    auto& oldest = st.threads.at(st.lru.back());
-    if (oldest.used > deadline)
-      break;
-    passivate(self, st.lru.back());
-  }
-}
-
-std::chrono::milliseconds tick_interval(const thread_registry_options& o) {
-  using namespace std::chrono;
-  return std::clamp<milliseconds>(o.idle_timeout / 4, milliseconds{10},
-                                  milliseconds{seconds{5}});
+  self->state.threads.resolve(id, create_missing, std::move(next));
 }
 
 std::string fresh_id(pointer self) {
+  auto& threads = self->state.threads;
   for (;;) {
     auto id = make_uuid_v4();
-    if (self->state.threads.count(id) == 0
-        && self->state.transit.count(id) == 0)
+    if (!threads.find(id) && !threads.in_transit(id))
       return id;
   }
 }
@@ -247,6 +123,8 @@ using promise = caf::typed_response_promise<T>;
 template <class T, class Missing, class... Ts>
 caf::result<T> route(pointer self, const std::string& id, bool create_missing,
                      Missing if_missing, Ts... xs) {
+  if (auto handle = self->state.threads.use(id))
+    return self->delegate(handle, std::move(xs)...);
   auto rp = self->make_response_promise<T>();
   resolve(self, id, create_missing,
           [rp, if_missing, xs...](caf::expected<resolved> r) mutable {
@@ -288,35 +166,34 @@ caf::error not_found(const std::string& id) {
 thread_registry_actor::behavior_type
 thread_registry(thread_registry_pointer self, thread_registry_options options,
                 storage_actor store) {
-  self->state.options = options;
-  self->state.store = std::move(store);
+  auto& init = self->state;
+  init.options = options;
+  init.store = std::move(store);
+  init.threads.init(static_cast<bool>(init.store), options.activation,
+                  {[self](const std::string& id, bool create_missing,
+                          continuation done) {
+                     load(self, id, create_missing, std::move(done));
+                   },
+                   [self](const thread_actor& handle,
+                          std::function<void(bool)> done) {
+                     passivate(self, handle, std::move(done));
+                   }});
   self->set_down_handler([self](caf::down_msg& dm) {
-    auto& st = self->state;
-    auto i = st.ids.find(dm.source);
-    if (i == st.ids.end())
-      return;
-    auto id = std::move(i->second);
-    st.ids.erase(i);
-    auto j = st.threads.find(id);
-    if (j == st.threads.end() || j->second.handle.address() != dm.source)
-      return; // passivated, or already replaced
-    if (dm.reason)
-      spdlog::error("thread '{}' (actor {}) failed: {}; it is dropped", id,
-                    j->second.handle.id(), caf::to_string(dm.reason));
-    st.lru.erase(j->second.lru);
-    st.threads.erase(j);
+    auto [was_resident, id] = self->state.threads.down(dm.source);
+    if (was_resident && dm.reason)
+      spdlog::error("thread '{}' failed: {}; it is dropped", id,
+                    caf::to_string(dm.reason));
   });
   // Stopping the registry stops every thread it holds.
   self->set_exit_handler([self](caf::exit_msg& em) {
-    auto& st = self->state;
-    for (auto& kvp : st.threads)
-      self->send_exit(kvp.second.handle, em.reason);
-    for (auto& kvp : st.passivating)
-      self->send_exit(kvp.second, em.reason);
+    self->state.threads.for_each_actor(
+      [&](const std::string&, const thread_actor& handle) {
+        self->send_exit(handle, em.reason);
+      });
     self->quit(em.reason);
   });
-  if (self->state.store && options.idle_timeout.count() > 0)
-    self->delayed_send(self, tick_interval(options), tick_atom::value);
+  if (init.threads.durable() && options.activation.idle_timeout.count() > 0)
+    self->delayed_send(self, init.threads.tick_interval(), tick_atom::value);
   return {
     [self](caf::get_atom, const std::string& id) -> caf::result<thread_ref> {
       if (auto err = validate_thread_id(id))
@@ -370,17 +247,11 @@ thread_registry(thread_registry_pointer self, thread_registry_options options,
                 else
                   rp.deliver(thread_ref{id, x->handle, false, true, source});
               };
-              if (!self->state.store) {
-                records::stored_thread initial;
-                initial.next_seq = snap.turns.size();
-                initial.turns = std::move(snap.turns);
-                deliver(resolved{spawn_thread(self, id, std::move(initial)),
-                                 true});
-                shed(self);
-                return;
-              }
-              self->state.transit[id].push_back({true, deliver});
-              create(self, id, std::move(snap.turns));
+              self->state.threads.reserve(id, deliver);
+              create(self, id, std::move(snap.turns),
+                     [self, id](caf::expected<resolved> x) {
+                       self->state.threads.settle(id, std::move(x));
+                     });
             },
             [rp, source](caf::error& err) mutable {
               rp.deliver(make_error(classify(err),
@@ -445,9 +316,8 @@ thread_registry(thread_registry_pointer self, thread_registry_options options,
             return ids;
           });
       std::vector<std::string> ids;
-      ids.reserve(st.threads.size());
-      for (auto& kvp : st.threads)
-        ids.push_back(kvp.first);
+      st.threads.for_each_actor(
+        [&](const std::string& id, const thread_actor&) { ids.push_back(id); });
       std::sort(ids.begin(), ids.end());
       return ids;
     },
@@ -461,17 +331,16 @@ thread_registry(thread_registry_pointer self, thread_registry_options options,
                                  return static_cast<uint64_t>(
                                    rows[0][0].integer);
                                });
-      return st.threads.size();
+      return st.threads.resident();
     },
     [self](stats_atom) -> thread_registry_stats {
-      auto& st = self->state;
-      return {st.threads.size() + st.passivating.size(), st.activations,
-              st.passivations};
+      auto& t = self->state.threads;
+      return {t.resident(), t.activations(), t.passivations()};
     },
     [self](tick_atom) {
-      passivate_idle(self);
-      self->delayed_send(self, tick_interval(self->state.options),
-                         tick_atom::value);
+      auto& t = self->state.threads;
+      t.passivate_idle();
+      self->delayed_send(self, t.tick_interval(), tick_atom::value);
     },
   };
 }

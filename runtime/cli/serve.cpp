@@ -34,6 +34,9 @@ struct serve_args {
   std::string log_format = "text";
   double shutdown_grace_s = 10;
   long delta_delay_ms = 0;
+  std::string sync = "full";
+  uint64_t max_resident = activation_options{}.max_resident;
+  double idle_s = 300;
 };
 
 int serve(serve_args args) {
@@ -52,6 +55,14 @@ int serve(serve_args args) {
 
   runtime_options opts;
   opts.storage.data_dir = args.data;
+  opts.storage.sync = args.sync == "normal" ? sync_mode::normal
+                                            : sync_mode::full;
+  activation_options activation;
+  activation.max_resident = args.max_resident;
+  activation.idle_timeout = std::chrono::milliseconds(
+    static_cast<int64_t>(args.idle_s * 1000));
+  opts.context.activation = activation;
+  opts.conversation.registry.activation = activation;
   if (args.llm == "offline" && args.delta_delay_ms > 0)
     opts.provider = std::make_shared<offline_provider>(
       std::chrono::milliseconds(args.delta_delay_ms));
@@ -181,6 +192,21 @@ void add_serve(CLI::App& app, registry& commands) {
                   "(default 10)")
     ->envname("SPINDLE_SHUTDOWN_GRACE")
     ->check(CLI::Range(0.0, 3600.0));
+  sub->add_option("--sync", args->sync,
+                  "full (default): an acknowledged write survives power "
+                  "loss; normal: it survives a crash of the process")
+    ->envname("SPINDLE_SYNC")
+    ->check(CLI::IsMember({"full", "normal"}));
+  sub->add_option("--max-resident", args->max_resident,
+                  "most threads (and context windows) kept in memory; the "
+                  "least recently used idle ones are passivated to the data "
+                  "directory (default 10000; 0: no cap)")
+    ->envname("SPINDLE_MAX_RESIDENT");
+  sub->add_option("--idle-timeout", args->idle_s,
+                  "seconds after which an unused thread or window is "
+                  "passivated (default 300; 0: never)")
+    ->envname("SPINDLE_IDLE_TIMEOUT")
+    ->check(CLI::Range(0.0, 86400.0 * 365));
   commands.on(sub, [args] { return serve(*args); });
 }
 

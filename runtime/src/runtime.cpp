@@ -49,7 +49,8 @@ caf::error runtime::start_core() {
   if (auto err = validate(options_.context.window))
     return err; // "capacity must be at least 1, got 0"
   context_directory_ = system_->spawn(spindle::context_directory,
-                                      id_allocator_, options_.context);
+                                      id_allocator_, options_.context,
+                                      state_store_);
   // -- threads, memory, builder (spawn here) --
   if (auto err = start_threads())
     return err;

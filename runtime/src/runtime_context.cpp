@@ -17,6 +17,31 @@ bool is_missing(const caf::expected<context_manager_actor>& manager) {
 template <class R>
 using fallback = std::function<caf::expected<R>()>;
 
+// A manager passivated between the lookup and the request is looked up
+// again: it holds exactly what it stored.
+constexpr int max_lookups = 4;
+
+bool passivated(const caf::error& err) {
+  return err == caf::sec::request_receiver_down;
+}
+
+// Two-hop call: directory (get or open), then the manager.
+template <class R, class... Ts>
+caf::expected<R> via_manager(runtime& rt, std::chrono::milliseconds timeout,
+                             const std::string& thread, bool create,
+                             const fallback<R>& if_missing, const Ts&... xs) {
+  for (int attempt = 1;; ++attempt) {
+    auto manager = rt.context_manager_of(thread, create);
+    if (if_missing && is_missing(manager))
+      return if_missing();
+    if (!manager)
+      return manager.error();
+    auto result = rt.call<R>(*manager, timeout, xs...);
+    if (result || !passivated(result.error()) || attempt == max_lookups)
+      return result;
+  }
+}
+
 // Asynchronous two-hop call: directory (get or open), then the manager.
 template <class R, class... Ts>
 void via_manager_async(runtime& rt, std::chrono::milliseconds timeout,
@@ -24,26 +49,42 @@ void via_manager_async(runtime& rt, std::chrono::milliseconds timeout,
                        fallback<R> if_missing,
                        std::function<void(caf::expected<R>)> done,
                        Ts... xs) {
+  auto attempt = std::make_shared<int>(1);
+  auto lookup = std::make_shared<std::function<void()>>();
   std::function<void(caf::expected<context_manager_actor>)> next =
-    [&rt, timeout, if_missing, done, xs...](
+    [&rt, timeout, if_missing, done, attempt, lookup, xs...](
       caf::expected<context_manager_actor> manager) {
       if (!manager) {
+        *lookup = nullptr; // break the cycle
         if (if_missing && is_missing(manager))
           done(if_missing());
         else
           done(manager.error());
         return;
       }
-      rt.call_async<R>(*manager, timeout, done, xs...);
+      rt.call_async<R>(*manager, timeout,
+                       [done, attempt, lookup](caf::expected<R> result) {
+                         if (!result && passivated(result.error())
+                             && ++*attempt <= max_lookups) {
+                           (*lookup)();
+                           return;
+                         }
+                         *lookup = nullptr;
+                         done(std::move(result));
+                       },
+                       xs...);
     };
-  if (create)
-    rt.call_async<context_manager_actor>(rt.context_directory(), timeout,
-                                         std::move(next),
-                                         ctx_open_atom::value, thread);
-  else
-    rt.call_async<context_manager_actor>(rt.context_directory(), timeout,
-                                         std::move(next),
-                                         caf::get_atom::value, thread);
+  *lookup = [&rt, timeout, thread, create, next] {
+    if (create)
+      rt.call_async<context_manager_actor>(rt.context_directory(), timeout,
+                                           next, ctx_open_atom::value,
+                                           thread);
+    else
+      rt.call_async<context_manager_actor>(rt.context_directory(), timeout,
+                                           next, caf::get_atom::value,
+                                           thread);
+  };
+  (*lookup)();
 }
 
 caf::error item_not_found(const std::string& thread, const std::string& id) {
@@ -76,92 +117,79 @@ runtime::add_context(const std::string& thread_id, context_type type,
 
 caf::expected<context_add_result>
 runtime::add_context(const std::string& thread_id, context_draft draft) {
-  auto manager = context_manager_of(thread_id, true);
-  if (!manager)
-    return manager.error();
-  return call<context_add_result>(*manager, options_.default_timeout,
-                                  caf::add_atom::value, std::move(draft));
+  return via_manager<context_add_result>(*this, options_.default_timeout,
+                                         thread_id, true, nullptr,
+                                         caf::add_atom::value, draft);
 }
 
 caf::expected<context_add_result>
 runtime::restore_context(const std::string& thread_id, context_item item) {
-  auto manager = context_manager_of(thread_id, true);
-  if (!manager)
-    return manager.error();
-  return call<context_add_result>(*manager, options_.default_timeout,
-                                  caf::add_atom::value, std::move(item));
+  return via_manager<context_add_result>(*this, options_.default_timeout,
+                                         thread_id, true, nullptr,
+                                         caf::add_atom::value, item);
 }
 
 caf::expected<std::vector<context_item>>
 runtime::context_items(const std::string& thread_id, uint64_t limit) {
-  auto manager = context_manager_of(thread_id, false);
-  if (is_missing(manager))
-    return std::vector<context_item>{};
-  if (!manager)
-    return manager.error();
-  return call<std::vector<context_item>>(*manager, options_.default_timeout,
-                                         ctx_items_atom::value, limit);
+  return via_manager<std::vector<context_item>>(
+    *this, options_.default_timeout, thread_id, false,
+    [] {
+      return caf::expected<std::vector<context_item>>{
+        std::vector<context_item>{}};
+    },
+    ctx_items_atom::value, limit);
 }
 
 caf::expected<context_item>
 runtime::get_context_item(const std::string& thread_id,
                           const std::string& id) {
-  auto manager = context_manager_of(thread_id, false);
-  if (is_missing(manager))
-    return item_not_found(thread_id, id);
-  if (!manager)
-    return manager.error();
-  return call<context_item>(*manager, options_.default_timeout,
-                            caf::get_atom::value, id);
+  return via_manager<context_item>(
+    *this, options_.default_timeout, thread_id, false,
+    [&]() -> caf::expected<context_item> {
+      return item_not_found(thread_id, id);
+    },
+    caf::get_atom::value, id);
 }
 
 caf::expected<context_item>
 runtime::remove_context_item(const std::string& thread_id,
                              const std::string& id) {
-  auto manager = context_manager_of(thread_id, false);
-  if (is_missing(manager))
-    return item_not_found(thread_id, id);
-  if (!manager)
-    return manager.error();
-  return call<context_item>(*manager, options_.default_timeout,
-                            caf::delete_atom::value, id);
+  return via_manager<context_item>(
+    *this, options_.default_timeout, thread_id, false,
+    [&]() -> caf::expected<context_item> {
+      return item_not_found(thread_id, id);
+    },
+    caf::delete_atom::value, id);
 }
 
 caf::expected<uint64_t> runtime::clear_context(const std::string& thread_id) {
-  auto manager = context_manager_of(thread_id, false);
-  if (is_missing(manager))
-    return uint64_t{0};
-  if (!manager)
-    return manager.error();
-  return call<uint64_t>(*manager, options_.default_timeout,
-                        caf::reset_atom::value);
+  return via_manager<uint64_t>(
+    *this, options_.default_timeout, thread_id, false,
+    [] { return caf::expected<uint64_t>{uint64_t{0}}; },
+    caf::reset_atom::value);
 }
 
 caf::expected<std::string>
 runtime::render_context(const std::string& thread_id, uint64_t limit) {
-  auto manager = context_manager_of(thread_id, false);
-  if (is_missing(manager))
-    return std::string{};
-  if (!manager)
-    return manager.error();
-  return call<std::string>(*manager, options_.default_timeout,
-                           ctx_render_atom::value, limit);
+  return via_manager<std::string>(
+    *this, options_.default_timeout, thread_id, false,
+    [] { return caf::expected<std::string>{std::string{}}; },
+    ctx_render_atom::value, limit);
 }
 
 caf::expected<context_stats>
 runtime::get_context_stats(const std::string& thread_id) {
-  auto manager = context_manager_of(thread_id, false);
-  if (is_missing(manager)) {
-    context_stats empty;
-    empty.thread_id = thread_id;
-    empty.capacity = options_.context.window.capacity;
-    empty.token_budget = options_.context.window.token_budget;
-    return empty;
-  }
-  if (!manager)
-    return manager.error();
-  return call<context_stats>(*manager, options_.default_timeout,
-                             ctx_stats_atom::value);
+  auto window = options_.context.window;
+  return via_manager<context_stats>(
+    *this, options_.default_timeout, thread_id, false,
+    [&]() -> caf::expected<context_stats> {
+      context_stats empty;
+      empty.thread_id = thread_id;
+      empty.capacity = window.capacity;
+      empty.token_budget = window.token_budget;
+      return empty;
+    },
+    ctx_stats_atom::value);
 }
 
 caf::expected<context_evicted>
@@ -170,14 +198,18 @@ runtime::configure_context(const std::string& thread_id,
   if (auto err = validate(options))
     return err;
   // A new window starts with these bounds; an existing one is re-bounded.
-  auto manager = call<context_manager_actor>(context_directory_,
-                                             options_.default_timeout,
-                                             ctx_open_atom::value, thread_id,
-                                             options);
-  if (!manager)
-    return manager.error();
-  return call<context_evicted>(*manager, options_.default_timeout,
-                               caf::put_atom::value, options);
+  for (int attempt = 1;; ++attempt) {
+    auto manager = call<context_manager_actor>(context_directory_,
+                                               options_.default_timeout,
+                                               ctx_open_atom::value, thread_id,
+                                               options);
+    if (!manager)
+      return manager.error();
+    auto result = call<context_evicted>(*manager, options_.default_timeout,
+                                        caf::put_atom::value, options);
+    if (result || !passivated(result.error()) || attempt == max_lookups)
+      return result;
+  }
 }
 
 // -- asynchronous variants -------------------------------------------------------

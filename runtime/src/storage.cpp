@@ -188,6 +188,11 @@ state_store(state_store_pointer self,
   // it through spawn (CAF copies spawn arguments).
   st.db = std::move(*db);
   st.group_commit = group_commit;
+  // Writes already queued are committed and answered before it stops.
+  self->set_exit_handler([self](caf::exit_msg& msg) {
+    flush(self->state);
+    self->quit(msg.reason);
+  });
   return {
     [self](store_atom, sql_write& write) -> caf::result<uint64_t> {
       auto& s = self->state;

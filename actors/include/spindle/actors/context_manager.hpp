@@ -8,7 +8,9 @@
 
 #include "spindle/messages/context_manager.hpp"
 #include "spindle/messages/context_window.hpp"
+#include "spindle/actors/records.hpp"
 #include "spindle/messages/id_allocator.hpp"
+#include "spindle/messages/storage.hpp"
 
 namespace spindle {
 
@@ -34,17 +36,28 @@ struct context_manager_state {
   uint64_t evicted = 0;
   uint64_t removed = 0;
   uint64_t cleared = 0;
+  /// The state store (invalid: in memory only) and the window position the
+  /// next stored item takes.
+  storage_actor store;
+  uint64_t next_position = 0;
+  /// Adds and writes not answered yet: a busy manager is not passivated.
+  uint64_t in_flight = 0;
 };
 
 using context_manager_pointer
   = context_manager_actor::stateful_pointer<context_manager_state>;
 
-/// Behaviour of the context manager of `thread_id`. Only the context
+/// Behaviour of the context manager of `thread_id`, starting from `initial`
+/// (its items and counters as stored; bounds come from `options`) and
+/// writing every change through `store` when valid: a change is answered
+/// after it committed. Only the context
 /// directory spawns managers (it is the single place that creates them and
 /// keeps the runtime-wide index of live IDs they claim from).
 context_manager_actor::behavior_type
 context_manager(context_manager_pointer self, std::string thread_id,
                 context_manager_options options, id_allocator_actor ids,
-                context_directory_actor directory);
+                context_directory_actor directory,
+                records::stored_window initial = {},
+                storage_actor store = {});
 
 } // namespace spindle

@@ -92,6 +92,8 @@ typename Inspector::result_type inspect(Inspector& f, context_stats& x) {
 /// - `(ctx_stats)`: size, bounds and counters.
 /// - `(put, options)`: new bounds (`invalid_argument` if invalid); replies
 ///   with the IDs evicted to fit them.
+/// - `(passivate)`: stops and replies true when nothing is in flight (the
+///   window is stored), else replies false. Sent by the directory.
 using context_manager_actor = caf::typed_actor<
   caf::replies_to<caf::add_atom, context_draft>::with<context_add_result>,
   caf::replies_to<caf::add_atom, context_item>::with<context_add_result>,
@@ -101,7 +103,8 @@ using context_manager_actor = caf::typed_actor<
   caf::replies_to<caf::reset_atom>::with<uint64_t>,
   caf::replies_to<ctx_render_atom, uint64_t>::with<std::string>,
   caf::replies_to<ctx_stats_atom>::with<context_stats>,
-  caf::replies_to<caf::put_atom, window_options>::with<context_evicted>>;
+  caf::replies_to<caf::put_atom, window_options>::with<context_evicted>,
+  caf::replies_to<passivate_atom>::with<bool>>;
 
 /// How many managers and live item IDs the directory knows.
 struct context_directory_stats {
@@ -130,7 +133,8 @@ typename Inspector::result_type inspect(Inspector& f,
 ///   claim every ID before storing an item.
 /// - `(ctx_release, released)`: those ID numbers are no longer live in
 ///   that thread (one-way; IDs held by another thread stay).
-/// - `(ctx_stats)`: how many managers and live IDs.
+/// - `(ctx_stats)`: how many managers (in memory) and live IDs.
+/// - `(tick)`: housekeeping (idle passivation); sent by the directory.
 using context_directory_actor = caf::typed_actor<
   caf::replies_to<caf::get_atom, std::string>::with<context_manager_actor>,
   caf::replies_to<ctx_open_atom, std::string>::with<context_manager_actor>,
@@ -138,6 +142,7 @@ using context_directory_actor = caf::typed_actor<
     context_manager_actor>,
   caf::replies_to<ctx_claim_atom, uint64_t, std::string>::with<uint64_t>,
   caf::reacts_to<ctx_release_atom, context_released>,
-  caf::replies_to<ctx_stats_atom>::with<context_directory_stats>>;
+  caf::replies_to<ctx_stats_atom>::with<context_directory_stats>,
+  caf::reacts_to<tick_atom>>;
 
 } // namespace spindle

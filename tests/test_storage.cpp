@@ -1,0 +1,386 @@
+// Durable state through the runtime facade: every kind of state survives a
+// restart exactly as acknowledged; threads and context windows are
+// activated from the store and passivated under a resident cap without
+// changing a single answer; concurrent writers commit in groups without
+// losing or reordering anything.
+
+#include <algorithm>
+#include <atomic>
+#include <fstream>
+#include <thread>
+
+#include <catch2/catch.hpp>
+#include <sqlite3.h>
+
+#include "spindle/runtime/runtime.hpp"
+#include "support.hpp"
+
+using namespace spindle;
+using namespace std::chrono_literals;
+
+namespace {
+
+runtime_options durable(const test::temp_dir& dir, uint64_t max_resident = 0,
+                        std::chrono::milliseconds idle = 0ms) {
+  runtime_options opts;
+  opts.storage.data_dir = dir.str();
+  opts.storage.sync = sync_mode::normal;
+  activation_options a;
+  a.max_resident = max_resident;
+  a.idle_timeout = idle;
+  opts.context.activation = a;
+  opts.conversation.registry.activation = a;
+  opts.conversation.memory = true;
+  return opts;
+}
+
+std::vector<std::string> contents(const std::vector<turn>& turns) {
+  std::vector<std::string> out;
+  for (auto& t : turns)
+    out.push_back(t.content);
+  return out;
+}
+
+std::vector<std::string> item_ids(const std::vector<context_item>& items) {
+  std::vector<std::string> out;
+  for (auto& x : items)
+    out.push_back(x.id());
+  return out;
+}
+
+std::string name(const char* prefix, size_t i) {
+  return prefix + std::to_string(i);
+}
+
+} // namespace
+
+TEST_CASE("storage: threads, turns, clears and forks survive a restart "
+          "exactly") {
+  test::temp_dir dir;
+  thread_snapshot before_a;
+  thread_snapshot before_b;
+  std::string forked;
+  {
+    runtime rt{durable(dir)};
+    REQUIRE(rt.add_turn("a", make_system_turn("be brief")));
+    REQUIRE(rt.add_turn("a", make_user_turn("hello")));
+    REQUIRE(rt.add_turn("a", make_assistant_turn("hi", true)));
+    REQUIRE(rt.add_turn("a", make_tool_turn("42", "call-1")));
+    REQUIRE(rt.add_turn("b", make_user_turn("gone soon")));
+    REQUIRE(rt.clear_thread("b") == uint64_t{1});
+    REQUIRE(rt.add_turn("b", make_user_turn("after the clear")));
+    auto ref = rt.call<thread_ref>(rt.thread_registry(), 5s, fork_atom::value,
+                                   std::string{"a"});
+    REQUIRE(ref);
+    forked = ref->thread_id;
+    REQUIRE(rt.add_turn(forked, make_user_turn("only in the fork")));
+    auto a = rt.snapshot("a");
+    auto b = rt.snapshot("b");
+    REQUIRE(a);
+    REQUIRE(b);
+    before_a = *a;
+    before_b = *b;
+  }
+  runtime rt{durable(dir)};
+  auto a = rt.snapshot("a");
+  auto b = rt.snapshot("b");
+  REQUIRE(a);
+  REQUIRE(b);
+  CHECK(a->turns == before_a.turns); // roles, contents, timestamps, flags
+  CHECK(b->turns == before_b.turns);
+  CHECK(b->epoch == 1);
+  CHECK(contents(b->turns) == std::vector<std::string>{"after the clear"});
+  auto f = rt.history(forked, 100);
+  REQUIRE(f);
+  REQUIRE(f->size() == 5);
+  CHECK(f->back().content == "only in the fork");
+  auto list = rt.list_threads();
+  REQUIRE(list);
+  auto expected = std::vector<std::string>{"a", "b", forked};
+  std::sort(expected.begin(), expected.end());
+  CHECK(*list == expected);
+  CHECK(rt.count_threads() == uint64_t{3});
+  // Reading an unknown thread after a restart still creates nothing.
+  auto none = rt.read_history("nobody", 10);
+  REQUIRE(none);
+  CHECK_FALSE(none->found);
+  CHECK(rt.count_threads() == uint64_t{3});
+}
+
+TEST_CASE("storage: context windows keep their items, order, bounds and "
+          "counters across a restart") {
+  test::temp_dir dir;
+  std::vector<context_item> before;
+  context_stats stats_before;
+  {
+    runtime rt{durable(dir)};
+    REQUIRE(rt.configure_context("w", window_options{3, 0}));
+    for (int i = 0; i < 5; ++i)
+      REQUIRE(rt.add_context("w", context_type::text,
+                             "note " + std::to_string(i)));
+    auto removed = rt.context_items("w");
+    REQUIRE(removed);
+    REQUIRE(rt.remove_context_item("w", removed->front().id()));
+    REQUIRE(rt.add_context("w", context_type::code, "int x = 1;",
+                           nlohmann::json{{"language", "cpp"}}));
+    REQUIRE(rt.add_context("cleared", context_type::text, "x"));
+    REQUIRE(rt.clear_context("cleared") == uint64_t{1});
+    auto items = rt.context_items("w");
+    auto stats = rt.get_context_stats("w");
+    REQUIRE(items);
+    REQUIRE(stats);
+    before = *items;
+    stats_before = *stats;
+  }
+  runtime rt{durable(dir)};
+  auto items = rt.context_items("w");
+  REQUIRE(items);
+  CHECK(item_ids(*items) == item_ids(before));
+  CHECK(*items == before);
+  auto stats = rt.get_context_stats("w");
+  REQUIRE(stats);
+  CHECK(stats->capacity == 3);
+  CHECK(stats->size == stats_before.size);
+  CHECK(stats->added == stats_before.added);
+  CHECK(stats->evicted == stats_before.evicted);
+  CHECK(stats->removed == stats_before.removed);
+  auto cleared = rt.get_context_stats("cleared");
+  REQUIRE(cleared);
+  CHECK(cleared->size == 0);
+  CHECK(cleared->cleared == 1);
+  // The window keeps working where it stopped: FIFO at capacity 3.
+  auto added = rt.add_context("w", context_type::text, "after restart");
+  REQUIRE(added);
+  REQUIRE(added->evicted.size() == 1);
+  CHECK(added->evicted.front() == before.front().id());
+  // IDs continue above everything handed out, and a stored ID cannot be
+  // restored into another window (D4 across restarts).
+  auto id_before = parse_context_id(before.back().id());
+  auto id_after = parse_context_id(added->item.id());
+  REQUIRE(id_before);
+  REQUIRE(id_after);
+  CHECK(*id_after > *id_before);
+  auto dup = rt.restore_context("other", before.back());
+  REQUIRE_FALSE(dup);
+  CHECK(classify(dup.error()) == errc::already_exists);
+  CHECK(rt.context_items("other")->empty());
+}
+
+TEST_CASE("storage: long-term memories survive a restart and stay scoped") {
+  test::temp_dir dir;
+  {
+    runtime rt{durable(dir)};
+    REQUIRE(rt.store_memory("Alice keeps bees in Lyon",
+                            memory_tags("alice", "")));
+    REQUIRE(rt.store_memory("Bob grows tomatoes in Oslo",
+                            memory_tags("bob", "")));
+  }
+  runtime rt{durable(dir)};
+  auto alice = rt.retrieve_memory("alice", "t", "where are the bees?");
+  REQUIRE(alice);
+  CHECK(alice->text.find("Lyon") != std::string::npos);
+  CHECK(alice->text.find("Oslo") == std::string::npos);
+  auto bob = rt.retrieve_memory("bob", "t", "bees");
+  REQUIRE(bob);
+  CHECK(bob->text.find("Lyon") == std::string::npos);
+}
+
+TEST_CASE("storage: 10k threads with at most 1k resident answer exactly "
+          "as if all were in memory") {
+  test::temp_dir dir;
+  constexpr size_t threads = 10000;
+  constexpr size_t cap = 1000;
+  runtime rt{durable(dir, cap)};
+  // Writers on 4 threads, each thread ID written by one writer, two turns
+  // per thread in two rounds (so every thread is passivated and activated
+  // again in between).
+  constexpr size_t writers = 4;
+  std::atomic<size_t> failures{0};
+  for (int round = 0; round < 2; ++round) {
+    std::vector<std::thread> pool;
+    for (size_t w = 0; w < writers; ++w)
+      pool.emplace_back([&, w] {
+        for (size_t i = w; i < threads; i += writers) {
+          auto content = name("turn ", i) + " round " + std::to_string(round);
+          auto n = rt.add_turn(name("t", i), make_user_turn(content));
+          if (!n || *n != static_cast<uint64_t>(round + 1))
+            ++failures;
+        }
+      });
+    for (auto& t : pool)
+      t.join();
+  }
+  CHECK(failures == 0);
+  auto stats = rt.thread_stats();
+  REQUIRE(stats);
+  CHECK(stats->resident <= cap);
+  CHECK(stats->passivations >= threads - cap);
+  CHECK(stats->activations >= threads - cap); // round 2 reloaded them
+  size_t wrong = 0;
+  for (size_t i = 0; i < threads; ++i) {
+    auto h = rt.history(name("t", i), 10);
+    if (!h
+        || contents(*h)
+             != std::vector<std::string>{name("turn ", i) + " round 0",
+                                         name("turn ", i) + " round 1"})
+      ++wrong;
+  }
+  CHECK(wrong == 0);
+  CHECK(rt.count_threads() == uint64_t{threads});
+  stats = rt.thread_stats();
+  REQUIRE(stats);
+  CHECK(stats->resident <= cap);
+}
+
+TEST_CASE("storage: context windows are passivated under a cap and "
+          "reloaded exactly") {
+  test::temp_dir dir;
+  constexpr size_t windows = 600;
+  runtime rt{durable(dir, 50)};
+  for (int round = 0; round < 3; ++round)
+    for (size_t i = 0; i < windows; ++i)
+      REQUIRE(rt.add_context(name("w", i), context_type::text,
+                             name("item ", i) + "." + std::to_string(round)));
+  auto dstats = rt.call<context_directory_stats>(rt.context_directory(), 5s,
+                                                 ctx_stats_atom::value);
+  REQUIRE(dstats);
+  CHECK(dstats->managers <= 50);
+  for (size_t i = 0; i < windows; ++i) {
+    auto items = rt.context_items(name("w", i));
+    REQUIRE(items);
+    REQUIRE(items->size() == 3);
+    for (int round = 0; round < 3; ++round)
+      CHECK(items->at(static_cast<size_t>(round)).content()
+            == name("item ", i) + "." + std::to_string(round));
+  }
+}
+
+TEST_CASE("storage: idle threads are passivated after the idle timeout") {
+  test::temp_dir dir;
+  runtime rt{durable(dir, 0, 50ms)};
+  for (size_t i = 0; i < 20; ++i)
+    REQUIRE(rt.add_turn(name("idle", i), make_user_turn("x")));
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  uint64_t resident = 20;
+  while (resident > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(20ms);
+    auto stats = rt.thread_stats();
+    REQUIRE(stats);
+    resident = stats->resident;
+  }
+  CHECK(resident == 0);
+  auto h = rt.history("idle7", 10);
+  REQUIRE(h);
+  CHECK(contents(*h) == std::vector<std::string>{"x"});
+}
+
+TEST_CASE("storage: concurrent writers lose nothing and keep per-thread "
+          "order across a restart") {
+  for (size_t writers : {1, 4, 16}) {
+    DYNAMIC_SECTION(writers << " writers") {
+      test::temp_dir dir;
+      constexpr size_t per_writer = 300;
+      constexpr size_t shared_threads = 8;
+      {
+        runtime rt{durable(dir, 4)}; // a tiny cap: constant passivation
+        std::atomic<size_t> failures{0};
+        std::vector<std::thread> pool;
+        for (size_t w = 0; w < writers; ++w)
+          pool.emplace_back([&, w] {
+            for (size_t i = 0; i < per_writer; ++i) {
+              auto thread = name("shared", i % shared_threads);
+              auto content = name("w", w) + ":" + std::to_string(i);
+              if (!rt.add_turn(thread, make_user_turn(content)))
+                ++failures;
+            }
+          });
+        for (auto& t : pool)
+          t.join();
+        REQUIRE(failures == 0);
+      }
+      runtime rt{durable(dir, 4)};
+      size_t total = 0;
+      for (size_t s = 0; s < shared_threads; ++s) {
+        auto snap = rt.snapshot(name("shared", s));
+        REQUIRE(snap);
+        total += snap->turns.size();
+        // Each writer's turns appear in the order it wrote them.
+        std::vector<long> last(writers, -1);
+        for (auto& t : snap->turns) {
+          auto colon = t.content.find(':');
+          auto w = std::stoul(t.content.substr(1, colon - 1));
+          auto i = std::stol(t.content.substr(colon + 1));
+          CHECK(i > last[w]);
+          last[w] = i;
+        }
+      }
+      CHECK(total == writers * per_writer);
+    }
+  }
+}
+
+TEST_CASE("storage: exchanges over passivated threads keep the whole "
+          "conversation") {
+  test::temp_dir dir;
+  {
+    runtime rt{durable(dir, 2)};
+    for (int round = 0; round < 3; ++round)
+      for (int t = 0; t < 5; ++t) {
+        auto r = rt.send_message(name("chat", static_cast<size_t>(t)),
+                                 "message " + std::to_string(round), "u");
+        REQUIRE(r);
+        CHECK(r->turns == static_cast<uint64_t>(2 * (round + 1)));
+        CHECK(r->history_turns == static_cast<uint64_t>(2 * round));
+      }
+  }
+  runtime rt{durable(dir, 2)};
+  auto h = rt.history("chat3", 100);
+  REQUIRE(h);
+  REQUIRE(h->size() == 6);
+  for (size_t i = 0; i < 6; ++i)
+    CHECK(h->at(i).role == (i % 2 == 0 ? turn_role::user
+                                       : turn_role::assistant));
+}
+
+TEST_CASE("storage: in-memory mode keeps nothing after the runtime stops") {
+  runtime_options opts;
+  opts.storage.data_dir = ":memory:";
+  {
+    runtime rt{opts};
+    CHECK_FALSE(rt.state_store());
+    REQUIRE(rt.add_turn("m", make_user_turn("x")));
+    REQUIRE(rt.add_context("m", context_type::text, "y"));
+  }
+  runtime rt{opts};
+  CHECK(rt.count_threads() == uint64_t{0});
+  CHECK(rt.context_items("m")->empty());
+}
+
+TEST_CASE("storage: a corrupt database or one of a newer schema is refused "
+          "at start and left untouched") {
+  test::temp_dir dir;
+  auto db_path = dir.path() / "spindle.db";
+  SECTION("corrupt") {
+    {
+      std::ofstream out{db_path, std::ios::binary};
+      out << std::string(8192, 'x');
+    }
+    auto rt = runtime::start(durable(dir));
+    REQUIRE_FALSE(rt);
+    CHECK(classify(rt.error()) == errc::storage_failure);
+    CHECK(std::filesystem::file_size(db_path) == 8192);
+  }
+  SECTION("newer schema") {
+    { runtime rt{durable(dir)}; }
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open(db_path.string().c_str(), &db) == SQLITE_OK);
+    REQUIRE(sqlite3_exec(db, "PRAGMA user_version = 99;", nullptr, nullptr,
+                         nullptr)
+            == SQLITE_OK);
+    sqlite3_close(db);
+    auto rt = runtime::start(durable(dir));
+    REQUIRE_FALSE(rt);
+    CHECK(classify(rt.error()) == errc::storage_failure);
+    CHECK(describe(rt.error()).find("newer") != std::string::npos);
+  }
+}
