@@ -540,30 +540,6 @@ void builder_latency(report& rep, bool quick) {
 
 // -- 3. resident memory -------------------------------------------------------
 
-/// Runs `fn` in a child process and returns the number it reports.
-template <class Fn>
-uint64_t in_child(Fn fn) {
-  int fds[2];
-  if (pipe(fds) != 0)
-    return 0;
-  auto pid = fork();
-  if (pid == 0) {
-    close(fds[0]);
-    uint64_t value = fn();
-    auto n = write(fds[1], &value, sizeof(value));
-    (void) n;
-    _exit(0);
-  }
-  close(fds[1]);
-  uint64_t value = 0;
-  auto n = read(fds[0], &value, sizeof(value));
-  (void) n;
-  close(fds[0]);
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return value;
-}
-
 void resident_memory(report& rep, bool quick) {
   const size_t threads = quick ? 10000 : 100000;
   const size_t turns = 10;

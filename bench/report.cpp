@@ -1,5 +1,8 @@
 #include "report.hpp"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -150,6 +153,30 @@ bool report::quick(int argc, char** argv) {
     if (std::string{argv[i]} == "--quick")
       return true;
   return false;
+}
+
+uint64_t in_child(const std::function<uint64_t()>& fn) {
+  int fds[2];
+  if (pipe(fds) != 0)
+    return 0;
+  auto pid = fork();
+  if (pid < 0)
+    return 0;
+  if (pid == 0) {
+    close(fds[0]);
+    uint64_t value = fn();
+    auto n = write(fds[1], &value, sizeof(value));
+    (void) n;
+    _exit(0);
+  }
+  close(fds[1]);
+  uint64_t value = 0;
+  if (read(fds[0], &value, sizeof(value)) != sizeof(value))
+    value = 0;
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return value;
 }
 
 } // namespace spindle::bench

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,11 @@ private:
   std::string name_;
   std::vector<table> tables_;
 };
+
+/// Runs `fn` in a forked child process and returns the number it returns
+/// (0 if the child failed). For measurements that need a fresh process
+/// (resident memory). Call it only while no other thread runs.
+uint64_t in_child(const std::function<uint64_t()>& fn);
 
 /// Formats a number with thousands separators and `digits` decimals.
 std::string fmt(double value, int digits = 0);
