@@ -194,6 +194,54 @@ TEST_CASE("server: /metrics speaks the Prometheus text format with requests "
   CHECK(m->body.find("spindle_ids_issued") != std::string::npos);
 }
 
+TEST_CASE("server: /metrics counts tasks by state - spindle_tasks changes "
+          "after a claim and a completion") {
+  server_process srv;
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  // The value of one sample, e.g. spindle_tasks{state="pending"}; -1 if
+  // the scrape lacks it.
+  auto sample = [&](const std::string& state) {
+    auto m = cli.Get("/metrics");
+    REQUIRE(m);
+    REQUIRE(m->status == 200);
+    auto key = R"(spindle_tasks{state=")" + state + R"("} )";
+    auto at = m->body.find(key);
+    if (at == std::string::npos)
+      return -1.0;
+    return std::stod(m->body.substr(at + key.size()));
+  };
+  CHECK(sample("pending") == 0);
+  auto created = cli.Post("/v1/orchestrations", R"({"payload":"o"})",
+                          "application/json");
+  REQUIRE(created);
+  REQUIRE(created->status == 201);
+  for (auto payload : {"a", "b"})
+    REQUIRE(cli.Post("/v1/tasks/0001/subtasks",
+                     std::string{R"({"payload":")"} + payload + R"("})",
+                     "application/json"));
+  CHECK(sample("pending") == 3);
+  CHECK(sample("running") == 0);
+  CHECK(sample("completed") == 0);
+  auto claimed = cli.Post("/v1/tasks/claim", R"({"worker":"w"})",
+                          "application/json");
+  REQUIRE(claimed);
+  REQUIRE(claimed->status == 200);
+  auto id = body_of(claimed)["id"].get<std::string>();
+  CHECK(sample("pending") == 2);
+  CHECK(sample("running") == 1);
+  auto done = cli.Post("/v1/tasks/" + id + "/complete", R"({"result":1})",
+                       "application/json");
+  REQUIRE(done);
+  REQUIRE(done->status == 200);
+  CHECK(sample("running") == 0);
+  CHECK(sample("completed") == 1);
+  CHECK(sample("failed") == 0);
+  CHECK(sample("stale") == 0);
+  auto m = cli.Get("/metrics");
+  REQUIRE(m);
+  CHECK(m->body.find("# TYPE spindle_tasks gauge") != std::string::npos);
+}
+
 TEST_CASE("server: one log line per request - --log-format json writes one "
           "JSON object per line") {
   server_process srv{{"--log-format", "json"}};

@@ -1,6 +1,9 @@
 #include "spindle/actors/orchestrator.hpp"
 
+#include <iterator>
+
 #include <caf/all.hpp>
+#include <spdlog/spdlog.h>
 
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/hybrid36.hpp"
@@ -43,6 +46,15 @@ caf::error wrong_state(const task_id& id, const record& r,
                                       + wanted);
 }
 
+// What went wrong, without the code's name when it is spindle's own
+// storage failure (the caller's message names it once).
+std::string reason_of(const caf::error& err) {
+  if (classify(err) == errc::storage_failure
+      && err.context().match_elements<std::string>())
+    return err.context().get_as<std::string>(0);
+  return describe(err);
+}
+
 bool executable(const record& r) {
   return r.state == task_state::pending && r.incomplete == 0;
 }
@@ -55,18 +67,162 @@ void announce_if_executable(orchestrator_pointer self, const task_id& id,
                std::vector<task_id>{id});
 }
 
+void set_state(orchestrator_state& st, record& r, task_state to) {
+  --st.counts.of(r.state);
+  ++st.counts.of(to);
+  r.state = to;
+}
+
+// -- write-through -----------------------------------------------------------------
+
+using acknowledgement = orchestrator_state::acknowledgement;
+
+void flush(orchestrator_pointer self);
+
+// A write failed or its outcome is unknown (timeout): memory is ahead of
+// the store. Every waiting reply gets the error, and the orchestrator stops
+// so the scheduler loads it again from what committed.
+void write_failed(orchestrator_pointer self, const caf::error& err) {
+  auto& st = self->state;
+  auto e = make_error(errc::storage_failure,
+                      "orchestration " + st.root.to_string()
+                        + ": the change was not stored: " + reason_of(err));
+  spdlog::warn("orchestration {}: a write to the state store failed ({}); "
+               "it is reloaded from what committed",
+               st.root.to_string(), describe(err));
+  auto in_flight = std::move(st.in_flight);
+  auto next = std::move(st.next_acks);
+  st.in_flight.clear();
+  st.next_acks.clear();
+  st.next_write.clear();
+  for (auto& ack : in_flight)
+    ack(e);
+  for (auto& ack : next)
+    ack(e);
+  self->quit(e);
+}
+
+// Sends the collected changes as one write unless one is in flight.
+void flush(orchestrator_pointer self) {
+  auto& st = self->state;
+  if (st.writing || st.next_acks.empty())
+    return;
+  if (st.next_write.empty()) {
+    // Only replies that wait for earlier changes, which have committed.
+    auto acks = std::move(st.next_acks);
+    st.next_acks.clear();
+    for (auto& ack : acks)
+      ack(caf::none);
+    return;
+  }
+  st.writing = true;
+  st.in_flight = std::move(st.next_acks);
+  st.next_acks.clear();
+  auto write = std::move(st.next_write);
+  st.next_write.clear();
+  self->request(st.store, st.timeout, store_atom::value, std::move(write))
+    .then(
+      [self](uint64_t) {
+        auto& s = self->state;
+        auto acks = std::move(s.in_flight);
+        s.in_flight.clear();
+        s.writing = false;
+        for (auto& ack : acks)
+          ack(caf::none);
+        flush(self);
+      },
+      [self](caf::error& err) { write_failed(self, err); });
+}
+
+// Calls `ack` once `write` and every change made before it committed; at
+// once without a store, or when nothing is waiting to be stored.
+void after_commit(orchestrator_pointer self, sql_write write,
+                  acknowledgement ack) {
+  auto& st = self->state;
+  if (!st.store || (write.empty() && !st.writing)) {
+    ack(caf::none);
+    return;
+  }
+  if (write.empty() && st.next_write.empty()) {
+    // Only the write in flight holds earlier changes.
+    st.in_flight.push_back(std::move(ack));
+    return;
+  }
+  st.next_write.insert(st.next_write.end(),
+                       std::make_move_iterator(write.begin()),
+                       std::make_move_iterator(write.end()));
+  st.next_acks.push_back(std::move(ack));
+  flush(self);
+}
+
+// Replies `value` once `write` (empty: nothing of its own) and every change
+// before it committed; at once without a store.
+template <class T>
+caf::result<T> reply_after_commit(orchestrator_pointer self, sql_write write,
+                                  T value) {
+  auto& st = self->state;
+  if (!st.store || (write.empty() && !st.writing))
+    return value;
+  auto rp = self->make_response_promise<T>();
+  after_commit(self, std::move(write),
+               [rp, value = std::move(value)](const caf::error& err) mutable {
+                 if (err)
+                   rp.deliver(err);
+                 else
+                   rp.deliver(std::move(value));
+               });
+  return rp;
+}
+
+// The statement storing the state of `id` (none without a store).
+sql_write stored_state(const orchestrator_state& st, const task_id& id,
+                       const record& r) {
+  if (!st.store)
+    return {};
+  return {records::update_task(id, r.state, r.outcome, r.worker)};
+}
+
 } // namespace
 
+
+orchestrator_state::~orchestrator_state() {
+  if (in_flight.empty() && next_acks.empty())
+    return;
+  auto e = make_error(errc::unavailable, "orchestration " + root.to_string()
+                                           + " has stopped");
+  for (auto& ack : in_flight)
+    ack(e);
+  for (auto& ack : next_acks)
+    ack(e);
+}
+
 orchestrator_actor::behavior_type
-orchestrator(orchestrator_pointer self, task_id root, std::string payload,
+orchestrator(orchestrator_pointer self, records::stored_orchestration initial,
              scheduler_actor scheduler, id_allocator_actor ids,
-             std::chrono::milliseconds timeout) {
-  auto& st = self->state;
-  st.root = root;
-  st.scheduler = std::move(scheduler);
-  st.ids = std::move(ids);
-  st.timeout = timeout;
-  st.tasks[root].payload = std::move(payload);
+             storage_actor store, std::chrono::milliseconds timeout) {
+  auto& init = self->state;
+  init.root = initial.root;
+  init.scheduler = std::move(scheduler);
+  init.ids = std::move(ids);
+  init.store = std::move(store);
+  init.timeout = timeout;
+  // The stored tasks come in preorder by value: a parent before its
+  // children, siblings by sequence number.
+  for (auto& t : initial.tasks) {
+    auto& r = init.tasks[t.id];
+    r.state = t.state;
+    r.payload = std::move(t.payload);
+    r.outcome = std::move(t.outcome);
+    r.worker = std::move(t.worker);
+    ++init.counts.of(r.state);
+    if (auto parent = t.id.parent()) {
+      auto& p = init.tasks[*parent];
+      p.children.push_back(t.id.sequence());
+      if (r.state != task_state::completed)
+        ++p.incomplete;
+    }
+  }
+  init.counts.orchestrations = 1;
   return {
     [self](caf::spawn_atom, const task_id& parent,
            std::vector<std::string>& payloads)
@@ -95,7 +251,8 @@ orchestrator(orchestrator_pointer self, task_id root, std::string payload,
         .then(
           [self, rp, parent,
            payloads = std::move(payloads)](id_range& range) mutable {
-            auto& all = self->state.tasks;
+            auto& st = self->state;
+            auto& all = st.tasks;
             auto p = all.find(parent);
             // The parent may have completed while the IDs were on their way;
             // the values are then skipped (gaps are allowed, reuse is not).
@@ -109,100 +266,120 @@ orchestrator(orchestrator_pointer self, task_id root, std::string payload,
             auto was_executable = executable(p->second);
             std::vector<std::string> out;
             std::vector<task_id> ready;
+            sql_write write;
             out.reserve(payloads.size());
             ready.reserve(payloads.size());
             for (uint64_t k = 0; k < range.count; ++k) {
               auto n = range.first + k;
               auto child = parent.child(n);
+              if (st.store)
+                write.push_back(records::insert_task(child, payloads[k]));
               auto& r = all[child];
               r.payload = std::move(payloads[k]);
+              ++st.counts.pending;
               out.push_back(child.to_string());
               ready.push_back(std::move(child));
               p->second.children.push_back(n); // map inserts keep `p` valid
             }
             p->second.incomplete += range.count;
             if (was_executable)
-              self->send(self->state.scheduler, unready_atom::value, parent);
-            self->send(self->state.scheduler, ready_atom::value,
-                       std::move(ready));
-            rp.deliver(std::move(out));
+              self->send(st.scheduler, unready_atom::value, parent);
+            self->send(st.scheduler, ready_atom::value, std::move(ready));
+            after_commit(self, std::move(write),
+                         [rp, out = std::move(out)](
+                           const caf::error& err) mutable {
+                           if (err)
+                             rp.deliver(err);
+                           else
+                             rp.deliver(std::move(out));
+                         });
           },
           [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
       return rp;
     },
     [self](claim_atom, const task_id& id,
            std::string& worker) -> caf::result<task_claim> {
-      auto& tasks = self->state.tasks;
-      auto i = tasks.find(id);
-      if (i == tasks.end() || !executable(i->second))
+      auto& st = self->state;
+      auto i = st.tasks.find(id);
+      if (i == st.tasks.end() || !executable(i->second))
         return task_claim{};
-      i->second.state = task_state::running;
+      set_state(st, i->second, task_state::running);
       i->second.worker = std::move(worker);
-      return task_claim{true, info_of(id, i->second)};
+      return reply_after_commit(self, stored_state(st, id, i->second),
+                                task_claim{true, info_of(id, i->second)});
     },
     [self](complete_atom, const task_id& id,
            std::string& result) -> caf::result<task_info> {
-      auto& tasks = self->state.tasks;
-      auto i = tasks.find(id);
-      if (i == tasks.end())
+      auto& st = self->state;
+      auto i = st.tasks.find(id);
+      if (i == st.tasks.end())
         return unknown(id);
       if (i->second.state != task_state::running)
         return wrong_state(id, i->second, "running");
-      i->second.state = task_state::completed;
+      set_state(st, i->second, task_state::completed);
       i->second.outcome = std::move(result);
       if (auto parent = id.parent()) {
-        auto p = tasks.find(*parent);
-        if (p != tasks.end() && p->second.incomplete > 0) {
+        auto p = st.tasks.find(*parent);
+        if (p != st.tasks.end() && p->second.incomplete > 0) {
           --p->second.incomplete;
           announce_if_executable(self, *parent, p->second);
         }
       }
-      return info_of(id, i->second);
+      return reply_after_commit(self, stored_state(st, id, i->second),
+                                info_of(id, i->second));
     },
     [self](fail_atom, const task_id& id,
            std::string& reason) -> caf::result<task_info> {
-      auto& tasks = self->state.tasks;
-      auto i = tasks.find(id);
-      if (i == tasks.end())
+      auto& st = self->state;
+      auto i = st.tasks.find(id);
+      if (i == st.tasks.end())
         return unknown(id);
       if (i->second.state != task_state::running)
         return wrong_state(id, i->second, "running");
-      i->second.state = task_state::failed;
+      set_state(st, i->second, task_state::failed);
       i->second.outcome = std::move(reason);
-      return info_of(id, i->second);
+      return reply_after_commit(self, stored_state(st, id, i->second),
+                                info_of(id, i->second));
     },
     [self](requeue_atom, const task_id& id) -> caf::result<task_info> {
-      auto& tasks = self->state.tasks;
-      auto i = tasks.find(id);
-      if (i == tasks.end())
+      auto& st = self->state;
+      auto i = st.tasks.find(id);
+      if (i == st.tasks.end())
         return unknown(id);
       if (i->second.state != task_state::stale
           && i->second.state != task_state::failed)
         return wrong_state(id, i->second, "stale or failed");
-      i->second.state = task_state::pending;
+      set_state(st, i->second, task_state::pending);
       i->second.outcome.clear();
       announce_if_executable(self, id, i->second);
-      return info_of(id, i->second);
+      return reply_after_commit(self, stored_state(st, id, i->second),
+                                info_of(id, i->second));
     },
     [self](stale_atom, const task_id& id,
            const std::string& worker) -> caf::result<task_info> {
-      auto& tasks = self->state.tasks;
-      auto i = tasks.find(id);
-      if (i == tasks.end())
+      auto& st = self->state;
+      auto i = st.tasks.find(id);
+      if (i == st.tasks.end())
         return unknown(id);
       // Only the worker that holds it can lose it: a completion that beat
       // the news of the worker's death stands.
-      if (i->second.state == task_state::running && i->second.worker == worker)
-        i->second.state = task_state::stale;
-      return info_of(id, i->second);
+      sql_write write;
+      if (i->second.state == task_state::running
+          && i->second.worker == worker) {
+        set_state(st, i->second, task_state::stale);
+        write = stored_state(st, id, i->second);
+      }
+      return reply_after_commit(self, std::move(write),
+                                info_of(id, i->second));
     },
     [self](caf::get_atom) -> caf::result<task_tree> {
+      auto& st = self->state;
       task_tree out;
-      out.orchestration = self->state.root.to_string();
-      out.tasks.reserve(self->state.tasks.size());
-      for (auto& [id, r] : self->state.tasks)
+      out.orchestration = st.root.to_string();
+      out.tasks.reserve(st.tasks.size());
+      for (auto& [id, r] : st.tasks)
         out.tasks.push_back(info_of(id, r));
-      return out;
+      return reply_after_commit(self, sql_write{}, std::move(out));
     },
     [self](caf::get_atom, task_atom,
            const task_id& id) -> caf::result<task_info> {
@@ -210,7 +387,10 @@ orchestrator(orchestrator_pointer self, task_id root, std::string payload,
       auto i = tasks.find(id);
       if (i == tasks.end())
         return unknown(id);
-      return info_of(id, i->second);
+      return reply_after_commit(self, sql_write{}, info_of(id, i->second));
+    },
+    [self](stats_atom) -> caf::result<task_counts> {
+      return self->state.counts;
     },
   };
 }

@@ -6,8 +6,10 @@
 #include <optional>
 
 #include <caf/all.hpp>
+#include <spdlog/spdlog.h>
 
 #include "spindle/actors/orchestrator.hpp"
+#include "spindle/actors/task_records.hpp"
 #include "spindle/messages/error.hpp"
 
 namespace spindle {
@@ -16,6 +18,17 @@ namespace {
 
 using worker_record = scheduler_state::worker_record;
 
+// What went wrong, without the code's name when it is spindle's own
+// storage failure (the caller's message names it once).
+std::string reason_of(const caf::error& err) {
+  if (classify(err) == errc::storage_failure
+      && err.context().match_elements<std::string>())
+    return err.context().get_as<std::string>(0);
+  return describe(err);
+}
+
+void reload(scheduler_pointer self, uint64_t ordinal);
+
 // Parses a task ID from outside and finds its orchestrator.
 caf::expected<std::pair<task_id, orchestrator_actor>>
 route(scheduler_pointer self, const std::string& text) {
@@ -23,11 +36,20 @@ route(scheduler_pointer self, const std::string& text) {
   if (!id)
     return id.error();
   auto i = self->state.orchestrators.find(id->orchestration);
-  if (i == self->state.orchestrators.end())
+  if (i == self->state.orchestrators.end()) {
+    if (self->state.unloaded.count(id->orchestration) > 0) {
+      reload(self, id->orchestration);
+      return make_error(errc::unavailable,
+                        "orchestration "
+                          + task_id{id->orchestration, {}}.to_string()
+                          + " is being loaded again from the state store "
+                            "after a failed write; try again");
+    }
     return make_error(errc::not_found,
                       "orchestration "
                         + task_id{id->orchestration, {}}.to_string()
                         + " does not exist");
+  }
   return std::make_pair(std::move(*id), i->second);
 }
 
@@ -78,7 +100,16 @@ void try_claim(scheduler_pointer self, std::string worker,
           if (self->state.workers[worker].gone)
             mark_stale(self, worker, [](std::vector<std::string>) {});
         },
-        [self, worker, rp](caf::error&) mutable {
+        [self, worker, rp](caf::error& err) mutable {
+          // The claim may not have been stored: say so rather than hand
+          // out the next task (the orchestrator is loaded again and its
+          // executable tasks return to the index).
+          if (classify(err) == errc::storage_failure
+              || classify(err) == errc::timeout) {
+            rp.deliver(std::move(err));
+            return;
+          }
+          // The orchestrator is gone: take the next task.
           try_claim(self, std::move(worker), std::move(rp));
         });
     return;
@@ -137,12 +168,156 @@ void mark_stale(scheduler_pointer self, const std::string& worker,
   }
 }
 
+// Spawns the orchestrator of `orch` and puts its executable tasks into the
+// index; running tasks are tracked for their workers.
+void adopt(scheduler_pointer self, records::stored_orchestration orch) {
+  auto& st = self->state;
+  auto ordinal = orch.root.orchestration;
+  for (auto& id : records::executable_tasks(orch))
+    st.executable.insert(d1_key{std::move(id)});
+  std::set<std::string> gone;
+  for (auto& t : orch.tasks)
+    if (t.state == task_state::running) {
+      track(self, t.id, t.worker);
+      if (st.workers[t.worker].gone)
+        gone.insert(t.worker);
+    }
+  auto handle = self->spawn(orchestrator, std::move(orch),
+                            caf::actor_cast<scheduler_actor>(self), st.ids,
+                            st.store, st.options.timeout);
+  self->monitor(handle);
+  st.orchestrators.emplace(ordinal, handle);
+  st.orchestrator_of.emplace(handle.address(), ordinal);
+  // A worker that went down while its orchestration was not loaded.
+  for (auto& worker : gone)
+    mark_stale(self, worker, [](std::vector<std::string>) {});
+}
+
+// Loads orchestration `ordinal` again from what committed, after its
+// orchestrator stopped. A failed load is tried again on the next request
+// for the orchestration.
+void reload(scheduler_pointer self, uint64_t ordinal) {
+  auto& st = self->state;
+  auto& loading = st.unloaded[ordinal];
+  if (loading)
+    return;
+  loading = true;
+  task_id root{ordinal, {}};
+  auto failed = [self, ordinal](const caf::error& err) {
+    spdlog::error("orchestration {}: cannot be loaded from the state store "
+                  "({}); it is tried again on its next request",
+                  task_id{ordinal, {}}.to_string(), describe(err));
+    self->state.unloaded[ordinal] = false;
+  };
+  self
+    ->request(st.store, st.options.timeout, load_atom::value,
+              records::load_orchestration(root))
+    .then(
+      [self, ordinal, failed](sql_rows& rows) {
+        auto stored = records::decode_tasks(rows);
+        if (!stored) {
+          failed(stored.error());
+          return;
+        }
+        if (stored->size() != 1
+            || stored->front().root.orchestration != ordinal) {
+          failed(make_error(errc::storage_failure,
+                            "the store holds no such orchestration"));
+          return;
+        }
+        self->state.unloaded.erase(ordinal);
+        spdlog::info("orchestration {}: loaded again from the state store",
+                     task_id{ordinal, {}}.to_string());
+        adopt(self, std::move(stored->front()));
+      },
+      [failed](caf::error& err) { failed(err); });
+}
+
+// The scheduler cannot start from what the store holds.
+void restore_failed(scheduler_pointer self, const caf::error& err) {
+  auto e = make_error(errc::storage_failure,
+                      "stored orchestrations cannot be loaded: "
+                        + reason_of(err));
+  spdlog::error("{}", describe(e));
+  self->quit(e);
+}
+
+void restore_all(scheduler_pointer self,
+                 std::vector<records::stored_orchestration>& all,
+                 const std::vector<std::string>& made_stale) {
+  size_t tasks = 0;
+  for (auto& orch : all) {
+    tasks += orch.tasks.size();
+    adopt(self, std::move(orch));
+  }
+  if (!all.empty())
+    spdlog::info("orchestration: restored {} orchestrations with {} tasks "
+                 "from the state store",
+                 all.size(), tasks);
+  if (made_stale.empty())
+    return;
+  // Name a few; the tree and the task list show every one.
+  std::string named;
+  for (size_t i = 0; i < made_stale.size() && i < 10; ++i)
+    named += (i == 0 ? "" : ", ") + made_stale[i];
+  if (made_stale.size() > 10)
+    named += ", ...";
+  spdlog::warn("orchestration: {} tasks were running under the previous "
+               "process and are now stale (their workers are gone): {}",
+               made_stale.size(), named);
+}
+
+// Loads every stored orchestration before the scheduler serves anything
+// (`await` holds the other messages). Running tasks lost their workers with
+// the previous process: they become stale, in the store first.
+void restore(scheduler_pointer self) {
+  auto& st = self->state;
+  self
+    ->request(st.store, st.options.timeout, load_atom::value,
+              records::load_tasks())
+    .await(
+      [self](sql_rows& rows) {
+        auto stored = records::decode_tasks(rows);
+        if (!stored) {
+          restore_failed(self, stored.error());
+          return;
+        }
+        auto all = std::make_shared<std::vector<records::stored_orchestration>>(
+          std::move(*stored));
+        std::vector<std::string> running;
+        for (auto& orch : *all)
+          for (auto& t : orch.tasks)
+            if (t.state == task_state::running)
+              running.push_back(t.id.to_string());
+        if (running.empty()) {
+          restore_all(self, *all, running);
+          return;
+        }
+        auto& s = self->state;
+        self
+          ->request(s.store, s.options.timeout, store_atom::value,
+                    sql_write{records::stale_running_tasks()})
+          .await(
+            [self, all, running](uint64_t) {
+              for (auto& orch : *all)
+                for (auto& t : orch.tasks)
+                  if (t.state == task_state::running)
+                    t.state = task_state::stale;
+              restore_all(self, *all, running);
+            },
+            [self](caf::error& err) { restore_failed(self, err); });
+      },
+      [self](caf::error& err) { restore_failed(self, err); });
+}
+
 } // namespace
 
 scheduler_actor::behavior_type scheduler(scheduler_pointer self,
                                          id_allocator_actor ids,
+                                         storage_actor store,
                                          scheduler_options options) {
   self->state.ids = std::move(ids);
+  self->state.store = std::move(store);
   self->state.options = options;
   // Orchestrators are monitored, not linked: one failing orchestration must
   // not take the others down. On exit the scheduler takes them along.
@@ -168,6 +343,9 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
           ++i;
         }
       }
+      // It stopped after a failed write: what committed is its state.
+      if (st.store)
+        reload(self, ordinal);
       return;
     }
     auto w = st.watched.find(msg.source);
@@ -184,6 +362,8 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
       mark_stale(self, name, [](std::vector<std::string>) {});
     }
   });
+  if (self->state.store)
+    restore(self);
   return {
     [self](orchestrate_atom,
            std::string& payload) -> caf::result<std::string> {
@@ -196,14 +376,30 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
           [self, rp, payload = std::move(payload)](id_range& range) mutable {
             task_id root{range.first, {}};
             auto& st = self->state;
-            auto orch = self->spawn(orchestrator, root, std::move(payload),
-                                    caf::actor_cast<scheduler_actor>(self),
-                                    st.ids, st.options.timeout);
-            self->monitor(orch);
-            st.orchestrators.emplace(range.first, orch);
-            st.orchestrator_of.emplace(orch.address(), range.first);
-            st.executable.insert(d1_key{root});
-            rp.deliver(root.to_string());
+            if (!st.store) {
+              adopt(self, records::new_orchestration(root, std::move(payload)));
+              rp.deliver(root.to_string());
+              return;
+            }
+            // The orchestration exists once its row committed; a failed
+            // write skips the ID (gaps are allowed, reuse is not).
+            auto write = sql_write{records::insert_task(root, payload)};
+            self
+              ->request(st.store, st.options.timeout, store_atom::value,
+                        std::move(write))
+              .then(
+                [self, rp, root,
+                 payload = std::move(payload)](uint64_t) mutable {
+                  adopt(self,
+                        records::new_orchestration(root, std::move(payload)));
+                  rp.deliver(root.to_string());
+                },
+                [rp, root](caf::error& err) mutable {
+                  rp.deliver(make_error(errc::storage_failure,
+                                        "orchestration " + root.to_string()
+                                          + " was not stored: "
+                                          + reason_of(err)));
+                });
           },
           [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
       return rp;
@@ -361,6 +557,31 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
       mark_stale(self, worker, [rp](std::vector<std::string> stale_ids) mutable {
         rp.deliver(std::move(stale_ids));
       });
+      return rp;
+    },
+    [self](stats_atom) -> caf::result<task_counts> {
+      auto& st = self->state;
+      if (st.orchestrators.empty())
+        return task_counts{};
+      struct tally {
+        size_t left;
+        task_counts sum;
+      };
+      auto acc = std::make_shared<tally>(tally{st.orchestrators.size(), {}});
+      auto rp = self->make_response_promise<task_counts>();
+      for (auto& [ordinal, orch] : st.orchestrators)
+        self->request(orch, st.options.timeout, stats_atom::value)
+          .then(
+            [acc, rp](task_counts& counts) mutable {
+              acc->sum += counts;
+              if (--acc->left == 0)
+                rp.deliver(acc->sum);
+            },
+            [acc, rp](caf::error&) mutable {
+              // An orchestrator that stopped meanwhile counts as none.
+              if (--acc->left == 0)
+                rp.deliver(acc->sum);
+            });
       return rp;
     },
     [self](ready_atom, std::vector<task_id>& ready) {

@@ -55,10 +55,39 @@ caf::error runtime::start_core() {
   if (auto err = start_threads())
     return err;
   // -- orchestration (spawn here) --
-  scheduler_ = system_->spawn(spindle::scheduler, id_allocator_,
-                             scheduler_options{});
+  if (auto err = start_orchestration())
+    return err;
   running_ = true;
   return caf::none;
+}
+
+caf::error runtime::start_orchestration() {
+  scheduler_options opts;
+  scheduler_ = system_->spawn(spindle::scheduler, id_allocator_, state_store_,
+                              opts);
+  if (!state_store_)
+    return caf::none;
+  // The scheduler loads the stored orchestrations before it answers
+  // anything: the first answer says the load is done. If it stops instead,
+  // its exit reason says why, and the runtime does not start.
+  caf::scoped_actor self{*system_};
+  self->monitor(scheduler_);
+  caf::error failure;
+  self->request(scheduler_, opts.timeout * 2 + std::chrono::seconds(1),
+                stats_atom::value)
+    .receive([](task_counts&) {},
+             [&](caf::error& err) { failure = std::move(err); });
+  if (!failure) {
+    self->demonitor(scheduler_.address());
+    return caf::none;
+  }
+  self->receive(
+    [&](caf::down_msg& dm) {
+      if (dm.reason)
+        failure = std::move(dm.reason);
+    },
+    caf::after(std::chrono::seconds(5)) >> [] {});
+  return failure;
 }
 
 std::vector<caf::actor> runtime::core_actors() const {

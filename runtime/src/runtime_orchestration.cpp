@@ -107,6 +107,11 @@ runtime::mark_worker_stale(const std::string& worker) {
                                         stale_atom::value, worker);
 }
 
+caf::expected<task_counts> runtime::count_tasks() {
+  return call<task_counts>(scheduler_, options_.default_timeout,
+                           stats_atom::value);
+}
+
 caf::expected<std::vector<std::string>> runtime::detect_stale_tasks() {
   auto candidates = call<std::vector<process_worker>>(
     scheduler_, options_.default_timeout, workers_atom::value);

@@ -95,6 +95,18 @@ void add_gauges(http_metrics& metrics, runtime& rt) {
       }
       return out;
     });
+  metrics.add_gauge(
+    "spindle_tasks", "Tasks of every orchestration, by state", [&rt] {
+      http_metrics::samples out;
+      if (auto n = rt.count_tasks()) {
+        for (auto state : {task_state::pending, task_state::running,
+                           task_state::completed, task_state::failed,
+                           task_state::stale})
+          out.push_back({{{"state", to_string(state)}},
+                         static_cast<double>(n->of(state))});
+      }
+      return out;
+    });
   metrics.add_gauge("spindle_threads", "Conversation threads that exist",
                     [&rt] {
                       http_metrics::samples out;

@@ -2,14 +2,17 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
 
 #include <caf/typed_event_based_actor.hpp>
 
+#include "spindle/actors/task_records.hpp"
 #include "spindle/messages/id_allocator.hpp"
 #include "spindle/messages/orchestration.hpp"
+#include "spindle/messages/storage.hpp"
 
 namespace spindle {
 
@@ -17,6 +20,16 @@ namespace spindle {
 /// protocol): the whole subtree of one orchestration. Each task keeps the
 /// number of its children that are not completed, so whether it is
 /// executable is an O(1) question and a completion updates one parent.
+///
+/// With a state store, a change is applied in memory at once (so the next
+/// request sees it) and its reply waits until the write holding it has
+/// committed. One write is in flight at a time; the changes made meanwhile
+/// are collected and committed together in the next one, in order, so what
+/// the store holds is always a prefix of the changes made here. Replies
+/// that show a task (queries included) also wait for every change made
+/// before them. If a write fails, every reply still waiting gets the
+/// error and the orchestrator stops: the scheduler loads it again from
+/// what committed.
 struct orchestrator_state {
   static inline const char* name = "spindle.orchestrator";
 
@@ -32,23 +45,45 @@ struct orchestrator_state {
     std::vector<uint64_t> children;
   };
 
+  /// Delivers one reply: its value when called with no error, else the
+  /// error.
+  using acknowledgement = std::function<void(const caf::error&)>;
+
   task_id root;
   /// Ordered by value: iteration is a preorder walk of the tree.
   std::map<task_id, record> tasks;
+  /// How many tasks are in each state.
+  task_counts counts;
   scheduler_actor scheduler;
   id_allocator_actor ids;
+  /// Invalid when the runtime keeps its state in memory only.
+  storage_actor store;
   std::chrono::milliseconds timeout{30000};
+
+  // -- write-through (with a store only) -------------------------------------------
+  /// True while a write is on its way to the store.
+  bool writing = false;
+  /// Replies waiting for the write in flight.
+  std::vector<acknowledgement> in_flight;
+  /// Statements of the changes made since, and the replies waiting for them.
+  sql_write next_write;
+  std::vector<acknowledgement> next_acks;
+
+  /// Answers every reply still waiting with `unavailable`.
+  ~orchestrator_state();
 };
 
 using orchestrator_pointer
   = orchestrator_actor::stateful_pointer<orchestrator_state>;
 
-/// Behaviour of an orchestrator. The scheduler spawns one per orchestration
-/// and puts `root` into its executable index itself; the orchestrator
-/// announces every later change of executability to `scheduler`.
+/// Behaviour of an orchestrator. The scheduler spawns one per orchestration,
+/// from a new orchestration or from what the store holds, and puts its
+/// executable tasks into its index itself; the orchestrator announces every
+/// later change of executability to `scheduler`. `store` may be invalid (in
+/// memory only); `timeout` bounds requests to `ids` and `store`.
 orchestrator_actor::behavior_type
-orchestrator(orchestrator_pointer self, task_id root, std::string payload,
+orchestrator(orchestrator_pointer self, records::stored_orchestration initial,
              scheduler_actor scheduler, id_allocator_actor ids,
-             std::chrono::milliseconds timeout);
+             storage_actor store, std::chrono::milliseconds timeout);
 
 } // namespace spindle

@@ -13,12 +13,14 @@
 
 #include "spindle/messages/id_allocator.hpp"
 #include "spindle/messages/orchestration.hpp"
+#include "spindle/messages/storage.hpp"
 
 namespace spindle {
 
 /// Tuning of the scheduler.
 struct scheduler_options {
-  /// How long the scheduler waits for the ID allocator and orchestrators.
+  /// How long the scheduler and its orchestrators wait for the ID
+  /// allocator, the state store and each other.
   std::chrono::milliseconds timeout{30000};
 };
 
@@ -29,6 +31,13 @@ struct scheduler_options {
 /// and who runs what. A claim takes the index's first entry (O(log n)) and
 /// asks that task's orchestrator to confirm pending -> running; a refusal
 /// (the task gained a child meanwhile) moves on to the next entry.
+///
+/// With a state store, the scheduler starts by loading every stored
+/// orchestration (holding its other messages until then): the tasks that
+/// were running under the previous process become stale, in the store
+/// too, and the orchestrators and the index are rebuilt from what
+/// committed. An orchestrator that stops after a failed write is loaded
+/// again the same way (its running tasks stay running).
 struct scheduler_state {
   static inline const char* name = "spindle.scheduler";
 
@@ -47,6 +56,11 @@ struct scheduler_state {
 
   scheduler_options options;
   id_allocator_actor ids;
+  /// Invalid when the runtime keeps its state in memory only.
+  storage_actor store;
+  /// Orchestrations whose orchestrator stopped and is not loaded again yet
+  /// -> true while a load is on its way.
+  std::map<uint64_t, bool> unloaded;
   /// Orchestration ordinal -> its orchestrator.
   std::unordered_map<uint64_t, orchestrator_actor> orchestrators;
   /// Orchestrator address -> orchestration ordinal (for down messages).
@@ -63,10 +77,13 @@ struct scheduler_state {
 using scheduler_pointer = scheduler_actor::stateful_pointer<scheduler_state>;
 
 /// Behaviour of the scheduler. Spawn it once per runtime:
-/// `sys.spawn(scheduler, ids, options)`. On exit it takes its orchestrators
-/// with it.
+/// `sys.spawn(scheduler, ids, store, options)`; `store` may be invalid (in
+/// memory only). If the stored orchestrations cannot be loaded, it stops
+/// with a `storage_failure` naming the cause. On exit it takes its
+/// orchestrators with it.
 scheduler_actor::behavior_type scheduler(scheduler_pointer self,
                                          id_allocator_actor ids,
+                                         storage_actor store,
                                          scheduler_options options);
 
 } // namespace spindle

@@ -135,6 +135,55 @@ typename Inspector::result_type inspect(Inspector& f, process_worker& x) {
            x.start_time);
 }
 
+/// How many tasks are in each state: of one orchestration, or summed over
+/// all of them (the scheduler's `stats` query, /metrics).
+struct task_counts {
+  uint64_t pending = 0;
+  uint64_t running = 0;
+  uint64_t completed = 0;
+  uint64_t failed = 0;
+  uint64_t stale = 0;
+  /// Orchestrations counted (1 for one orchestrator's answer).
+  uint64_t orchestrations = 0;
+
+  /// The counter of state `x`.
+  uint64_t& of(task_state x) noexcept {
+    switch (x) {
+      case task_state::pending:
+        return pending;
+      case task_state::running:
+        return running;
+      case task_state::completed:
+        return completed;
+      case task_state::failed:
+        return failed;
+      case task_state::stale:
+        break;
+    }
+    return stale;
+  }
+
+  uint64_t total() const noexcept {
+    return pending + running + completed + failed + stale;
+  }
+
+  task_counts& operator+=(const task_counts& x) noexcept {
+    pending += x.pending;
+    running += x.running;
+    completed += x.completed;
+    failed += x.failed;
+    stale += x.stale;
+    orchestrations += x.orchestrations;
+    return *this;
+  }
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, task_counts& x) {
+  return f(caf::meta::type_name("task_counts"), x.pending, x.running,
+           x.completed, x.failed, x.stale, x.orchestrations);
+}
+
 /// Task IDs travel between the scheduler and orchestrators already parsed.
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, task_id& x) {
@@ -173,8 +222,13 @@ caf::error validate_worker_name(std::string_view name);
 /// - `(workers)` lists the process workers that hold running tasks;
 ///   `(stale, worker)` marks every running task of `worker` stale and
 ///   replies with their IDs.
+/// - `(stats)`: how many tasks are in each state, over every orchestration
+///   (asks each orchestrator; for /metrics).
 /// - `(ready, ids)` / `(unready, id)`: orchestrators add tasks to and remove
 ///   a task from the executable index (internal).
+///
+/// With a state store every state change is committed before its reply
+/// (docs/orchestration.md, "Durability").
 using scheduler_actor = caf::typed_actor<
   caf::replies_to<orchestrate_atom, std::string>::with<std::string>,
   caf::replies_to<caf::spawn_atom, std::string,
@@ -193,6 +247,7 @@ using scheduler_actor = caf::typed_actor<
     caf::ok_atom>,
   caf::replies_to<workers_atom>::with<std::vector<process_worker>>,
   caf::replies_to<stale_atom, std::string>::with<std::vector<std::string>>,
+  caf::replies_to<stats_atom>::with<task_counts>,
   caf::reacts_to<ready_atom, std::vector<task_id>>,
   caf::reacts_to<unready_atom, task_id>>;
 
@@ -209,7 +264,8 @@ using scheduler_actor = caf::typed_actor<
 /// - `(complete | fail, id, text)`, `(requeue, id)` as for the scheduler.
 /// - `(stale, id, worker)`: running by `worker` -> stale; otherwise the task
 ///   is left alone. Replies with the task either way.
-/// - `(get)` -> the tree; `(get, task, id)` -> one task.
+/// - `(get)` -> the tree; `(get, task, id)` -> one task; `(stats)` -> how
+///   many of its tasks are in each state.
 using orchestrator_actor = caf::typed_actor<
   caf::replies_to<caf::spawn_atom, task_id,
                   std::vector<std::string>>::with<std::vector<std::string>>,
@@ -219,6 +275,7 @@ using orchestrator_actor = caf::typed_actor<
   caf::replies_to<requeue_atom, task_id>::with<task_info>,
   caf::replies_to<stale_atom, task_id, std::string>::with<task_info>,
   caf::replies_to<caf::get_atom>::with<task_tree>,
-  caf::replies_to<caf::get_atom, task_atom, task_id>::with<task_info>>;
+  caf::replies_to<caf::get_atom, task_atom, task_id>::with<task_info>,
+  caf::replies_to<stats_atom>::with<task_counts>>;
 
 } // namespace spindle

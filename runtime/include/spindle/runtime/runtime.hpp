@@ -403,6 +403,10 @@ public:
   caf::expected<std::vector<std::string>>
   mark_worker_stale(const std::string& worker);
 
+  /// How many tasks are in each state, over every orchestration. Errors:
+  /// timeout, unavailable.
+  caf::expected<task_counts> count_tasks();
+
   /// Checks every attached process worker that runs tasks; the tasks of
   /// those whose process is gone (or whose PID now names another process)
   /// become stale. Returns their IDs. Reads /proc on the calling thread.
@@ -485,6 +489,7 @@ private:
   query_rewriter_actor rewriter_;
   context_builder_actor context_builder_;
   // orchestration:
+  caf::error start_orchestration();
   scheduler_actor scheduler_;
 };
 
