@@ -1,0 +1,592 @@
+#!/usr/bin/env python3
+"""Renders the benchmark report from one run's raw figures.
+
+Reads a results directory written by bench/run-report:
+  <area>.json     one per benchmark: {"benchmark", "machine", "tables"},
+                  each table {"title", "columns", "rows", "notes"}
+  *.json with "baseline": true
+                  baseline documents (redis.json); each of their tables
+                  names in "beside" the benchmark table it sits next to:
+                  {"benchmark", "title" (a prefix of the table's title),
+                   "versus": [[spindle column, baseline column], ...]}
+  run.txt         key=value facts about the run (dates, load, build)
+  runs.tsv        benchmark, exit status, seconds
+  <area>.log      each benchmark's output (quoted when it failed)
+and writes the markdown report and one SVG chart per chartable table
+(drawn by gnuplot) into the directory named after the report.
+
+Which tables get a chart, and which columns are throughput:
+  - a table is charted when its first column is "clients", "connections"
+    or "workers" and holds at least two distinct numbers;
+  - its throughput columns are those listed in its "chart_columns", if
+    present; otherwise every column whose cells are all numbers (or
+    numbers written with thousands separators) and that is a rate: the
+    name contains "/s", or the table's title says "per second"; a name
+    containing " / " is a ratio and never plotted;
+  - the baseline tables beside it add their throughput columns, by the
+    same rule, as dashed lines.
+
+Usage: make_report.py --results DIR --out FILE [--charts DIR]
+                      [--source DIR] [--gnuplot PATH]
+Python 3 standard library only; gnuplot draws the charts.
+"""
+
+import argparse
+import glob
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+
+CLIENT_COLUMNS = ("clients", "connections", "workers")
+NUMBER = re.compile(r"^-?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?$")
+COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b",
+          "#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#d62728"]
+
+
+# ---------------------------------------------------------------- input
+
+def number(cell):
+    """The cell as a float, or None when it is not a number."""
+    if isinstance(cell, bool):
+        return None
+    if isinstance(cell, (int, float)):
+        return float(cell)
+    if isinstance(cell, str) and NUMBER.match(cell.strip()):
+        return float(cell.strip().replace(",", ""))
+    return None
+
+
+def read_key_values(path):
+    facts = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                key, sep, value = line.rstrip("\n").partition("=")
+                if sep:
+                    facts[key] = value
+    except OSError:
+        pass
+    return facts
+
+
+def read_runs(path):
+    runs = {}
+    try:
+        with open(path) as f:
+            next(f, None)
+            for line in f:
+                parts = line.rstrip("\n").split("\t")
+                if len(parts) == 3:
+                    runs[parts[0]] = {"exit": int(parts[1]),
+                                      "seconds": int(parts[2])}
+    except OSError:
+        pass
+    return runs
+
+
+def load_results(results):
+    """(benchmarks by name, baseline documents), from the JSON files."""
+    benchmarks, baselines = {}, []
+    for path in sorted(glob.glob(os.path.join(results, "*.json"))):
+        try:
+            with open(path) as f:
+                doc = json.load(f)
+        except (OSError, ValueError) as e:
+            raise SystemExit("make_report: cannot read %s: %s" % (path, e))
+        if not isinstance(doc, dict) or not isinstance(doc.get("tables"),
+                                                       list):
+            raise SystemExit("make_report: %s has no tables" % path)
+        if doc.get("baseline"):
+            baselines.append(doc)
+        else:
+            name = doc.get("benchmark") or os.path.basename(path)[:-5]
+            benchmarks[name] = doc
+    return benchmarks, baselines
+
+
+def attach_baselines(benchmarks, baselines):
+    """Puts each baseline table in the "baselines" list of the benchmark
+    table it names; returns the tables that found no place."""
+    unplaced = []
+    for doc in baselines:
+        for table in doc["tables"]:
+            beside = table.get("beside") or {}
+            target = None
+            bench = benchmarks.get(beside.get("benchmark"))
+            if bench:
+                for t in bench["tables"]:
+                    if t.get("title", "").startswith(beside.get("title",
+                                                                "\0")):
+                        target = t
+                        break
+            if target is None:
+                unplaced.append(table)
+            else:
+                target.setdefault("baselines", []).append(table)
+    return unplaced
+
+
+def bench_description(source, area):
+    """The leading comment of bench/bench_<area>.cpp, up to "Usage:", as
+    markdown paragraphs (numbered lines become a list)."""
+    path = os.path.join(source or "", "bench", "bench_%s.cpp" % area)
+    try:
+        with open(path) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return ""
+    text = []
+    for line in lines:
+        if not line.startswith("//"):
+            break
+        line = line[2:].strip()
+        if line.startswith("Usage:"):
+            break
+        text.append(line)
+    paragraphs, current = [], []
+    for line in text + [""]:
+        if not line:
+            if current:
+                paragraphs.append(current)
+            current = []
+        elif re.match(r"^\d+\. ", line) or not current:
+            current.append(line)
+        else:
+            current[-1] += " " + line
+    out = []
+    for p in paragraphs:
+        out.append("\n".join(escape(item) for item in p))
+    return "\n\n".join(out)
+
+
+# ------------------------------------------------------------- tables
+
+def client_column(table):
+    cols = table.get("columns") or []
+    return bool(cols) and cols[0].strip().lower() in CLIENT_COLUMNS
+
+
+def throughput_columns(table):
+    """Indices of the columns that are throughput (see the module doc)."""
+    cols = table.get("columns") or []
+    rows = table.get("rows") or []
+    if not client_column(table) or not rows:
+        return []
+    wanted = table.get("chart_columns")
+    per_second = "per second" in table.get("title", "").lower()
+    out = []
+    for i, name in enumerate(cols[1:], 1):
+        if wanted is not None:
+            if name not in wanted:
+                continue
+        elif " / " in name or not ("/s" in name or per_second):
+            continue
+        values = [number(row[i]) if i < len(row) else None for row in rows]
+        if all(v is not None for v in values):
+            out.append(i)
+    return out
+
+
+def series(table):
+    """{column name: {clients: value}} for the throughput columns."""
+    out = {}
+    for i in throughput_columns(table):
+        points = {}
+        for row in table["rows"]:
+            x = number(row[0])
+            if x is not None:
+                points[x] = number(row[i])
+        out[table["columns"][i]] = points
+    return out
+
+
+def escape(text):
+    return (str(text).replace("&", "&amp;").replace("<", "&lt;")
+            .replace(">", "&gt;"))
+
+
+def fmt_number(v):
+    if isinstance(v, int) and not isinstance(v, bool):
+        return "{:,}".format(v)
+    if math.isnan(v) or math.isinf(v):
+        return str(v)
+    if abs(v) >= 100:
+        return "{:,.0f}".format(v)
+    if abs(v) >= 10:
+        return "{:.1f}".format(v)
+    return "{:.2f}".format(v)
+
+
+def cell_text(cell):
+    if isinstance(cell, (int, float)) and not isinstance(cell, bool):
+        text = fmt_number(cell)
+    elif isinstance(cell, str):
+        text = cell
+    else:
+        text = json.dumps(cell)
+    return escape(text).replace("|", "\\|")
+
+
+def markdown_table(columns, rows):
+    lines = ["| " + " | ".join(cell_text(c) for c in columns) + " |"]
+    align = []
+    for i in range(len(columns)):
+        numeric = all(number(r[i]) is not None for r in rows if i < len(r))
+        align.append("---:" if numeric and rows else "---")
+    lines.append("|" + "|".join(align) + "|")
+    for r in rows:
+        cells = [cell_text(c) for c in r]
+        cells += [""] * (len(columns) - len(cells))
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def count(x, unit):
+    """'1 client', '8 clients' from a client count and its column name."""
+    if x == 1 and unit.endswith("s"):
+        unit = unit[:-1]
+    return "%g %s" % (x, unit)
+
+
+def ratio(a, b):
+    if a is None or b is None or b <= 0:
+        return "-"
+    return "%.2fx" % (a / b)
+
+
+def comparisons(table):
+    """[(spindle column, baseline title, baseline column,
+         [(clients, spindle, baseline)])] for every "versus" pair."""
+    out = []
+    mine = {table["columns"][i]: i for i in range(len(table["columns"]))}
+    for base in table.get("baselines", []):
+        theirs = {c: i for i, c in enumerate(base["columns"])}
+        for pair in (base.get("beside") or {}).get("versus", []):
+            left, right = pair
+            if left not in mine or right not in theirs:
+                continue
+            values = {}
+            for row in base["rows"]:
+                x = number(row[0])
+                if x is not None:
+                    values[x] = number(row[theirs[right]])
+            points = []
+            for row in table["rows"]:
+                x = number(row[0])
+                if x in values and mine[left] < len(row):
+                    points.append((x, number(row[mine[left]]), values[x]))
+            if points:
+                out.append((left, base["title"], right, points))
+    return out
+
+
+# ------------------------------------------------------------- charts
+
+def gnuplot_string(text):
+    return '"' + str(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def chart(table, path, gnuplot):
+    """Draws throughput against clients for `table` and its baselines into
+    `path` (SVG). Returns False when the table has nothing to chart."""
+    lines = [(name, pts, False) for name, pts in series(table).items()]
+    for base in table.get("baselines", []):
+        lines += [(name, pts, True) for name, pts in series(base).items()]
+    xs = sorted({x for _, pts, _ in lines for x in pts})
+    if len(xs) < 2 or not lines:
+        return False
+    data = []
+    for x in xs:
+        cells = []
+        for _, pts, _ in lines:
+            v = pts.get(x)
+            cells.append("%.6g" % v if v is not None and v > 0 else "NaN")
+        data.append("%g %s" % (x, " ".join(cells)))
+    plots = []
+    for k, (name, _, dashed) in enumerate(lines):
+        plots.append(
+            "$data using 1:%d with linespoints lw 2 pt %d ps 0.8 "
+            "lc rgb %s dt %d title %s"
+            % (k + 2, 7 if not dashed else 5, gnuplot_string(
+                COLORS[k % len(COLORS)]), 2 if dashed else 1,
+               gnuplot_string(name)))
+    xlabel = table["columns"][0]
+    keyrows = (len(lines) + 1) // 2
+    height = 380 + 18 * keyrows
+    script = "\n".join([
+        "set terminal svg size 760,%d dynamic noenhanced "
+        "font 'sans,11' background rgb 'white'" % height,
+        "set output %s" % gnuplot_string(path),
+        "set title %s" % gnuplot_string(table["title"]),
+        "set xlabel %s" % gnuplot_string(xlabel),
+        "set ylabel 'per second (log scale)'",
+        "set logscale x 2",
+        "set logscale y 10",
+        "set xtics (%s)" % ", ".join("%s %g" % (gnuplot_string("%g" % x), x)
+                                     for x in xs),
+        "set xrange [%g:%g]" % (xs[0] / 1.25, xs[-1] * 1.25),
+        "set format y '%.0s%c'",
+        "set grid xtics ytics mytics lc rgb '#dddddd'",
+        "set key outside below left Left reverse maxrows %d width 2"
+        % keyrows,
+        "$data << EOD",
+        *data,
+        "EOD",
+        "plot " + ", \\\n     ".join(plots),
+        "",
+    ])
+    try:
+        run = subprocess.run([gnuplot], input=script, text=True,
+                             capture_output=True, timeout=120)
+    except FileNotFoundError:
+        raise SystemExit("make_report: %s not found (Debian package "
+                         "gnuplot-nox; .ci/install-deps installs it)"
+                         % gnuplot)
+    if run.returncode != 0 or not os.path.exists(path):
+        raise SystemExit("make_report: gnuplot failed on %s:\n%s"
+                         % (path, run.stderr))
+    return True
+
+
+# ------------------------------------------------------------- report
+
+def machine_rows(benchmarks, run):
+    machine = {}
+    for doc in benchmarks.values():
+        machine = doc.get("machine") or {}
+        if machine:
+            break
+    rows = []
+
+    def add(name, value):
+        if value not in (None, ""):
+            rows.append([name, value])
+
+    add("CPU", machine.get("cpu"))
+    add("cores", machine.get("cores"))
+    if machine.get("memory_gib") is not None:
+        add("memory", "%.1f GiB" % machine["memory_gib"])
+    add("kernel", machine.get("kernel"))
+    add("compiler", run.get("compiler"))
+    build = run.get("build_type")
+    add("build type", build or "unknown (no CMakeCache.txt)")
+    spindle = re.sub(r"^spindle\s+", "", run.get("spindle", ""))
+    commit = run.get("commit")
+    if spindle or commit:
+        add("spindle", ", ".join(x for x in (spindle, commit and
+                                             "commit " + commit) if x))
+    add("Redis", re.sub(r"\s+sha=.*", "", run.get("redis", "")))
+    add("charts", run.get("gnuplot"))
+    if run.get("started"):
+        add("date", "%s to %s" % (run["started"],
+                                  run.get("finished", "?")))
+    if run.get("load_start"):
+        add("load average (1, 5, 15 min)",
+            "%s at the start, %s at the end" % (run["load_start"],
+                                                run.get("load_end", "?")))
+    return rows
+
+
+def render(benchmarks, unplaced, run, runs, results, charts_dir,
+           charts_rel, source, gnuplot):
+    quick = run.get("quick") == "1"
+    command = run.get("command") or "bench/run-report"
+    md = []
+    md.append("# Benchmarks\n")
+    md.append("<!-- Generated by bench/run-report (bench/make_report.py); "
+              "edit those, not this file. -->\n")
+    md.append(
+        "Figures from one run of every benchmark under `bench/`, each table "
+        "beside its baselines measured in the same run: Redis over "
+        "loopback, the seed's bash protocols, and the `std::mutex` "
+        "structures a C++ program would otherwise use. Made by `%s`."
+        % command)
+    if quick:
+        md.append(
+            "\n**This is a quick run** (`--quick`): sizes small enough for "
+            "CI; the figures show that everything runs, not how fast.")
+    md.append("")
+
+    md.append("## The machine\n")
+    md.append(markdown_table(["", ""], machine_rows(benchmarks, run)))
+    md.append(
+        "\nThe benchmarks ran one after another; in each, the clients, the "
+        "actors (or Redis and redis-benchmark) share the machine's cores, "
+        "so figures beyond the core count measure contention as much as "
+        "throughput. Other work on the machine shows in the load average.")
+    md.append("")
+
+    md.append("## Reproducing it\n")
+    md.append("```sh\n"
+              ".ci/build          # dependencies, a RelWithDebInfo build in "
+              "build/\n"
+              "bench/run-report   # every benchmark, the baselines, this "
+              "file and its charts\n"
+              "```\n")
+    md.append(
+        "`bench/run-report --quick` makes a CI-sized report; "
+        "`--build-dir DIR` benchmarks another build, `--out FILE` writes "
+        "elsewhere (charts go to the directory named after the file), "
+        "`--results DIR` keeps the raw figures (default "
+        "`BUILD_DIR/bench-report/`: one JSON and one log per benchmark). "
+        "One benchmark alone: `build/bench/bench_ids [--quick] "
+        "[--json PATH]`.\n")
+
+    md.append("## How the report is made\n")
+    md.append(
+        "- `bench/run-report` runs every executable `bench_*` of the "
+        "build's `bench/` directory (one per `bench/bench_<area>.cpp`, so "
+        "a new benchmark is picked up when it is built), from the source "
+        "root, each with `--json`.\n"
+        "- It then starts Debian's `redis-server` on a free loopback port "
+        "(no persistence), runs `bench/redis_baseline.py` (redis-benchmark "
+        "at the client counts the benchmarks used) and stops the server, "
+        "also when something fails or the run is interrupted.\n"
+        "- `bench/make_report.py` writes this file. A baseline table "
+        "follows the table it compares to, then the ratios and a chart.\n"
+        "- Charts: a table gets one when its first column is "
+        "`clients`, `connections` or `workers`. Plotted are its "
+        "throughput columns: all-numeric columns whose name contains "
+        "`/s`, or all of them when the title says \"per second\"; a name "
+        "with ` / ` is a ratio and is left out. Baselines are dashed; "
+        "both axes are logarithmic.\n"
+        "- What the Redis lines measure: `bench_ids` and `bench_threads` "
+        "call spindle inside the process, as a program embedding the "
+        "library does; Redis is a separate server reached over loopback "
+        "TCP, as a program using it would. `bench_server` is spindle "
+        "over loopback HTTP, beside Redis at the same connection "
+        "counts.\n")
+
+    # Headline: every comparison at its largest shared client count.
+    headline = []
+    for area in sorted(benchmarks):
+        for table in benchmarks[area]["tables"]:
+            for left, _, right, points in comparisons(table):
+                x, a, b = points[-1]
+                headline.append(["%s: %s vs %s" % (area, left, right),
+                                 "%g" % x, a if a is not None else "-",
+                                 b if b is not None else "-", ratio(a, b)])
+    if headline:
+        md.append("## Headline\n")
+        md.append(markdown_table(
+            ["comparison", "clients", "spindle /s", "baseline /s",
+             "spindle / baseline"], headline))
+        md.append(
+            "\nAt the largest client count both measured; every count is "
+            "in the sections below.\n")
+
+    failed = []
+    os.makedirs(charts_dir, exist_ok=True)
+    written = set()
+    for area in sorted(set(benchmarks) | set(runs)):
+        info = runs.get(area, {})
+        doc = benchmarks.get(area)
+        if doc is None or info.get("exit", 0) != 0:
+            failed.append(area)
+        if doc is None:
+            continue
+        md.append("## %s\n" % area)
+        about = bench_description(source, area)
+        if about:
+            md.append(about + "\n")
+        if info:
+            md.append("_`bench_%s%s` ran in %d s._\n"
+                      % (area, " --quick" if quick else "",
+                         info["seconds"]))
+        for index, table in enumerate(doc["tables"], 1):
+            md.append("### %s\n" % escape(table.get("title", "")))
+            md.append(markdown_table(table.get("columns", []),
+                                     table.get("rows", [])))
+            for note in table.get("notes", []):
+                md.append("\n" + escape(note))
+            md.append("")
+            for base in table.get("baselines", []):
+                md.append("**Baseline: %s**\n" % escape(base["title"]))
+                md.append(markdown_table(base["columns"], base["rows"]))
+                for note in base.get("notes", []):
+                    md.append("\n" + escape(note))
+                md.append("")
+            for left, _, right, points in comparisons(table):
+                md.append("**%s / %s:** %s\n" % (
+                    escape(left), escape(right),
+                    "; ".join("%s: %s" % (count(x, table["columns"][0]),
+                                          ratio(a, b))
+                              for x, a, b in points)))
+            name = "%s-%d.svg" % (area, index)
+            if chart(table, os.path.join(charts_dir, name), gnuplot):
+                written.add(name)
+                md.append("![%s](%s/%s)\n" % (
+                    escape(table.get("title", "")).replace("]", ")"),
+                    charts_rel, name))
+
+    if unplaced:
+        md.append("## Other baselines\n")
+        for base in unplaced:
+            md.append("### %s\n" % escape(base.get("title", "")))
+            md.append(markdown_table(base.get("columns", []),
+                                     base.get("rows", [])))
+            for note in base.get("notes", []):
+                md.append("\n" + escape(note))
+            md.append("")
+
+    if failed or run.get("redis", "").startswith(("failed", "not run")):
+        md.append("## What did not run\n")
+        if run.get("redis", "").startswith(("failed", "not run")):
+            md.append("- Redis baselines: %s\n" % escape(run["redis"]))
+        for area in failed:
+            info = runs.get(area, {})
+            md.append("- `bench_%s`: exit status %s%s\n" % (
+                area, info.get("exit", "?"),
+                "" if area in benchmarks else ", no figures"))
+            tail = log_tail(os.path.join(results, area + ".log"))
+            if tail:
+                md.append("```text\n%s\n```\n" % tail)
+
+    # Charts of tables that no longer exist would mislead: remove them.
+    for path in glob.glob(os.path.join(charts_dir, "*.svg")):
+        name = os.path.basename(path)
+        if re.match(r"^[A-Za-z0-9_]+-\d+\.svg$", name) and \
+                name not in written:
+            os.remove(path)
+    return "\n".join(md).rstrip("\n") + "\n"
+
+
+def log_tail(path, lines=15):
+    try:
+        with open(path, errors="replace") as f:
+            return "\n".join(f.read().splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--results", required=True)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--charts", help="default: FILE without .md")
+    ap.add_argument("--source", default=os.path.dirname(
+        os.path.dirname(os.path.abspath(__file__))))
+    ap.add_argument("--gnuplot", default="gnuplot")
+    a = ap.parse_args()
+
+    benchmarks, baselines = load_results(a.results)
+    runs = read_runs(os.path.join(a.results, "runs.tsv"))
+    if not benchmarks and not runs:
+        raise SystemExit("make_report: no benchmark figures in " + a.results)
+    run = read_key_values(os.path.join(a.results, "run.txt"))
+    unplaced = attach_baselines(benchmarks, baselines)
+    out = os.path.abspath(a.out)
+    charts = os.path.abspath(a.charts or os.path.splitext(out)[0])
+    charts_rel = os.path.relpath(charts, os.path.dirname(out))
+    text = render(benchmarks, unplaced, run, runs, a.results, charts,
+                  charts_rel, a.source, a.gnuplot)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out, "w") as f:
+        f.write(text)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
