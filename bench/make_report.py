@@ -411,7 +411,8 @@ def render(benchmarks, unplaced, run, runs, results, charts_dir,
     md.append("")
 
     md.append("## The machine\n")
-    md.append(markdown_table(["", ""], machine_rows(benchmarks, run)))
+    md.append(markdown_table(["what", "this run"],
+                             machine_rows(benchmarks, run)))
     md.append(
         "\nThe benchmarks ran one after another; in each, the clients, the "
         "actors (or Redis and redis-benchmark) share the machine's cores, "
