@@ -10,7 +10,8 @@ Reads a results directory written by bench/run-report:
                   {"benchmark", "title" (a prefix of the table's title),
                    "versus": [[spindle column, baseline column], ...]}
   run.txt         key=value facts about the run (dates, load, build)
-  runs.tsv        benchmark, exit status, seconds
+  runs.tsv        benchmark, exit status, seconds, load average (1 min)
+                  when it started
   <area>.log      each benchmark's output (quoted when it failed)
 and writes the markdown report and one SVG chart per chartable table
 (drawn by gnuplot) into the directory named after the report.
@@ -79,9 +80,11 @@ def read_runs(path):
             next(f, None)
             for line in f:
                 parts = line.rstrip("\n").split("\t")
-                if len(parts) == 3:
+                if len(parts) >= 3:
                     runs[parts[0]] = {"exit": int(parts[1]),
-                                      "seconds": int(parts[2])}
+                                      "seconds": int(parts[2]),
+                                      "load": (parts[3] if len(parts) > 3
+                                               else "")}
     except OSError:
         pass
     return runs
@@ -494,9 +497,11 @@ def render(benchmarks, unplaced, run, runs, results, charts_dir,
         if about:
             md.append(about + "\n")
         if info:
-            md.append("_`bench_%s%s` ran in %d s._\n"
+            md.append("_`bench_%s%s` ran in %d s%s._\n"
                       % (area, " --quick" if quick else "",
-                         info["seconds"]))
+                         info["seconds"],
+                         ", load average %s when it started" % info["load"]
+                         if info["load"] else ""))
         for index, table in enumerate(doc["tables"], 1):
             md.append("### %s\n" % escape(table.get("title", "")))
             md.append(markdown_table(table.get("columns", []),

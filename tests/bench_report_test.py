@@ -118,6 +118,8 @@ class Generator(unittest.TestCase):
         expected = "%.2fx" % (ids_rows[-1][1] / incr_rows[-1][1])
         self.assertIn("| ids: id_allocator vs Redis INCR | 8 |", md)
         self.assertIn(expected, section(md, "## Headline"))
+        self.assertIn("_`bench_ids --quick` ran in 9 s, load average 0.50 "
+                      "when it started._", md)
         self.assertIn("**id_allocator / Redis INCR:** 1 client: ", ids)
         self.assertIn("8 clients: " + expected, ids)
 
