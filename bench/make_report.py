@@ -324,7 +324,7 @@ def chart(table, path, gnuplot):
         "font 'sans,11' background rgb 'white'" % height,
         "set output %s" % gnuplot_string(path),
         "set title %s" % gnuplot_string(table["title"]),
-        "set xlabel %s" % gnuplot_string(xlabel),
+        "set xlabel %s offset 0,0.6" % gnuplot_string(xlabel),
         "set ylabel 'per second (log scale)'",
         "set logscale x 2",
         "set logscale y 10",
@@ -393,6 +393,24 @@ def machine_rows(benchmarks, run):
     return rows
 
 
+def busy_note(benchmarks, run):
+    """A warning when the machine was already busy before the first
+    benchmark started (1-minute load average above half the cores)."""
+    cores = next((d["machine"].get("cores") for d in benchmarks.values()
+                  if (d.get("machine") or {}).get("cores")), None)
+    try:
+        load = float(run.get("load_start", "").split()[0])
+    except (IndexError, ValueError):
+        return ""
+    if not cores or load <= cores / 2:
+        return ""
+    return ("**The machine was busy before the run started** (load average "
+            "%.2f on %d cores): other work competed with the benchmarks "
+            "and with Redis, so these figures are lower and noisier than "
+            "an idle machine's; compare figures within this run, not "
+            "with another run's." % (load, cores))
+
+
 def render(benchmarks, unplaced, run, runs, results, charts_dir,
            charts_rel, source, gnuplot):
     quick = run.get("quick") == "1"
@@ -421,6 +439,9 @@ def render(benchmarks, unplaced, run, runs, results, charts_dir,
         "actors (or Redis and redis-benchmark) share the machine's cores, "
         "so figures beyond the core count measure contention as much as "
         "throughput. Other work on the machine shows in the load average.")
+    busy = busy_note(benchmarks, run)
+    if busy:
+        md.append("\n" + busy)
     md.append("")
 
     md.append("## Reproducing it\n")

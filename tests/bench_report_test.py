@@ -149,6 +149,20 @@ class Generator(unittest.TestCase):
         self.assertNotIn("messages p50 ms",
                          svg_texts(os.path.join(self.charts, "server-1.svg")))
 
+    def test_a_busy_machine_is_stated(self):
+        results = os.path.join(self.dir, "busy")
+        shutil.copytree(FIXTURE, results)
+        with open(os.path.join(results, "run.txt"), "a") as f:
+            f.write("load_start=5.25 3.00 2.00\n")
+        run = self.render(results)
+        self.assertEqual(run.returncode, 0, run.stderr)
+        with open(self.out) as f:
+            self.assertIn("**The machine was busy before the run started** "
+                          "(load average 5.25 on 2 cores)", f.read())
+        run = self.render()
+        with open(self.out) as f:
+            self.assertNotIn("busy", f.read())
+
     def test_no_figures_is_an_error(self):
         empty = os.path.join(self.dir, "empty")
         os.makedirs(empty)
