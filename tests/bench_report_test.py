@@ -125,8 +125,8 @@ class Generator(unittest.TestCase):
 
         # The failed benchmark, with the end of its log.
         failed = section(md, "## What did not run")
-        self.assertIn("`bench_storage`: exit status 134, no figures", failed)
-        self.assertIn("fixture: storage failed on purpose", failed)
+        self.assertIn("`bench_broken`: exit status 134, no figures", failed)
+        self.assertIn("fixture: failed on purpose", failed)
 
         # One chart per table with a client column, every line in it.
         expected_charts = {"ids-1.svg": ["id_allocator", "std::atomic counter",
