@@ -211,14 +211,14 @@ void resident_memory(report& rep, bool quick) {
   after = measure(true);
   resident = cap;
   table t;
-  t.title = "Resident memory with " + fmt(static_cast<double>(stored))
-            + " stored threads of 4 turns, at most " + fmt(resident)
+  t.title = "Resident memory with " + bench::fmt(static_cast<double>(stored))
+            + " stored threads of 4 turns, at most " + bench::fmt(resident)
             + " resident";
   t.columns = {"state", "RSS MiB", "database MiB"};
   t.add_row("runtime started, nothing touched",
             std::round(static_cast<double>(baseline) / (1 << 20) * 10) / 10,
             std::round(static_cast<double>(db_bytes) / (1 << 20) * 10) / 10);
-  t.add_row("after reading " + fmt(static_cast<double>(touched))
+  t.add_row("after reading " + bench::fmt(static_cast<double>(touched))
               + " random threads",
             std::round(static_cast<double>(after) / (1 << 20) * 10) / 10,
             std::round(static_cast<double>(db_bytes) / (1 << 20) * 10) / 10);

@@ -1,7 +1,7 @@
 // Crash safety end to end: the real server with a data directory, writers
 // over HTTP, `kill -9` at a random moment, a restart on the same directory.
-// Every acknowledged turn, item and memory is present, in order, and no ID
-// is ever handed out twice, over several crashes in a row.
+// Every acknowledged turn, item, memory and task change is present, in
+// order, and no ID is ever handed out twice, over several crashes in a row.
 
 #include <mutex>
 #include <random>
@@ -28,6 +28,8 @@ struct acked {
   std::vector<std::string> messages; // contents, in order
   std::vector<std::string> items;    // item IDs, in order
   std::vector<std::string> memories; // unique tokens
+  std::vector<std::string> orchestrations; // created
+  std::vector<std::string> completed;      // tasks completed
 };
 
 std::string thread_of(size_t w) {
@@ -71,6 +73,29 @@ void write_until_killed(int port, size_t w, int run, acked& out,
         return;
       if (r->status == 201)
         out.memories.push_back(token);
+    }
+    if (k % 2 == 0) {
+      // A task change: create an orchestration, claim a task, complete it.
+      r = cli.Post("/v1/orchestrations", json{{"payload", tag}}.dump(),
+                   "application/json");
+      if (!r)
+        return;
+      if (r->status == 201)
+        out.orchestrations.push_back(json::parse(r->body)["id"]);
+      r = cli.Post("/v1/tasks/claim",
+                   json{{"worker", "crash-w" + std::to_string(w)}}.dump(),
+                   "application/json");
+      if (!r)
+        return;
+      if (r->status == 200) {
+        std::string task = json::parse(r->body)["id"];
+        r = cli.Post(("/v1/tasks/" + task + "/complete").c_str(),
+                     json{{"result", tag}}.dump(), "application/json");
+        if (!r)
+          return;
+        if (r->status == 200)
+          out.completed.push_back(task);
+      }
     }
     r = cli.Post("/v1/ids", json{{"kind", "context"}}.dump(),
                  "application/json");
@@ -128,6 +153,16 @@ void verify(int port, const std::vector<acked>& all) {
       CHECK(std::find(stored.begin(), stored.end(), a.items[i])
             != stored.end());
     }
+    for (auto& id : a.orchestrations) {
+      INFO("writer " << w << " orchestration " << id);
+      auto tree = get(cli, "/v1/orchestrations/" + id);
+      CHECK(tree["id"] == id);
+    }
+    for (auto& id : a.completed) {
+      INFO("writer " << w << " completed task " << id);
+      auto task = get(cli, "/v1/tasks/" + id);
+      CHECK(task["state"] == "completed");
+    }
     for (auto& token : a.memories) {
       auto m = get(cli, "/v1/memories?user_id=" + user_of(w) + "&thread_id="
                           + thread_of(w) + "&q=" + token);
@@ -181,4 +216,11 @@ TEST_CASE("crash: kill -9 at a random moment loses nothing acknowledged, "
   for (auto& a : all)
     total += a.items.size();
   CHECK(unique.size() == total);
+  std::set<std::string> orchestrations;
+  size_t created = 0;
+  for (auto& a : all) {
+    orchestrations.insert(a.orchestrations.begin(), a.orchestrations.end());
+    created += a.orchestrations.size();
+  }
+  CHECK(orchestrations.size() == created);
 }

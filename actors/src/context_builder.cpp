@@ -113,9 +113,12 @@ void fail(const job_ptr& job, caf::error err) {
 void read_history(context_builder_pointer self, const job_ptr& job) {
   auto& st = self->state;
   // The registry's read path: it forwards to the thread's `history` or, for
-  // an unknown thread, answers an empty window; it never creates.
+  // an unknown thread, answers an empty window; it never creates. No
+  // timeout: the registry answers every request itself (its own waits on
+  // the store are bounded) and a dead registry bounces it, while a timed
+  // request costs a lock and a wake-up of CAF 0.17's clock thread, twice.
   self
-    ->request(st.registry, st.options.read_timeout, caf::get_atom::value,
+    ->request(st.registry, caf::infinite, caf::get_atom::value,
               history_atom::value, job->request.thread_id,
               job->request.options.max_turns)
     .then(

@@ -21,7 +21,9 @@ inline constexpr const char* default_system_prompt
 /// Tuning of the context builder.
 struct context_builder_options {
   std::string system_prompt = default_system_prompt;
-  /// Registry lookup and history read, each.
+  /// The share of a caller's build timeout left for the history read
+  /// (the builder's own read through the registry is not timed: see
+  /// docs/architecture.md, rules).
   std::chrono::milliseconds read_timeout{5000};
   /// Memory retrieval; past it the prompt is built without memory.
   std::chrono::milliseconds memory_timeout{2000};
