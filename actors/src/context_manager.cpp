@@ -63,7 +63,8 @@ void persist(pointer self, sql_write write,
   }
   write.push_back(window_row(st));
   ++st.in_flight;
-  self->request(st.store, st.timeout, store_atom::value, std::move(write))
+  // Untimed, as a thread's writes (docs/storage.md).
+  self->request(st.store, caf::infinite, store_atom::value, std::move(write))
     .then(
       [self, rp, value](uint64_t) mutable {
         --self->state.in_flight;

@@ -24,13 +24,6 @@ using promise = caf::typed_response_promise<uint64_t>;
 
 void drain(thread_pointer self);
 
-// Stops the thread after a write whose outcome is unknown (the store did
-// not answer in time): the registry loads it again from what committed.
-void resync(thread_pointer self, const caf::error& err) {
-  if (err == caf::sec::request_timeout)
-    self->quit(err);
-}
-
 caf::error store_error(const state& st, const caf::error& err) {
   return make_error(errc::storage_failure,
                     "thread '" + st.thread_id
@@ -48,7 +41,10 @@ void write_through(thread_pointer self, sql_write write, promise rp,
     return;
   }
   st.writing = true;
-  self->request(st.store, st.store_timeout, store_atom::value, std::move(write))
+  // Untimed (see docs/storage.md): the store answers every write after its
+  // commit, or bounces it when it stops, so the outcome is never unknown;
+  // a stalled disk shows as the caller's own timeout.
+  self->request(st.store, caf::infinite, store_atom::value, std::move(write))
     .then(
       [self, rp, apply](uint64_t) mutable {
         self->state.writing = false;
@@ -58,7 +54,6 @@ void write_through(thread_pointer self, sql_write write, promise rp,
       [self, rp](caf::error& err) mutable {
         self->state.writing = false;
         rp.deliver(store_error(self->state, err));
-        resync(self, err);
         drain(self);
       });
 }
@@ -157,15 +152,13 @@ thread_state::~thread_state() {
 
 thread_actor::behavior_type
 conversation_thread(thread_pointer self, std::string thread_id,
-                    records::stored_thread initial, storage_actor store,
-                    std::chrono::milliseconds store_timeout) {
+                    records::stored_thread initial, storage_actor store) {
   auto& st = self->state;
   st.thread_id = std::move(thread_id);
   st.turns = std::move(initial.turns);
   st.epoch = initial.epoch;
   st.next_seq = std::max<uint64_t>(initial.next_seq, st.turns.size());
   st.store = std::move(store);
-  st.store_timeout = store_timeout;
   st.committed = st.turns.size();
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& s = self->state;

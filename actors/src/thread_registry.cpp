@@ -35,8 +35,7 @@ thread_actor spawn_thread(pointer self, const std::string& id,
                           records::stored_thread initial) {
   auto& st = self->state;
   auto handle = self->spawn<caf::lazy_init>(conversation_thread, id,
-                                            std::move(initial), st.store,
-                                            st.options.store_timeout);
+                                            std::move(initial), st.store);
   self->monitor(handle);
   return handle;
 }

@@ -152,6 +152,15 @@ void flush(state_store_state& st) {
   results.reserve(batch.size());
   for (auto& w : batch) {
     uint64_t changes = 0;
+    if (w.write.size() == 1) {
+      // One statement is atomic by itself: SQLite undoes a failing
+      // statement, not the transaction around it.
+      if (auto err = run(st, w.write.front(), &changes))
+        results.emplace_back(std::move(err));
+      else
+        results.emplace_back(changes);
+      continue;
+    }
     caf::error failed = run(st, "SAVEPOINT write;");
     for (auto& x : w.write) {
       if (failed)

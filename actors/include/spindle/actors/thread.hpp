@@ -51,7 +51,6 @@ struct thread_state {
   /// made durable first and applied when it committed; meanwhile `writing`
   /// holds later writes back, so they commit in order.
   storage_actor store;
-  std::chrono::milliseconds store_timeout{30000};
   bool writing = false;
   /// Sequence number of the next turn in the store.
   uint64_t next_seq = 0;
@@ -74,7 +73,6 @@ using thread_pointer = thread_actor::stateful_pointer<thread_state>;
 /// write), else with false: the registry passivates only idle threads.
 thread_actor::behavior_type
 conversation_thread(thread_pointer self, std::string thread_id,
-                    records::stored_thread initial, storage_actor store,
-                    std::chrono::milliseconds store_timeout);
+                    records::stored_thread initial, storage_actor store);
 
 } // namespace spindle
