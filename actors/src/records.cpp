@@ -4,8 +4,6 @@
 
 namespace spindle::records {
 
-namespace {
-
 caf::error unreadable(const std::string& what) {
   return make_error(errc::storage_failure,
                     "the state store holds " + what
@@ -19,6 +17,8 @@ bool is_int(const std::vector<sql_value>& row, size_t i) {
 bool is_text(const std::vector<sql_value>& row, size_t i) {
   return i < row.size() && row[i].type == sql_value::kind::text;
 }
+
+namespace {
 
 uint64_t u64(const sql_value& x) {
   return x.integer < 0 ? 0 : static_cast<uint64_t>(x.integer);

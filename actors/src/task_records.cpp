@@ -2,25 +2,12 @@
 
 #include <algorithm>
 
+#include "spindle/actors/records.hpp"
 #include "spindle/messages/error.hpp"
 
 namespace spindle::records {
 
 namespace {
-
-caf::error unreadable(const std::string& what) {
-  return make_error(errc::storage_failure,
-                    "the state store holds " + what
-                      + " this build cannot read");
-}
-
-bool is_int(const std::vector<sql_value>& row, size_t i) {
-  return i < row.size() && row[i].type == sql_value::kind::integer;
-}
-
-bool is_text(const std::vector<sql_value>& row, size_t i) {
-  return i < row.size() && row[i].type == sql_value::kind::text;
-}
 
 bool by_id(const stored_task& x, const stored_task& y) {
   return x.id < y.id;

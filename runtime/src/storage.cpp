@@ -114,14 +114,22 @@ caf::expected<statement*> prepared(state_store_state& st,
   return &i->second;
 }
 
-caf::error run(state_store_state& st, const sql_statement& x,
-               uint64_t* changes) {
+// The prepared statement of `x` with its parameters bound.
+caf::expected<statement*> bound(state_store_state& st, const sql_statement& x) {
   auto stmt = prepared(st, x.sql);
   if (!stmt)
     return stmt.error();
-  auto& s = **stmt;
   for (size_t i = 0; i < x.params.size(); ++i)
-    s.bind(static_cast<int>(i + 1), x.params[i]);
+    (*stmt)->bind(static_cast<int>(i + 1), x.params[i]);
+  return stmt;
+}
+
+caf::error run(state_store_state& st, const sql_statement& x,
+               uint64_t* changes) {
+  auto stmt = bound(st, x);
+  if (!stmt)
+    return stmt.error();
+  auto& s = **stmt;
   if (auto err = s.run())
     return err;
   if (changes != nullptr)
@@ -223,12 +231,10 @@ state_store(state_store_pointer self,
     [self](load_atom, const sql_statement& query) -> caf::result<sql_rows> {
       auto& s = self->state;
       flush(s); // a read sees every write that arrived before it
-      auto stmt = prepared(s, query.sql);
+      auto stmt = bound(s, query);
       if (!stmt)
         return stmt.error();
       auto& q = **stmt;
-      for (size_t i = 0; i < query.params.size(); ++i)
-        q.bind(static_cast<int>(i + 1), query.params[i]);
       sql_rows rows;
       for (;;) {
         auto row = q.step();

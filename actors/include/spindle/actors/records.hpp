@@ -20,6 +20,15 @@
 
 namespace spindle::records {
 
+// -- decoding helpers, shared by every area's records ---------------------------
+
+/// `storage_failure`: the store holds `what`, which this build cannot read.
+caf::error unreadable(const std::string& what);
+
+/// Column `i` of `row` exists and is an integer / a text.
+bool is_int(const std::vector<sql_value>& row, size_t i);
+bool is_text(const std::vector<sql_value>& row, size_t i);
+
 // -- threads --------------------------------------------------------------------
 
 /// A thread as stored: its turns in order, how many clears it has seen, and
