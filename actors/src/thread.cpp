@@ -5,6 +5,7 @@
 
 #include <caf/all.hpp>
 
+#include "spindle/messages/clock.hpp"
 #include "spindle/messages/error.hpp"
 
 namespace spindle {
@@ -13,12 +14,6 @@ namespace {
 
 using state = thread_state;
 using waiter = state::waiter;
-
-int64_t now_ms() {
-  using namespace std::chrono;
-  return duration_cast<milliseconds>(system_clock::now().time_since_epoch())
-    .count();
-}
 
 using promise = caf::typed_response_promise<uint64_t>;
 
@@ -61,7 +56,7 @@ void write_through(thread_pointer self, sql_write write, promise rp,
 void append(thread_pointer self, turn t, promise rp) {
   auto& st = self->state;
   if (t.timestamp_ms == 0)
-    t.timestamp_ms = now_ms();
+    t.timestamp_ms = unix_time_ms();
   auto write = st.store ? records::append_turn(st.thread_id, st.next_seq++, t)
                         : sql_write{};
   write_through(self, std::move(write), std::move(rp),

@@ -7,6 +7,7 @@
 
 #include "spindle/actors/records.hpp"
 #include "spindle/actors/thread.hpp"
+#include "spindle/messages/clock.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/ids.hpp"
 
@@ -18,12 +19,6 @@ using pointer = thread_registry_pointer;
 using table = activation_table<thread_actor>;
 using resolved = table::resolved;
 using continuation = table::continuation;
-
-int64_t now_ms() {
-  using namespace std::chrono;
-  return duration_cast<milliseconds>(system_clock::now().time_since_epoch())
-    .count();
-}
 
 caf::error store_error(const std::string& id, const caf::error& err) {
   return make_error(errc::storage_failure,
@@ -55,7 +50,7 @@ void create(pointer self, const std::string& id, std::vector<turn> turns,
     done(spawn_it(std::move(turns)));
     return;
   }
-  auto write = records::create_thread(id, turns, now_ms());
+  auto write = records::create_thread(id, turns, unix_time_ms());
   self->request(st.store, st.options.store_timeout, store_atom::value,
                 std::move(write))
     .then(

@@ -7,6 +7,7 @@
 #include <caf/all.hpp>
 #include <sqlite3.h>
 
+#include "spindle/messages/clock.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/runtime/database.hpp"
 
@@ -26,12 +27,6 @@ struct memory_state {
   statement by_thread;
   caf::error broken; // set when a statement could not be prepared
 };
-
-int64_t now_ms() {
-  using namespace std::chrono;
-  return duration_cast<milliseconds>(system_clock::now().time_since_epoch())
-    .count();
-}
 
 caf::error prepare(memory_state& st, statement& out, std::string_view sql) {
   auto stmt = st.db->prepare(sql);
@@ -86,7 +81,7 @@ memory(memory_actor::stateful_pointer<memory_state> self,
         .bind(2, std::string_view{scope->thread_id})
         .bind(3, memory_scope_token(scope->user_id, scope->thread_id))
         .bind(4, std::string_view{content})
-        .bind(5, now_ms());
+        .bind(5, unix_time_ms());
       if (auto err = s.insert.run())
         return err;
       return static_cast<int64_t>(sqlite3_last_insert_rowid(s.db->handle()));
