@@ -2,6 +2,7 @@
 
 #include <caf/all.hpp>
 
+#include "actor_scheduler.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/type_ids.hpp"
 
@@ -17,6 +18,9 @@ config::config(size_t threads) {
                          text += ": " + context.get_as<std::string>(0);
                        return text;
                      });
+  // Work stealing in FIFO order with cheap request timeouts
+  // (actor_scheduler.hpp).
+  module_factories.push_back(&detail::make_actor_scheduler);
   if (threads > 0)
     set("scheduler.max-threads", threads);
 }

@@ -1,0 +1,286 @@
+// The scheduler of every spindle actor system (runtime/src/actor_scheduler.hpp):
+// FIFO work stealing, request timeouts outside CAF's clock thread, and CAF's
+// own timers (delayed sends, `after`) unchanged.
+
+#include <atomic>
+#include <chrono>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <caf/all.hpp>
+#include <catch2/catch.hpp>
+
+#include "spindle/runtime/config.hpp"
+
+using namespace std::chrono_literals;
+using clock_type = std::chrono::steady_clock;
+
+namespace {
+
+using never_atom = caf::atom_constant<caf::atom("never")>;
+
+// Takes every request and never answers it (nor keeps its promise).
+caf::behavior silent(caf::event_based_actor*) {
+  return {[](never_atom, int) -> caf::delegated<int> { return {}; }};
+}
+
+caf::behavior echo(caf::event_based_actor*) {
+  return {[](never_atom, int x) { return x; }};
+}
+
+struct outcome {
+  int answers = 0;
+  int timeouts = 0;
+  int other_errors = 0;
+  std::vector<double> timeout_after_ms;
+};
+
+// An event-based client: `n` requests with `timeout` to `target`, all in
+// flight at once; reports once every request has had its one outcome, and
+// again (`late`) after `linger` so that late duplicates would be counted.
+void client(caf::event_based_actor* self, caf::actor target, int n,
+            std::chrono::milliseconds timeout,
+            std::shared_ptr<std::promise<outcome>> done,
+            std::shared_ptr<outcome> result) {
+  auto start = clock_type::now();
+  auto remaining = std::make_shared<int>(n);
+  for (int i = 0; i < n; ++i)
+    self->request(target, timeout, never_atom::value, i)
+      .then(
+        [=](int) {
+          ++result->answers;
+          if (--*remaining == 0)
+            done->set_value(*result);
+        },
+        [=](caf::error& err) {
+          if (err == caf::sec::request_timeout) {
+            ++result->timeouts;
+            result->timeout_after_ms.push_back(
+              std::chrono::duration<double, std::milli>(clock_type::now()
+                                                        - start)
+                .count());
+          } else {
+            ++result->other_errors;
+          }
+          if (--*remaining == 0)
+            done->set_value(*result);
+        });
+}
+
+} // namespace
+
+TEST_CASE("actor scheduler: every timed request to a silent actor times out "
+          "once, on time, from 1, 4 and 16 concurrent clients") {
+  auto clients = GENERATE(1, 4, 16);
+  spindle::config cfg;
+  caf::actor_system sys{cfg};
+  auto target = sys.spawn(silent);
+  const int per_client = 200;
+  const auto timeout = 150ms;
+  std::vector<std::shared_ptr<std::promise<outcome>>> done;
+  std::vector<std::shared_ptr<outcome>> results;
+  for (int c = 0; c < clients; ++c) {
+    done.push_back(std::make_shared<std::promise<outcome>>());
+    results.push_back(std::make_shared<outcome>());
+    sys.spawn(client, target, per_client, timeout, done.back(),
+              results.back());
+  }
+  for (auto& d : done) {
+    auto f = d->get_future();
+    REQUIRE(f.wait_for(10s) == std::future_status::ready);
+    auto r = f.get();
+    CHECK(r.answers == 0);
+    CHECK(r.other_errors == 0);
+    CHECK(r.timeouts == per_client);
+    for (auto ms : r.timeout_after_ms) {
+      // Never early; late by at most the timer's period plus scheduling.
+      REQUIRE(ms >= 150.0);
+      REQUIRE(ms < 150.0 + 1000.0);
+    }
+  }
+  // No request timed out twice: the counts stay put after every due time.
+  std::this_thread::sleep_for(300ms);
+  for (auto& r : results) {
+    CHECK(r->timeouts == per_client);
+    CHECK(r->answers == 0);
+  }
+  caf::anon_send_exit(target, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("actor scheduler: answered timed requests never see a timeout, "
+          "from 1, 4 and 16 concurrent clients") {
+  auto clients = GENERATE(1, 4, 16);
+  spindle::config cfg;
+  caf::actor_system sys{cfg};
+  auto target = sys.spawn(echo);
+  const int per_client = 2000;
+  std::vector<std::shared_ptr<std::promise<outcome>>> done;
+  std::vector<std::shared_ptr<outcome>> results;
+  for (int c = 0; c < clients; ++c) {
+    done.push_back(std::make_shared<std::promise<outcome>>());
+    results.push_back(std::make_shared<outcome>());
+    // Short timeouts, due soon after the answers: they must be dropped.
+    sys.spawn(client, target, per_client, 100ms, done.back(), results.back());
+  }
+  for (auto& d : done) {
+    auto f = d->get_future();
+    REQUIRE(f.wait_for(10s) == std::future_status::ready);
+    auto r = f.get();
+    CHECK(r.answers == per_client);
+    CHECK(r.timeouts == 0);
+  }
+  std::this_thread::sleep_for(400ms); // every timeout is due by now
+  for (auto& r : results) {
+    CHECK(r->answers == per_client);
+    CHECK(r->timeouts == 0);
+    CHECK(r->other_errors == 0);
+  }
+  caf::anon_send_exit(target, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("actor scheduler: blocking callers on many threads get their "
+          "timeout and their answers") {
+  auto threads = GENERATE(1, 4, 16);
+  spindle::config cfg;
+  caf::actor_system sys{cfg};
+  auto quiet = sys.spawn(silent);
+  auto answering = sys.spawn(echo);
+  std::atomic<int> timeouts{0}, answers{0}, wrong{0};
+  std::vector<std::thread> pool;
+  for (int t = 0; t < threads; ++t)
+    pool.emplace_back([&, t] {
+      caf::scoped_actor self{sys};
+      for (int i = 0; i < 20; ++i) {
+        self->request(answering, 5s, never_atom::value, t * 100 + i)
+          .receive(
+            [&](int x) {
+              if (x == t * 100 + i)
+                ++answers;
+              else
+                ++wrong;
+            },
+            [&](caf::error&) { ++wrong; });
+      }
+      auto start = clock_type::now();
+      self->request(quiet, 100ms, never_atom::value, 0)
+        .receive([&](int) { ++wrong; },
+                 [&](caf::error& err) {
+                   auto waited = clock_type::now() - start;
+                   if (err == caf::sec::request_timeout && waited >= 100ms
+                       && waited < 2s)
+                     ++timeouts;
+                   else
+                     ++wrong;
+                 });
+    });
+  for (auto& t : pool)
+    t.join();
+  CHECK(answers == threads * 20);
+  CHECK(timeouts == threads);
+  CHECK(wrong == 0);
+  caf::anon_send_exit(quiet, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(answering, caf::exit_reason::user_shutdown);
+}
+
+namespace {
+
+struct tracked_state {
+  std::shared_ptr<std::atomic<bool>> destroyed;
+  ~tracked_state() {
+    if (destroyed)
+      destroyed->store(true);
+  }
+};
+
+} // namespace
+
+TEST_CASE("actor scheduler: an actor that stops is released although its "
+          "request timeouts are far away") {
+  spindle::config cfg;
+  caf::actor_system sys{cfg};
+  auto target = sys.spawn(silent);
+  auto destroyed = std::make_shared<std::atomic<bool>>(false);
+  sys.spawn([=](caf::stateful_actor<tracked_state>* self) {
+    self->state.destroyed = destroyed;
+    for (int i = 0; i < 100; ++i)
+      self->request(target, std::chrono::seconds{3600}, never_atom::value, i)
+        .then([](int) {}, [](caf::error&) {});
+    self->quit();
+  });
+  auto deadline = clock_type::now() + 5s;
+  while (!destroyed->load() && clock_type::now() < deadline)
+    std::this_thread::sleep_for(10ms);
+  CHECK(destroyed->load());
+  caf::anon_send_exit(target, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("actor scheduler: delayed messages and receive timeouts still "
+          "arrive") {
+  spindle::config cfg;
+  caf::actor_system sys{cfg};
+  std::promise<double> delayed, idle;
+  auto start = clock_type::now();
+  sys.spawn([&](caf::event_based_actor* self) -> caf::behavior {
+    self->delayed_send(self, 80ms, never_atom::value, 1);
+    return {[&, self](never_atom, int) {
+      delayed.set_value(
+        std::chrono::duration<double, std::milli>(clock_type::now() - start)
+          .count());
+      self->quit();
+    }};
+  });
+  sys.spawn([&](caf::event_based_actor* self) -> caf::behavior {
+    return {[](never_atom, int) {},
+            caf::after(80ms) >> [&, self] {
+              idle.set_value(std::chrono::duration<double, std::milli>(
+                               clock_type::now() - start)
+                               .count());
+              self->quit();
+            }};
+  });
+  auto d = delayed.get_future();
+  auto i = idle.get_future();
+  REQUIRE(d.wait_for(5s) == std::future_status::ready);
+  REQUIRE(i.wait_for(5s) == std::future_status::ready);
+  CHECK(d.get() >= 80.0);
+  CHECK(i.get() >= 80.0);
+}
+
+TEST_CASE("actor scheduler: a worker runs the jobs it scheduled in the "
+          "order it scheduled them") {
+  spindle::config cfg{1}; // one worker: the order is the queue's order
+  caf::actor_system sys{cfg};
+  const int n = 50;
+  std::mutex mtx;
+  std::vector<int> order;
+  std::promise<void> all;
+  std::vector<caf::actor> workers;
+  for (int i = 0; i < n; ++i)
+    workers.push_back(sys.spawn([&, i](caf::event_based_actor* self) {
+      return caf::behavior{[&, i, self](never_atom, int) {
+        std::lock_guard<std::mutex> guard{mtx};
+        order.push_back(i);
+        if (order.size() == static_cast<size_t>(n))
+          all.set_value();
+        self->quit();
+      }};
+    }));
+  auto root = sys.spawn([=](caf::event_based_actor* self) {
+    return caf::behavior{[=](never_atom, int) {
+      // Sent from a worker thread: each receiver is scheduled on this
+      // worker's own queue.
+      for (auto& w : workers)
+        self->send(w, never_atom::value, 0);
+      self->quit();
+    }};
+  });
+  caf::anon_send(root, never_atom::value, 0);
+  REQUIRE(all.get_future().wait_for(5s) == std::future_status::ready);
+  std::vector<int> expected;
+  for (int i = 0; i < n; ++i)
+    expected.push_back(i);
+  CHECK(order == expected);
+}
