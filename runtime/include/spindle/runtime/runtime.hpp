@@ -442,9 +442,17 @@ public:
       return make_error(errc::unavailable, "the runtime is stopped");
     caf::expected<R> out{caf::error{}};
     caf::scoped_actor self{*system_};
-    self->request(receiver, timeout, std::forward<Ts>(xs)...)
-      .receive([&](R& value) { out = std::move(value); },
-               [&](caf::error& err) { out = std::move(err); });
+    // The timeout is the blocking receive's own deadline, not a timer of
+    // the actor clock: a late answer goes to a caller that is gone.
+    auto id = self->request(receiver, caf::infinite, std::forward<Ts>(xs)...)
+                .id();
+    caf::blocking_actor::accept_one_cond until_answered;
+    self->varargs_receive(
+      until_answered, id, [&](R& value) { out = std::move(value); },
+      [&](caf::error& err) { out = std::move(err); },
+      caf::after(timeout) >> [&] {
+        out = caf::make_error(caf::sec::request_timeout);
+      });
     return out;
   }
 
