@@ -384,3 +384,46 @@ TEST_CASE("storage: a corrupt database or one of a newer schema is refused "
     CHECK(describe(rt.error()).find("newer") != std::string::npos);
   }
 }
+
+TEST_CASE("storage: the log is checkpointed into the database while the "
+          "store commits, and nothing is lost") {
+  test::temp_dir dir;
+  auto db_file = dir.path() / "spindle.db";
+  const size_t writers = 4;
+  const size_t per_writer = 2000;
+  const std::string filler(4096, 'c'); // 32 MiB of turns in all
+  {
+    runtime rt{durable(dir)};
+    auto at_start = std::filesystem::file_size(db_file);
+    std::vector<std::thread> pool;
+    std::atomic<size_t> failed{0};
+    for (size_t w = 0; w < writers; ++w)
+      pool.emplace_back([&, w] {
+        for (size_t i = 0; i < per_writer; ++i)
+          if (!rt.add_turn(name("cp", w),
+                           make_user_turn(std::to_string(i) + filler)))
+            ++failed;
+      });
+    for (auto& t : pool)
+      t.join();
+    REQUIRE(failed == 0);
+    // Committed pages reach the database file while the runtime runs: the
+    // checkpointer copied them. (Without checkpoints they would stay in
+    // the log until the last connection closes.)
+    auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (std::filesystem::file_size(db_file) < at_start + (16u << 20)
+           && std::chrono::steady_clock::now() < deadline) {
+      REQUIRE(rt.add_turn("cp-tick", make_user_turn("tick")));
+      std::this_thread::sleep_for(50ms);
+    }
+    CHECK(std::filesystem::file_size(db_file) >= at_start + (16u << 20));
+  }
+  runtime rt{durable(dir)};
+  for (size_t w = 0; w < writers; ++w) {
+    auto h = rt.history(name("cp", w), 10000);
+    REQUIRE(h);
+    REQUIRE(h->size() == per_writer);
+    for (size_t i = 0; i < per_writer; ++i)
+      REQUIRE(h->at(i).content == std::to_string(i) + filler);
+  }
+}

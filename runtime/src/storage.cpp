@@ -6,6 +6,8 @@
 #include <unordered_map>
 
 #include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+#include <sqlite3.h>
 
 #include "spindle/messages/error.hpp"
 
@@ -79,6 +81,44 @@ counter_store_actor::behavior_type sqlite_counter_store(
   };
 }
 
+// -- the checkpointer -------------------------------------------------------------
+
+// In WAL mode with synchronous=NORMAL a commit appends to the log and never
+// waits for the disk; the checkpoint, which copies the log into the
+// database, does (an fsync of each). Run by SQLite after a commit, it would
+// hold every write of the batch behind those fsyncs. The state store runs
+// none itself: past `checkpoint_pages` it asks the checkpointer, which
+// checkpoints on its own connection while the store goes on committing.
+
+/// Log pages after which the store asks for a checkpoint (SQLite's own
+/// autocheckpoint threshold), and again every half of it while it grows.
+constexpr int checkpoint_pages = 1000;
+
+/// Log pages at which a checkpoint also waits for the writer, so that the
+/// log restarts: it bounds the log when passive checkpoints never catch up
+/// with a busy writer (64 MiB with 4 KiB pages).
+constexpr int wal_restart_pages = 16 * checkpoint_pages;
+
+caf::behavior checkpointer(caf::event_based_actor*,
+                           std::shared_ptr<std::unique_ptr<database>> db) {
+  std::shared_ptr<database> conn{std::move(*db)};
+  return {
+    [conn](flush_atom) {
+      int log = 0;
+      int copied = 0;
+      auto* h = conn->handle();
+      auto rc = sqlite3_wal_checkpoint_v2(h, nullptr, SQLITE_CHECKPOINT_PASSIVE,
+                                          &log, &copied);
+      if (rc == SQLITE_OK && log >= wal_restart_pages)
+        rc = sqlite3_wal_checkpoint_v2(h, nullptr, SQLITE_CHECKPOINT_RESTART,
+                                       &log, &copied);
+      if (rc != SQLITE_OK && rc != SQLITE_BUSY)
+        spdlog::warn("storage: checkpoint of '{}' failed: {}", conn->path(),
+                     sqlite3_errmsg(h));
+    },
+  };
+}
+
 // -- the state store ------------------------------------------------------------
 
 struct state_store_state {
@@ -96,7 +136,22 @@ struct state_store_state {
   std::unordered_map<std::string, statement> cache;
   std::vector<pending_write> pending;
   bool flush_scheduled = false;
+  /// Runs the checkpoints; invalid: SQLite checkpoints after commits.
+  caf::actor checkpointer;
+  int next_checkpoint = checkpoint_pages;
 };
+
+// SQLite's WAL hook: after each commit, with the log's size in pages.
+int on_wal_commit(void* ctx, sqlite3*, const char*, int pages) {
+  auto& st = *static_cast<state_store_state*>(ctx);
+  if (pages < st.next_checkpoint - checkpoint_pages / 2)
+    st.next_checkpoint = checkpoint_pages; // the log restarted
+  if (pages >= st.next_checkpoint) {
+    caf::anon_send(st.checkpointer, flush_atom::value);
+    st.next_checkpoint = pages + checkpoint_pages / 2;
+  }
+  return SQLITE_OK;
+}
 
 using state_store_pointer
   = storage_actor::extend<caf::reacts_to<flush_atom>>::stateful_pointer<
@@ -199,12 +254,21 @@ void flush(state_store_state& st) {
 
 storage_actor::extend<caf::reacts_to<flush_atom>>::behavior_type
 state_store(state_store_pointer self,
-            std::shared_ptr<std::unique_ptr<database>> db, bool group_commit) {
+            std::shared_ptr<std::unique_ptr<database>> db, bool group_commit,
+            caf::actor checkpointer) {
   auto& st = self->state;
   // The actor is the connection's only user; the shared_ptr only carries
   // it through spawn (CAF copies spawn arguments).
   st.db = std::move(*db);
   st.group_commit = group_commit;
+  if (checkpointer) {
+    st.checkpointer = checkpointer;
+    // Replaces SQLite's autocheckpoint on this connection.
+    sqlite3_wal_hook(st.db->handle(), &on_wal_commit, &st);
+    self->attach_functor([checkpointer](const caf::error&) {
+      caf::anon_send_exit(checkpointer, caf::exit_reason::user_shutdown);
+    });
+  }
   // Writes already queued are committed and answered before it stops.
   self->set_exit_handler([self](caf::exit_msg& msg) {
     flush(self->state);
@@ -280,9 +344,21 @@ spawn_state_store(caf::actor_system& sys, const storage_options& options) {
   auto db = database::open(database_path(options), options.sync);
   if (!db)
     return db.error();
+  // A second connection for the checkpoints; without it SQLite checkpoints
+  // on the store's own connection, as it does by default.
+  caf::actor checkpoints;
+  if (auto cdb = database::open(database_path(options), options.sync)) {
+    auto carried = std::make_shared<std::unique_ptr<database>>(std::move(*cdb));
+    checkpoints = sys.spawn<caf::detached>(checkpointer, std::move(carried));
+  } else {
+    spdlog::warn("storage: no checkpoint connection ({}); checkpoints run "
+                 "after commits",
+                 describe(cdb.error()));
+  }
   auto shared = std::make_shared<std::unique_ptr<database>>(std::move(*db));
   auto handle = sys.spawn<caf::detached>(state_store, std::move(shared),
-                                         options.group_commit);
+                                         options.group_commit,
+                                         std::move(checkpoints));
   return caf::actor_cast<storage_actor>(handle);
 }
 
