@@ -313,8 +313,8 @@ void resident_memory(report& rep, bool quick) {
     "passivated, so memory depends on the cap, not on how many threads are "
     "stored. 0 means a check failed (a history was wrong or more than the "
     "cap stayed resident).",
-    "Compare: bench_threads keeps 100k threads of 10 turns in memory at "
-    "about 600 MiB."};
+    "Compare bench_threads' resident-memory table: 100k threads of 10 "
+    "turns kept in memory."};
   rep.add(std::move(t));
 }
 
