@@ -153,6 +153,11 @@ double pipelined_rate(mode m, size_t clients, double secs) {
   return static_cast<double>(total) / elapsed;
 }
 
+// x / y to two decimals.
+double ratio(double x, double y) {
+  return std::round(x / y * 100) / 100;
+}
+
 void throughput(report& rep, bool quick) {
   const double secs = quick ? 0.3 : 3.0;
   const std::vector<size_t> client_counts{1, 8, 64};
@@ -172,8 +177,8 @@ void throughput(report& rep, bool quick) {
     auto full = add_turn_rate(mode::group_full, clients, secs);
     auto per_write = add_turn_rate(mode::per_write_full, clients, secs);
     t.add_row(clients, std::round(mem), std::round(normal), std::round(full),
-              std::round(per_write), std::round(normal / mem * 100) / 100,
-              std::round(full / per_write * 100) / 100);
+              std::round(per_write), ratio(normal, mem),
+              ratio(full, per_write));
   }
   t.notes = {
     "One operation = runtime::add_turn (a blocking facade call) of a "
@@ -202,8 +207,7 @@ void throughput(report& rep, bool quick) {
     auto normal = pipelined_rate(mode::group_normal, clients, secs);
     auto full = pipelined_rate(mode::group_full, clients, secs);
     p.add_row(clients, std::round(mem), std::round(normal), std::round(full),
-              std::round(normal / mem * 100) / 100,
-              std::round(full / mem * 100) / 100);
+              ratio(normal, mem), ratio(full, mem));
   }
   p.notes = {
     "Each client is an event-based actor keeping one add_turn in flight on "

@@ -70,6 +70,33 @@ void client(caf::event_based_actor* self, caf::actor target, int n,
         });
 }
 
+struct client_run {
+  outcome reported;              // when every request had its outcome
+  std::shared_ptr<outcome> live; // keeps counting afterwards
+};
+
+// Runs `clients` clients at once against `target`; returns what each
+// reported (REQUIREs that each did within 10 s).
+std::vector<client_run> run_clients(caf::actor_system& sys,
+                                    const caf::actor& target, int clients,
+                                    int per_client,
+                                    std::chrono::milliseconds timeout) {
+  std::vector<std::shared_ptr<std::promise<outcome>>> done;
+  std::vector<client_run> runs;
+  for (int c = 0; c < clients; ++c) {
+    done.push_back(std::make_shared<std::promise<outcome>>());
+    runs.push_back({outcome{}, std::make_shared<outcome>()});
+    sys.spawn(client, target, per_client, timeout, done.back(),
+              runs.back().live);
+  }
+  for (size_t c = 0; c < done.size(); ++c) {
+    auto f = done[c]->get_future();
+    REQUIRE(f.wait_for(10s) == std::future_status::ready);
+    runs[c].reported = f.get();
+  }
+  return runs;
+}
+
 } // namespace
 
 TEST_CASE("actor scheduler: every timed request to a silent actor times out "
@@ -79,19 +106,9 @@ TEST_CASE("actor scheduler: every timed request to a silent actor times out "
   caf::actor_system sys{cfg};
   auto target = sys.spawn(silent);
   const int per_client = 200;
-  const auto timeout = 150ms;
-  std::vector<std::shared_ptr<std::promise<outcome>>> done;
-  std::vector<std::shared_ptr<outcome>> results;
-  for (int c = 0; c < clients; ++c) {
-    done.push_back(std::make_shared<std::promise<outcome>>());
-    results.push_back(std::make_shared<outcome>());
-    sys.spawn(client, target, per_client, timeout, done.back(),
-              results.back());
-  }
-  for (auto& d : done) {
-    auto f = d->get_future();
-    REQUIRE(f.wait_for(10s) == std::future_status::ready);
-    auto r = f.get();
+  auto runs = run_clients(sys, target, clients, per_client, 150ms);
+  for (auto& run : runs) {
+    auto& r = run.reported;
     CHECK(r.answers == 0);
     CHECK(r.other_errors == 0);
     CHECK(r.timeouts == per_client);
@@ -103,9 +120,9 @@ TEST_CASE("actor scheduler: every timed request to a silent actor times out "
   }
   // No request timed out twice: the counts stay put after every due time.
   std::this_thread::sleep_for(300ms);
-  for (auto& r : results) {
-    CHECK(r->timeouts == per_client);
-    CHECK(r->answers == 0);
+  for (auto& run : runs) {
+    CHECK(run.live->timeouts == per_client);
+    CHECK(run.live->answers == 0);
   }
   caf::anon_send_exit(target, caf::exit_reason::user_shutdown);
 }
@@ -117,26 +134,17 @@ TEST_CASE("actor scheduler: answered timed requests never see a timeout, "
   caf::actor_system sys{cfg};
   auto target = sys.spawn(echo);
   const int per_client = 2000;
-  std::vector<std::shared_ptr<std::promise<outcome>>> done;
-  std::vector<std::shared_ptr<outcome>> results;
-  for (int c = 0; c < clients; ++c) {
-    done.push_back(std::make_shared<std::promise<outcome>>());
-    results.push_back(std::make_shared<outcome>());
-    // Short timeouts, due soon after the answers: they must be dropped.
-    sys.spawn(client, target, per_client, 100ms, done.back(), results.back());
-  }
-  for (auto& d : done) {
-    auto f = d->get_future();
-    REQUIRE(f.wait_for(10s) == std::future_status::ready);
-    auto r = f.get();
-    CHECK(r.answers == per_client);
-    CHECK(r.timeouts == 0);
+  // Short timeouts, due soon after the answers: they must be dropped.
+  auto runs = run_clients(sys, target, clients, per_client, 100ms);
+  for (auto& run : runs) {
+    CHECK(run.reported.answers == per_client);
+    CHECK(run.reported.timeouts == 0);
   }
   std::this_thread::sleep_for(400ms); // every timeout is due by now
-  for (auto& r : results) {
-    CHECK(r->answers == per_client);
-    CHECK(r->timeouts == 0);
-    CHECK(r->other_errors == 0);
+  for (auto& run : runs) {
+    CHECK(run.live->answers == per_client);
+    CHECK(run.live->timeouts == 0);
+    CHECK(run.live->other_errors == 0);
   }
   caf::anon_send_exit(target, caf::exit_reason::user_shutdown);
 }
