@@ -475,3 +475,40 @@ TEST_CASE("threads store: concurrent get_or_create of one new ID creates one "
     }
   }
 }
+
+TEST_CASE("facade: a blocking call waits at most its timeout, then reports "
+          "a timeout and the runtime goes on answering") {
+  runtime_options opts;
+  opts.conversation.memory = false;
+  opts.conversation.queue_timeout = std::chrono::milliseconds{300};
+  runtime rt{opts};
+  REQUIRE(rt.add_turn("held", make_user_turn("first")));
+  // Hold the thread with an exchange lease: the next add_turn queues (D9).
+  caf::scoped_actor self{rt.system()};
+  thread_actor handle;
+  self->request(rt.thread_registry(), std::chrono::seconds(5),
+                caf::get_atom::value, std::string{"held"})
+    .receive([&](thread_ref& ref) { handle = ref.handle; },
+             [](caf::error&) {});
+  REQUIRE(handle);
+  uint64_t lease = 0;
+  self->request(handle, std::chrono::seconds(5), exchange_begin_atom::value,
+                conflict_policy::queue)
+    .receive([&](uint64_t l) { lease = l; }, [](caf::error&) {});
+  REQUIRE(lease != 0);
+  auto start = std::chrono::steady_clock::now();
+  auto queued = rt.add_turn("held", make_user_turn("second"));
+  auto waited = std::chrono::steady_clock::now() - start;
+  REQUIRE_FALSE(queued);
+  CHECK(classify(queued.error()) == errc::timeout);
+  CHECK(waited >= std::chrono::milliseconds{300});
+  CHECK(waited < std::chrono::seconds{3});
+  // Other threads are served meanwhile, and the held one after release.
+  CHECK(rt.add_turn("free", make_user_turn("x")) == uint64_t{1});
+  self->request(handle, std::chrono::seconds(5), exchange_end_atom::value,
+                lease)
+    .receive([](uint64_t) {}, [](caf::error&) {});
+  auto h = rt.history("held", 10);
+  REQUIRE(h);
+  CHECK(h->front().content == "first");
+}
