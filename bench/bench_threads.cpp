@@ -13,6 +13,7 @@
 //    own child process.
 //
 // Usage: bench_threads [--quick] [--json PATH]
+//        [--only throughput|builder|rss]
 
 #include <atomic>
 #include <future>
@@ -602,11 +603,14 @@ int main(int argc, char** argv) {
   bool quick = report::quick(argc, argv);
   spdlog::set_level(spdlog::level::warn);
   report rep{"threads"};
-  throughput(rep, quick);
-  builder_latency(rep, quick);
+  if (report::selected(argc, argv, "throughput"))
+    throughput(rep, quick);
+  if (report::selected(argc, argv, "builder"))
+    builder_latency(rep, quick);
   // Forks children; every runtime of this process has stopped by now, so
   // no other thread is running.
-  resident_memory(rep, quick);
+  if (report::selected(argc, argv, "rss"))
+    resident_memory(rep, quick);
   rep.write(report::json_path(argc, argv, "threads"));
   return 0;
 }

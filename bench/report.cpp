@@ -155,6 +155,13 @@ bool report::quick(int argc, char** argv) {
   return false;
 }
 
+bool report::selected(int argc, char** argv, const std::string& section) {
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string{argv[i]} == "--only")
+      return section == argv[i + 1];
+  return true;
+}
+
 uint64_t in_child(const std::function<uint64_t()>& fn) {
   int fds[2];
   if (pipe(fds) != 0)

@@ -61,6 +61,11 @@ public:
   /// True if argv holds --quick (smaller sizes, for smoke runs in CI).
   static bool quick(int argc, char** argv);
 
+  /// True unless argv holds `--only NAME` for another section: runs one
+  /// section of a benchmark alone (`--only builder`), to measure or
+  /// profile it without the others.
+  static bool selected(int argc, char** argv, const std::string& section);
+
 private:
   std::string name_;
   std::vector<table> tables_;
