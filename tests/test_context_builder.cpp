@@ -400,7 +400,7 @@ TEST_CASE("prompt assembly: D7 order with every part present") {
   REQUIRE(m[5].content
           == "Original user message:\norig\n\n---\n\nContextualized "
              "query:\nrewritten");
-  auto plain = assemble_messages("sys", "", {}, "orig", "orig");
+  auto plain = assemble_messages("sys", "", std::vector<turn>{}, "orig", "orig");
   REQUIRE(plain.size() == 2);
   REQUIRE(plain[1].content == "orig");
 }

@@ -19,6 +19,10 @@ struct build_job {
   build_request request;
   caf::typed_response_promise<built_context> promise;
   built_context out;
+  /// The history as chat messages, once converted for an inline rewriter
+  /// (then moved into the prompt instead of converted again).
+  std::vector<chat_message> chat_history;
+  bool converted = false;
   int pending = 0; // history and memory reads still out
   bool failed = false;
 };
@@ -33,9 +37,16 @@ void finish(context_builder_pointer self, const job_ptr& job) {
   const auto& system_prompt = opts.system_prompt.empty()
                                 ? self->state.options.system_prompt
                                 : opts.system_prompt;
-  out.messages = assemble_messages(system_prompt, out.memory_snippet,
-                                   out.short_term_history,
-                                   job->request.message, out.rewritten_query);
+  if (job->converted)
+    out.messages = assemble_messages(system_prompt, out.memory_snippet,
+                                     std::move(job->chat_history),
+                                     job->request.message,
+                                     out.rewritten_query);
+  else
+    out.messages = assemble_messages(system_prompt, out.memory_snippet,
+                                     out.short_term_history,
+                                     job->request.message,
+                                     out.rewritten_query);
   job->promise.deliver(std::move(out));
 }
 
@@ -69,6 +80,8 @@ void rewrite(context_builder_pointer self, const job_ptr& job) {
     job->out.rewritten_query = res.query.empty() ? job->request.message
                                                  : std::move(res.query);
     job->out.rewrite_fallback = std::move(res.fallback);
+    job->chat_history = std::move(req.history);
+    job->converted = true;
     finish(self, job);
     return;
   }
@@ -112,6 +125,17 @@ void fail(const job_ptr& job, caf::error err) {
 
 void read_history(context_builder_pointer self, const job_ptr& job) {
   auto& st = self->state;
+  // A resident thread's published turns: read in place, no message.
+  if (st.options.views)
+    if (auto view = st.options.views->find(job->request.thread_id)) {
+      auto w = read_window(*view, job->request.options.max_turns);
+      job->out.thread_found = true;
+      job->out.thread_actor_id = w.thread_actor_id;
+      job->out.total_turns = w.total_turns;
+      job->out.short_term_history = std::move(w.turns);
+      read_done(self, job);
+      return;
+    }
   // The registry's read path: it forwards to the thread's `history` or, for
   // an unknown thread, answers an empty window; it never creates. No
   // timeout: the registry answers every request itself (its own waits on

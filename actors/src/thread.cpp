@@ -61,9 +61,7 @@ void append(thread_pointer self, turn t, promise rp) {
                         : sql_write{};
   write_through(self, std::move(write), std::move(rp),
                 [self, t = std::move(t)]() mutable -> uint64_t {
-                  auto& turns = self->state.turns;
-                  turns.push_back(std::move(t));
-                  return turns.size();
+                  return self->state.turns->push_back(std::move(t));
                 });
 }
 
@@ -72,12 +70,12 @@ void clear(thread_pointer self, promise rp) {
   auto write = st.store ? records::clear_thread(st.thread_id) : sql_write{};
   write_through(self, std::move(write), std::move(rp), [self]() -> uint64_t {
     auto& s = self->state;
-    auto removed = s.turns.size();
-    // Swap, not clear(): give the memory back, a cleared thread is usually
-    // started over.
-    std::vector<turn>{}.swap(s.turns);
+    auto removed = s.turns->size();
+    // A new log: the memory goes back once no reader holds the old one.
+    s.turns = std::make_shared<turn_log>();
     s.next_seq = 0;
     ++s.epoch;
+    s.publish();
     return removed;
   });
 }
@@ -85,7 +83,7 @@ void clear(thread_pointer self, promise rp) {
 uint64_t grant(thread_pointer self, caf::strong_actor_ptr holder) {
   auto& st = self->state;
   st.lease = ++st.last_lease;
-  st.committed = st.turns.size();
+  st.committed = st.turns->size();
   st.holder = caf::actor_cast<caf::actor_addr>(holder);
   // A holder that terminates without ending its exchange must not keep the
   // thread forever (monitoring a dead actor reports at once).
@@ -121,7 +119,7 @@ void release(thread_pointer self) {
     self->demonitor(st.holder);
   st.lease = 0;
   st.holder = caf::actor_addr{};
-  st.committed = st.turns.size();
+  st.committed = st.turns->size();
   drain(self);
 }
 
@@ -139,7 +137,19 @@ enqueue(thread_pointer self, waiter::op what, turn item) {
 
 } // namespace
 
+void thread_state::publish() {
+  if (views)
+    views->publish(thread_id, std::make_shared<const thread_view>(
+                                thread_view{turns, epoch, actor_id}));
+}
+
+void thread_state::withdraw() {
+  if (views)
+    views->withdraw(thread_id, actor_id);
+}
+
 thread_state::~thread_state() {
+  withdraw();
   for (auto& w : waiting)
     w.promise.deliver(make_error(errc::unavailable,
                                  "thread '" + thread_id + "' has stopped"));
@@ -147,14 +157,19 @@ thread_state::~thread_state() {
 
 thread_actor::behavior_type
 conversation_thread(thread_pointer self, std::string thread_id,
-                    records::stored_thread initial, storage_actor store) {
+                    records::stored_thread initial, storage_actor store,
+                    std::shared_ptr<thread_views> views) {
   auto& st = self->state;
   st.thread_id = std::move(thread_id);
-  st.turns = std::move(initial.turns);
+  for (auto& t : initial.turns)
+    st.turns->push_back(std::move(t));
   st.epoch = initial.epoch;
-  st.next_seq = std::max<uint64_t>(initial.next_seq, st.turns.size());
+  st.next_seq = std::max<uint64_t>(initial.next_seq, st.turns->size());
   st.store = std::move(store);
-  st.committed = st.turns.size();
+  st.committed = st.turns->size();
+  st.views = std::move(views);
+  st.actor_id = self->id();
+  st.publish();
   self->set_down_handler([self](caf::down_msg& dm) {
     auto& s = self->state;
     if (s.lease != 0 && dm.source == s.holder)
@@ -193,24 +208,17 @@ conversation_thread(thread_pointer self, std::string thread_id,
       if (auto err = validate_max_turns(max_turns))
         return err;
       auto& s = self->state;
-      auto first = history_window_start(
-        s.turns, static_cast<size_t>(std::min<uint64_t>(max_turns,
-                                                        s.turns.size())));
-      history_window w;
-      w.turns.assign(s.turns.begin() + static_cast<ptrdiff_t>(first),
-                     s.turns.end());
-      w.total_turns = s.turns.size();
-      w.epoch = s.epoch;
-      w.found = true;
-      w.thread_actor_id = self->id();
-      return w;
+      return read_window(thread_view{s.turns, s.epoch, s.actor_id},
+                         max_turns);
     },
     [self](caf::get_atom, thread_snapshot_atom) -> thread_snapshot {
       auto& s = self->state;
+      std::vector<turn> turns;
+      s.turns->copy(0, s.turns->size(), turns);
       return thread_snapshot{s.thread_id,
-                             s.turns,
+                             std::move(turns),
                              s.epoch,
-                             s.lease != 0 ? s.committed : s.turns.size(),
+                             s.lease != 0 ? s.committed : s.turns->size(),
                              s.lease != 0,
                              s.waiting.size()};
     },
@@ -245,15 +253,17 @@ conversation_thread(thread_pointer self, std::string thread_id,
         return make_error(errc::conflict,
                           "lease " + std::to_string(lease)
                             + " does not hold thread '" + s.thread_id + "'");
-      auto count = s.turns.size();
+      auto count = s.turns->size();
       release(self);
       return count;
     },
     [self](passivate_atom) -> caf::result<bool> {
       if (busy(self->state))
         return false;
-      // Everything this thread holds is stored: nothing is lost. Answer
-      // first, then stop.
+      // Everything this thread holds is stored: nothing is lost. Readers
+      // go to the registry from now on (before a newer actor of this
+      // thread can write); answer, then stop.
+      self->state.withdraw();
       auto rp = self->make_response_promise<bool>();
       rp.deliver(true);
       self->quit();

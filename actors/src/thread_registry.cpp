@@ -30,7 +30,8 @@ thread_actor spawn_thread(pointer self, const std::string& id,
                           records::stored_thread initial) {
   auto& st = self->state;
   auto handle = self->spawn<caf::lazy_init>(conversation_thread, id,
-                                            std::move(initial), st.store);
+                                            std::move(initial), st.store,
+                                            st.options.views);
   self->monitor(handle);
   return handle;
 }

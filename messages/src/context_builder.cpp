@@ -21,7 +21,7 @@ std::string final_user_content(const std::string& original,
 
 std::vector<chat_message> assemble_messages(const std::string& system_prompt,
                                             const std::string& memory_snippet,
-                                            const std::vector<turn>& history,
+                                            std::vector<chat_message> history,
                                             const std::string& original,
                                             const std::string& rewritten) {
   std::vector<chat_message> out;
@@ -31,11 +31,24 @@ std::vector<chat_message> assemble_messages(const std::string& system_prompt,
   if (!memory_snippet.empty())
     out.push_back(chat_message{
       "system", std::string{memory_message_prefix} + memory_snippet, {}});
-  for (auto& t : history)
-    out.push_back(to_chat_message(t));
+  for (auto& m : history)
+    out.push_back(std::move(m));
   out.push_back(
     chat_message{"user", final_user_content(original, rewritten), {}});
   return out;
+}
+
+std::vector<chat_message> assemble_messages(const std::string& system_prompt,
+                                            const std::string& memory_snippet,
+                                            const std::vector<turn>& history,
+                                            const std::string& original,
+                                            const std::string& rewritten) {
+  std::vector<chat_message> chat;
+  chat.reserve(history.size());
+  for (auto& t : history)
+    chat.push_back(to_chat_message(t));
+  return assemble_messages(system_prompt, memory_snippet, std::move(chat),
+                           original, rewritten);
 }
 
 caf::error validate_build_request(const build_request& x) {

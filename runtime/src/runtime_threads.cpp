@@ -26,8 +26,13 @@ caf::error runtime::start_threads() {
   auto& conv = options_.conversation;
   if (!conv.rewriter)
     conv.rewriter = make_offline_rewriter();
-  thread_registry_ = system_->spawn(spindle::thread_registry, conv.registry,
-                                    state_store_);
+  // Resident threads publish their turns here; the builder reads them
+  // without messaging the registry or the thread (turn_log.hpp).
+  auto views = std::make_shared<thread_views>();
+  auto registry_options = conv.registry;
+  registry_options.views = views;
+  thread_registry_ = system_->spawn(spindle::thread_registry,
+                                    std::move(registry_options), state_store_);
   if (conv.memory) {
     auto mem = spawn_memory(*system_, options_.storage);
     if (!mem)
@@ -36,6 +41,7 @@ caf::error runtime::start_threads() {
   }
   rewriter_ = spawn_query_rewriter(*system_, conv.rewriter);
   auto builder_options = conv.builder;
+  builder_options.views = views;
   if (!conv.rewriter->blocking()) {
     // Cannot block and sees no thread: no need for a message round trip.
     auto rw = conv.rewriter;
@@ -43,9 +49,18 @@ caf::error runtime::start_threads() {
       return rw->rewrite(req);
     };
   }
-  context_builder_ = system_->spawn(spindle::context_builder, thread_registry_,
-                                    memory_, rewriter_,
-                                    std::move(builder_options));
+  // Builders keep no state between builds, so one per scheduler thread
+  // behind a round-robin pool serves builds in parallel; the pool hands a
+  // request to a builder inside the sender's enqueue (no extra hop).
+  auto spawn_builder = [this, builder_options] {
+    return caf::actor_cast<caf::actor>(
+      system_->spawn(spindle::context_builder, thread_registry_, memory_,
+                     rewriter_, builder_options));
+  };
+  auto builders = std::max<size_t>(1, system_->scheduler().num_workers());
+  context_builder_ = caf::actor_cast<context_builder_actor>(
+    caf::actor_pool::make(system_->dummy_execution_unit(), builders,
+                          spawn_builder, caf::actor_pool::round_robin()));
   return caf::none;
 }
 

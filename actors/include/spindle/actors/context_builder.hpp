@@ -6,6 +6,7 @@
 
 #include <caf/typed_event_based_actor.hpp>
 
+#include "spindle/actors/turn_log.hpp"
 #include "spindle/messages/context_builder.hpp"
 #include "spindle/messages/memory.hpp"
 #include "spindle/messages/threads.hpp"
@@ -34,13 +35,19 @@ struct context_builder_options {
   /// A rewriter that never blocks (the offline one), called by the builder
   /// itself instead of messaging the rewriter actor. Empty: use the actor.
   std::function<rewrite_result(const rewrite_request&)> inline_rewriter;
+  /// The views resident threads publish (turn_log.hpp): a build finds
+  /// its thread's turns there without a message; threads not published
+  /// are read through the registry. Null: always the registry.
+  std::shared_ptr<const thread_views> views;
 };
 
 /// State of the context builder (protocol in
 /// messages/context_builder.hpp). It owns nothing mutable: per build it
-/// reads the history through the registry's read path (`get, history`:
-/// forwarded to the thread's `history`, never creating a thread; never
-/// `put`, `add` or `reset`), retrieves memory in parallel with the
+/// reads the history from the thread's published view when the thread is
+/// resident (an immutable prefix of its turns, no message), else through
+/// the registry's read path (`get, history`: forwarded to the thread's
+/// `history`, never creating a thread; never `put`, `add` or `reset`),
+/// retrieves memory in parallel with the
 /// history, then asks the rewriter and assembles the prompt (D7). Many
 /// builds run interleaved; none blocks the actor.
 struct context_builder_state {

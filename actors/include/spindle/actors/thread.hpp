@@ -12,6 +12,7 @@
 #include <caf/typed_response_promise.hpp>
 
 #include "spindle/actors/records.hpp"
+#include "spindle/actors/turn_log.hpp"
 #include "spindle/messages/storage.hpp"
 #include "spindle/messages/threads.hpp"
 
@@ -36,8 +37,13 @@ struct thread_state {
   };
 
   std::string thread_id;
-  std::vector<turn> turns;
+  /// The turns, published to readers through `views` (a clear replaces the
+  /// log; readers holding the old one keep a consistent pre-clear prefix).
+  std::shared_ptr<turn_log> turns = std::make_shared<turn_log>();
   uint64_t epoch = 0;
+  /// Where the thread publishes its view (null: nowhere).
+  std::shared_ptr<thread_views> views;
+  uint64_t actor_id = 0;
 
   /// The current lease (0: no exchange holds the thread).
   uint64_t lease = 0;
@@ -58,7 +64,13 @@ struct thread_state {
   thread_state() = default;
   thread_state(const thread_state&) = delete;
   thread_state& operator=(const thread_state&) = delete;
-  /// Answers every waiting request with `unavailable` (the thread stops).
+  /// Publishes the current log and epoch in `views`.
+  void publish();
+  /// Withdraws this actor's view from `views`.
+  void withdraw();
+
+  /// Answers every waiting request with `unavailable` (the thread stops)
+  /// and withdraws the view.
   ~thread_state();
 };
 
@@ -71,8 +83,11 @@ using thread_pointer = thread_actor::stateful_pointer<thread_state>;
 /// Besides the protocol of `thread_actor` it answers `(passivate)` with
 /// true and stops when it is idle (no exchange, no waiting or unfinished
 /// write), else with false: the registry passivates only idle threads.
+/// With `views`, it publishes its turns there from its first message on
+/// (turn_log.hpp) and withdraws them before it passivates or stops.
 thread_actor::behavior_type
 conversation_thread(thread_pointer self, std::string thread_id,
-                    records::stored_thread initial, storage_actor store);
+                    records::stored_thread initial, storage_actor store,
+                    std::shared_ptr<thread_views> views = nullptr);
 
 } // namespace spindle

@@ -14,6 +14,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include "spindle/actors/activation_table.hpp"
+#include "spindle/actors/turn_log.hpp"
 #include "spindle/messages/storage.hpp"
 #include "spindle/messages/threads.hpp"
 
@@ -28,6 +29,9 @@ struct thread_registry_options {
   /// With a state store: how many thread actors stay in memory, and for
   /// how long an unused one does.
   activation_options activation;
+  /// Where thread actors publish their turns for readers that do not
+  /// message them (the context builder); null: nowhere.
+  std::shared_ptr<thread_views> views;
 };
 
 /// State of the thread registry (protocol in messages/threads.hpp): the one

@@ -75,6 +75,14 @@ std::vector<chat_message> assemble_messages(const std::string& system_prompt,
                                             const std::string& original,
                                             const std::string& rewritten);
 
+/// `assemble_messages` with the history already converted to chat
+/// messages (`to_chat_message`), which it moves into the prompt.
+std::vector<chat_message> assemble_messages(const std::string& system_prompt,
+                                            const std::string& memory_snippet,
+                                            std::vector<chat_message> history,
+                                            const std::string& original,
+                                            const std::string& rewritten);
+
 // -- the context builder ------------------------------------------------------
 
 /// How to build one prompt.

@@ -119,6 +119,25 @@ caf::error validate_max_turns(uint64_t max_turns);
 /// thread-safe.
 size_t history_window_start(const std::vector<turn>& turns, size_t max_turns);
 
+/// `history_window_start` over the first `n` turns of any container with
+/// `turns[i].role`. This function is thread-safe.
+template <class Turns>
+size_t history_window_start_in(const Turns& turns, size_t n,
+                               size_t max_turns) {
+  if (n <= max_turns)
+    return 0; // nothing cut off, so nothing is an orphan
+  auto plain = n - max_turns;
+  // An assistant or tool turn at the start lost what it answers; a tool
+  // result also lost its call. Skip forward to the first turn that stands
+  // on its own (user or system).
+  for (auto i = plain; i < n; ++i) {
+    auto role = turns[i].role;
+    if (role != turn_role::assistant && role != turn_role::tool)
+      return i;
+  }
+  return plain;
+}
+
 /// A history window as read from a thread.
 struct history_window {
   /// The window, oldest first.

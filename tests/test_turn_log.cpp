@@ -1,0 +1,189 @@
+// Published thread views: the append-only turn log read by other threads
+// while its actor appends, the views directory, and the context builder
+// reading resident threads through it (docs/threads.md, "Published views").
+
+#include <atomic>
+#include <filesystem>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include "spindle/actors/turn_log.hpp"
+#include "spindle/runtime/runtime.hpp"
+
+using namespace spindle;
+
+namespace {
+
+std::string content_of(size_t i) {
+  // Longer than the small-string buffer: a torn read would show.
+  return "turn number " + std::to_string(i) + " of the published log";
+}
+
+} // namespace
+
+TEST_CASE("turn log: readers on other threads see an exact, growing prefix "
+          "while one writer appends, with 1, 2, 4 and 8 readers") {
+  for (size_t readers : {1, 2, 4, 8}) {
+    CAPTURE(readers);
+    constexpr size_t total = 20000;
+    turn_log log;
+    std::atomic<bool> done{false};
+    std::atomic<uint64_t> bad{0};
+    std::atomic<uint64_t> reads{0};
+    std::vector<std::thread> pool;
+    for (size_t r = 0; r < readers; ++r)
+      pool.emplace_back([&] {
+        size_t last = 0;
+        while (!done.load()) {
+          auto n = log.size();
+          if (n < last)
+            ++bad; // the size went down
+          last = n;
+          // The newest turns (what a window reads) and one at random.
+          auto from = n > 12 ? n - 12 : 0;
+          for (auto i = from; i < n; ++i)
+            if (log[i].content != content_of(i)
+                || log[i].timestamp_ms != static_cast<int64_t>(i))
+              ++bad;
+          if (n > 0 && log[n / 2].content != content_of(n / 2))
+            ++bad;
+          ++reads;
+        }
+      });
+    for (size_t i = 0; i < total; ++i) {
+      auto t = make_user_turn(content_of(i));
+      t.timestamp_ms = static_cast<int64_t>(i);
+      REQUIRE(log.push_back(std::move(t)) == i + 1);
+    }
+    done = true;
+    for (auto& t : pool)
+      t.join();
+    CHECK(bad == 0);
+    CHECK(reads > 0);
+    REQUIRE(log.size() == total);
+    for (size_t i = 0; i < total; ++i)
+      REQUIRE(log[i].content == content_of(i));
+    std::vector<turn> tail;
+    log.copy(total - 3, total, tail);
+    REQUIRE(tail.size() == 3);
+    CHECK(tail[2].content == content_of(total - 1));
+  }
+}
+
+TEST_CASE("turn log: a window read from a view follows D6") {
+  auto log = std::make_shared<turn_log>();
+  log->push_back(make_user_turn("u1"));
+  log->push_back(make_assistant_turn("a1"));
+  log->push_back(make_user_turn("u2"));
+  log->push_back(make_assistant_turn("a2"));
+  log->push_back(make_tool_turn("t", "call-1"));
+  thread_view view{log, 3, 42};
+  auto w = read_window(view, 3);
+  // The newest three start with a user turn.
+  REQUIRE(w.turns.size() == 3);
+  CHECK(w.turns[0].content == "u2");
+  CHECK(w.turns[2].tool_call_id == "call-1");
+  CHECK(w.total_turns == 5);
+  CHECK(w.epoch == 3);
+  CHECK(w.found);
+  CHECK(w.thread_actor_id == 42);
+  // Four would start with the orphan a1: the window skips it.
+  auto four = read_window(view, 4);
+  REQUIRE(four.turns.size() == 3);
+  CHECK(four.turns[0].content == "u2");
+  CHECK(read_window(view, 100).turns.size() == 5);
+}
+
+TEST_CASE("thread views: an actor withdraws only its own view") {
+  thread_views views;
+  auto log = std::make_shared<turn_log>();
+  views.publish("t", std::make_shared<const thread_view>(thread_view{log, 0, 1}));
+  // A newer actor of the same thread replaces the view...
+  views.publish("t", std::make_shared<const thread_view>(thread_view{log, 0, 2}));
+  // ...and the older one's withdrawal leaves it in place.
+  views.withdraw("t", 1);
+  REQUIRE(views.find("t"));
+  CHECK(views.find("t")->actor_id == 2);
+  views.withdraw("t", 2);
+  CHECK_FALSE(views.find("t"));
+  CHECK(views.size() == 0);
+}
+
+TEST_CASE("context builder: a build right after an acknowledged turn sees "
+          "it, with 1, 4 and 16 concurrent writers and a clear in between") {
+  for (size_t writers : {1, 4, 16}) {
+    CAPTURE(writers);
+    runtime_options opts;
+    opts.conversation.memory = false;
+    runtime rt{opts};
+    std::atomic<uint64_t> bad{0};
+    std::vector<std::thread> pool;
+    for (size_t w = 0; w < writers; ++w)
+      pool.emplace_back([&, w] {
+        auto thread = "views-" + std::to_string(w);
+        for (int i = 0; i < 60; ++i) {
+          if (i == 30) {
+            // A clear publishes a new, empty log: no build after it sees
+            // the old turns.
+            if (!rt.clear_thread(thread)) {
+              ++bad;
+              continue;
+            }
+            auto ctx = rt.build_context(thread, "user", "after the clear");
+            if (!ctx || !ctx->thread_found || ctx->total_turns != 0
+                || !ctx->short_term_history.empty())
+              ++bad;
+          }
+          auto content = "w" + std::to_string(w) + " turn "
+                         + std::to_string(i);
+          auto count = rt.add_turn(thread, make_user_turn(content));
+          auto ctx = rt.build_context(thread, "user", "next?");
+          auto expected = static_cast<uint64_t>(i < 30 ? i + 1 : i - 29);
+          if (!count || *count != expected || !ctx || !ctx->thread_found
+              || ctx->total_turns != expected
+              || ctx->short_term_history.empty()
+              || ctx->short_term_history.back().content != content)
+            ++bad;
+        }
+      });
+    for (auto& t : pool)
+      t.join();
+    CHECK(bad == 0);
+  }
+}
+
+TEST_CASE("context builder: a thread that is not resident is read through "
+          "the registry, exactly and without being created") {
+  auto dir = std::filesystem::temp_directory_path()
+             / ("spindle-turn-log-" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  {
+    runtime_options opts;
+    opts.conversation.memory = false;
+    opts.storage.data_dir = dir.string();
+    runtime rt{opts};
+    REQUIRE(rt.add_turn("stored", make_user_turn("Who is Donald Trump?")));
+    REQUIRE(rt.add_turn("stored", make_assistant_turn("A politician.")));
+  }
+  runtime_options opts;
+  opts.conversation.memory = false;
+  opts.storage.data_dir = dir.string();
+  runtime rt{opts};
+  // After a restart nothing is resident: the build goes through the
+  // registry, which activates the stored thread.
+  auto ctx = rt.build_context("stored", "user", "who are his children");
+  REQUIRE(ctx);
+  CHECK(ctx->thread_found);
+  REQUIRE(ctx->short_term_history.size() == 2);
+  CHECK(ctx->short_term_history[0].content == "Who is Donald Trump?");
+  CHECK(ctx->short_term_history[1].content == "A politician.");
+  auto ghost = rt.build_context("ghost", "user", "hello");
+  REQUIRE(ghost);
+  CHECK_FALSE(ghost->thread_found);
+  CHECK(rt.count_threads() == 1);
+  std::filesystem::remove_all(dir);
+}
