@@ -24,7 +24,7 @@ namespace spindle {
 
 /// An append-only sequence of turns with one writer and concurrent readers.
 ///
-/// Turns live in segments of 8, 16, 32, ... slots that are allocated once
+/// Turns live in segments of 2, 4, 8, ... slots that are allocated once
 /// and never moved; `push_back` constructs the turn in its slot and then
 /// publishes the new size with a release store, so a reader that loads
 /// `size()` (acquire) may read every turn below it without a lock.
@@ -61,8 +61,8 @@ public:
   void copy(size_t first, size_t last, std::vector<turn>& out) const;
 
 private:
-  static constexpr size_t first_segment = 8;
-  static constexpr size_t max_segments = 27;
+  static constexpr size_t first_segment = 2;
+  static constexpr size_t max_segments = 29;
 
   // Segment k holds first_segment << k turns, starting at index
   // first_segment * (2^k - 1).
