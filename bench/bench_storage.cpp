@@ -10,7 +10,7 @@
 //    resident, after touching many more than 10k of them (they are loaded
 //    and passivated again), in a fresh child process.
 //
-// Usage: bench_storage [--quick] [--json PATH]
+// Usage: bench_storage [--quick] [--json PATH] [--only throughput|rss]
 
 #include <atomic>
 #include <cmath>
@@ -328,9 +328,11 @@ int main(int argc, char** argv) {
   bool quick = report::quick(argc, argv);
   spdlog::set_level(spdlog::level::warn);
   report rep{"storage"};
-  throughput(rep, quick);
+  if (report::selected(argc, argv, "throughput"))
+    throughput(rep, quick);
   // Forks children; every runtime of this process has stopped by now.
-  resident_memory(rep, quick);
+  if (report::selected(argc, argv, "rss"))
+    resident_memory(rep, quick);
   rep.write(report::json_path(argc, argv, "storage"));
   return 0;
 }

@@ -29,9 +29,16 @@ uint64_t u64(const sql_value& x) {
 // -- threads --------------------------------------------------------------------
 
 sql_statement load_thread(const std::string& thread_id) {
+  // The journal is folded before every load, so its part is empty unless a
+  // fold failed; reading it keeps the load exact either way.
   return make_sql("SELECT t.epoch, u.seq, u.role, u.content, u.timestamp_ms, "
                   "u.tool_call_id, u.interrupted FROM threads t "
-                  "LEFT JOIN turns u ON u.thread_id = t.thread_id "
+                  "LEFT JOIN (SELECT thread_id, seq, role, content, "
+                  "timestamp_ms, tool_call_id, interrupted FROM turns "
+                  "WHERE thread_id = ?1 UNION ALL SELECT thread_id, seq, "
+                  "role, content, timestamp_ms, tool_call_id, interrupted "
+                  "FROM turn_journal WHERE thread_id = ?1) u "
+                  "ON u.thread_id = t.thread_id "
                   "WHERE t.thread_id = ?1 ORDER BY u.seq;",
                   thread_id);
 }
@@ -79,7 +86,7 @@ sql_write create_thread(const std::string& thread_id,
 
 sql_write append_turn(const std::string& thread_id, uint64_t seq,
                       const turn& t) {
-  return {make_sql("INSERT INTO turns(thread_id, seq, role, content, "
+  return {make_sql("INSERT INTO turn_journal(thread_id, seq, role, content, "
                    "timestamp_ms, tool_call_id, interrupted) "
                    "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7);",
                    thread_id, seq, static_cast<int64_t>(t.role), t.content,
@@ -88,9 +95,20 @@ sql_write append_turn(const std::string& thread_id, uint64_t seq,
 
 sql_write clear_thread(const std::string& thread_id) {
   return {make_sql("DELETE FROM turns WHERE thread_id = ?1;", thread_id),
+          make_sql("DELETE FROM turn_journal WHERE thread_id = ?1;",
+                   thread_id),
           make_sql("UPDATE threads SET epoch = epoch + 1 "
                    "WHERE thread_id = ?1;",
                    thread_id)};
+}
+
+sql_write fold_turn_journal() {
+  return {make_sql("INSERT INTO turns(thread_id, seq, role, content, "
+                   "timestamp_ms, tool_call_id, interrupted) "
+                   "SELECT thread_id, seq, role, content, timestamp_ms, "
+                   "tool_call_id, interrupted FROM turn_journal "
+                   "ORDER BY thread_id, seq;"),
+          make_sql("DELETE FROM turn_journal;")};
 }
 
 sql_statement list_threads() {

@@ -91,6 +91,29 @@ struct parking_work_stealing : caf::policy::unprofiled {
     return nullptr;
   }
 
+  // Dekker's handshake between an enqueuer (push a job, then read the
+  // parked count) and a parking worker (raise the count, then look at the
+  // queues): each side needs a full barrier between its write and its
+  // read. A fence; under TSan, which does not model fences, a sequentially
+  // consistent read-modify-write of the count on both sides instead.
+  static size_t parked_after_push(std::atomic<size_t>& parked) {
+#ifdef __SANITIZE_THREAD__
+    return parked.fetch_add(0, std::memory_order_seq_cst);
+#else
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    return parked.load(std::memory_order_relaxed);
+#endif
+  }
+
+  static void announce_parked(std::atomic<size_t>& parked) {
+#ifdef __SANITIZE_THREAD__
+    parked.fetch_add(1, std::memory_order_seq_cst);
+#else
+    parked.fetch_add(1, std::memory_order_relaxed);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
+  }
+
   // Wakes `w` if it is parked; true if it was.
   template <class Worker, class Coordinator>
   static bool wake(Coordinator* parent, Worker* w) {
@@ -109,10 +132,9 @@ struct parking_work_stealing : caf::policy::unprofiled {
   // else any parked worker (which steals it).
   template <class Coordinator, class Worker>
   static void wake_for(Coordinator* parent, Worker* owner) {
-    // Pairs with the fence in `park`: either this sees the parked count or
+    // Pairs with `announce_parked`: either this sees the parked count or
     // the parking worker sees the job.
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (d(parent).parked.load(std::memory_order_relaxed) == 0)
+    if (parked_after_push(d(parent).parked) == 0)
       return;
     if (owner != nullptr && wake(parent, owner))
       return;
@@ -178,8 +200,7 @@ struct parking_work_stealing : caf::policy::unprofiled {
       std::lock_guard<std::mutex> guard{wd.mtx};
       wd.parked = true;
     }
-    d(parent).parked.fetch_add(1, std::memory_order_relaxed);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    announce_parked(d(parent).parked);
     // A job enqueued before the count went up has not woken anyone.
     auto job = wd.queue.take_head();
     if (job == nullptr)

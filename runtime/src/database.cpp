@@ -95,6 +95,20 @@ const char* const migrations[] = {
   "  worker TEXT NOT NULL DEFAULT ''"
   ") WITHOUT ROWID;"
   "CREATE INDEX tasks_by_orchestration ON tasks(orchestration, id);",
+  // 3 -> 4: new turns are appended to a journal in arrival order (rowid),
+  // so a commit writes the few pages at its end instead of one page per
+  // thread it touched; the state store folds the journal into `turns` in
+  // large sorted batches (docs/storage.md, "The turn journal").
+  "CREATE TABLE turn_journal ("
+  "  id INTEGER PRIMARY KEY,"
+  "  thread_id TEXT NOT NULL,"
+  "  seq INTEGER NOT NULL,"
+  "  role INTEGER NOT NULL,"
+  "  content TEXT NOT NULL,"
+  "  timestamp_ms INTEGER NOT NULL,"
+  "  tool_call_id TEXT NOT NULL DEFAULT '',"
+  "  interrupted INTEGER NOT NULL DEFAULT 0"
+  ");",
 };
 
 static_assert(sizeof(migrations) / sizeof(migrations[0])

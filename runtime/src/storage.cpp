@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 #include <sqlite3.h>
 
+#include "spindle/actors/records.hpp"
 #include "spindle/messages/error.hpp"
 
 namespace spindle {
@@ -139,6 +140,12 @@ struct state_store_state {
   /// Runs the checkpoints; invalid: SQLite checkpoints after commits.
   caf::actor checkpointer;
   int next_checkpoint = checkpoint_pages;
+  /// Folds append-only journals into their tables (records::
+  /// fold_turn_journal), after `fold_every` writes and before a load
+  /// that follows a write.
+  sql_write fold;
+  uint64_t fold_every = 0;
+  uint64_t unfolded = 0;
 };
 
 // SQLite's WAL hook: after each commit, with the log's size in pages.
@@ -196,6 +203,8 @@ caf::error run(state_store_state& st, const char* sql) {
   return run(st, sql_statement{sql, {}}, nullptr);
 }
 
+void fold(state_store_state& st);
+
 // Commits every pending write in one transaction, each in its own
 // savepoint, then answers them all.
 void flush(state_store_state& st) {
@@ -250,17 +259,45 @@ void flush(state_store_state& st) {
     else
       batch[i].promise.deliver(results[i].error());
   }
+  st.unfolded += batch.size();
+  if (st.unfolded >= st.fold_every)
+    fold(st); // after the answers: no write waits for it
+}
+
+// Runs the fold in a transaction of its own. A failure is logged and the
+// journal stays: reads see both tables, so nothing is lost.
+void fold(state_store_state& st) {
+  if (st.fold.empty() || st.unfolded == 0)
+    return;
+  st.unfolded = 0;
+  caf::error failed = run(st, "BEGIN IMMEDIATE;");
+  for (auto& x : st.fold) {
+    if (failed)
+      break;
+    failed = run(st, x, nullptr);
+  }
+  if (!failed)
+    failed = run(st, "COMMIT;");
+  if (failed) {
+    run(st, "ROLLBACK;");
+    spdlog::error("storage: folding the journal failed: {}", describe(failed));
+  }
 }
 
 storage_actor::extend<caf::reacts_to<flush_atom>>::behavior_type
 state_store(state_store_pointer self,
             std::shared_ptr<std::unique_ptr<database>> db, bool group_commit,
-            caf::actor checkpointer) {
+            caf::actor checkpointer, sql_write fold_sql, uint64_t fold_every) {
   auto& st = self->state;
   // The actor is the connection's only user; the shared_ptr only carries
   // it through spawn (CAF copies spawn arguments).
   st.db = std::move(*db);
   st.group_commit = group_commit;
+  st.fold = std::move(fold_sql);
+  st.fold_every = std::max<uint64_t>(1, fold_every);
+  // What an earlier process journaled and did not fold.
+  st.unfolded = 1;
+  fold(st);
   if (checkpointer) {
     st.checkpointer = checkpointer;
     // Replaces SQLite's autocheckpoint on this connection.
@@ -295,6 +332,7 @@ state_store(state_store_pointer self,
     [self](load_atom, const sql_statement& query) -> caf::result<sql_rows> {
       auto& s = self->state;
       flush(s); // a read sees every write that arrived before it
+      fold(s);  // and reads one table per kind
       auto stmt = bound(s, query);
       if (!stmt)
         return stmt.error();
@@ -358,7 +396,9 @@ spawn_state_store(caf::actor_system& sys, const storage_options& options) {
   auto shared = std::make_shared<std::unique_ptr<database>>(std::move(*db));
   auto handle = sys.spawn<caf::detached>(state_store, std::move(shared),
                                          options.group_commit,
-                                         std::move(checkpoints));
+                                         std::move(checkpoints),
+                                         records::fold_turn_journal(),
+                                         options.fold_every);
   return caf::actor_cast<storage_actor>(handle);
 }
 

@@ -51,12 +51,19 @@ decode_thread(const sql_rows& rows);
 sql_write create_thread(const std::string& thread_id,
                         const std::vector<turn>& turns, int64_t now_ms);
 
-/// Appends one turn with sequence number `seq`.
+/// Appends one turn with sequence number `seq` (to the turn journal: a
+/// commit then writes the pages at the journal's end, whatever threads it
+/// touched).
 sql_write append_turn(const std::string& thread_id, uint64_t seq,
                       const turn& t);
 
 /// Removes every turn and counts the clear.
 sql_write clear_thread(const std::string& thread_id);
+
+/// Moves the turn journal into `turns`, sorted by thread, in one write:
+/// each thread's pages are written once per fold instead of once per
+/// commit. The state store runs it (state_store_upkeep).
+sql_write fold_turn_journal();
 
 /// Every stored thread ID, sorted; and how many there are.
 sql_statement list_threads();

@@ -22,6 +22,9 @@ struct storage_options {
   /// Commit the writes that arrive while a commit runs together (group
   /// commit). Off: one transaction per write (a baseline for benchmarks).
   bool group_commit = true;
+  /// The state store folds the turn journal into the turns table after
+  /// this many writes (and before every load that follows a write).
+  uint64_t fold_every = 16384;
 
   bool in_memory() const noexcept {
     return data_dir.empty() || data_dir == ":memory:";
