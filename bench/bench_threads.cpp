@@ -490,7 +490,7 @@ latency_result measure_builds(runtime& rt, size_t concurrency, uint64_t total,
 
 void builder_latency(report& rep, bool quick) {
   const size_t threads = 1000;
-  const uint64_t builds = quick ? 3000 : 400000;
+  const uint64_t builds = quick ? 40000 : 400000;
   table t;
   t.title = "Context builder latency (offline rewriter, history 12 of 12 "
             "turns)";
@@ -583,8 +583,8 @@ void machine_noise(report& rep, bool quick) {
     stalled += g;
   table t;
   t.title = "Scheduling noise of this machine (baseline of the latency tails)";
-  t.columns = {"threads", "gaps > 0.5 ms per s per core",
-               "gaps > 1 ms per s per core", "max gap us", "time stalled %"};
+  t.columns = {"threads", "gaps over 0.5 ms per s per core",
+               "gaps over 1 ms per s per core", "max gap us", "time stalled %"};
   t.add_row(cores, bench::fmt(count_over(500), 1),
             bench::fmt(count_over(1000), 1),
             bench::fmt(all.empty() ? 0.0 : *std::max_element(all.begin(),
