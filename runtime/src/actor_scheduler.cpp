@@ -1,5 +1,7 @@
 #include "actor_scheduler.hpp"
 
+#include "spindle/runtime/config.hpp"
+
 #include <array>
 #include <atomic>
 #include <condition_variable>
@@ -48,10 +50,14 @@ struct parking_work_stealing : caf::policy::unprofiled {
     explicit worker_data(caf::scheduler::abstract_coordinator* p)
       : rengine(std::random_device{}()),
         uniform(0, p->num_workers() > 0 ? p->num_workers() - 1 : 0) {
-      // nop
+      if (auto cfg = dynamic_cast<const spindle::config*>(
+            &p->system().config()))
+        park_timeout = cfg->park_timeout;
     }
     worker_data(const worker_data& other)
-      : rengine(std::random_device{}()), uniform(other.uniform) {
+      : rengine(std::random_device{}()),
+        uniform(other.uniform),
+        park_timeout(other.park_timeout) {
       // nop
     }
     queue_type queue;
@@ -61,13 +67,13 @@ struct parking_work_stealing : caf::policy::unprofiled {
     std::condition_variable cv;
     /// Guarded by mtx; cleared by whoever wakes the worker.
     bool parked = false;
+    /// How long the worker sleeps before it looks again by itself: a
+    /// safety net, since every enqueue wakes a parked worker.
+    std::chrono::milliseconds park_timeout{10};
   };
 
   /// Polls of the own queue (and steals) before a worker parks.
   static constexpr size_t spin_attempts = 128;
-  /// How long a parked worker sleeps before it looks again by itself: a
-  /// safety net, since every enqueue wakes a parked worker.
-  static constexpr std::chrono::milliseconds park_timeout{10};
 
   template <class Worker>
   caf::resumable* try_steal(Worker* self) {
@@ -207,7 +213,7 @@ struct parking_work_stealing : caf::policy::unprofiled {
       job = steal_any(self);
     std::unique_lock<std::mutex> guard{wd.mtx};
     if (job == nullptr)
-      wd.cv.wait_for(guard, park_timeout, [&] { return !wd.parked; });
+      wd.cv.wait_for(guard, wd.park_timeout, [&] { return !wd.parked; });
     if (wd.parked) { // not woken by anyone: take the count back
       wd.parked = false;
       d(parent).parked.fetch_sub(1, std::memory_order_relaxed);

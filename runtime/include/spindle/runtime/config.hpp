@@ -1,5 +1,6 @@
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 
 #include <caf/actor_system_config.hpp>
@@ -15,6 +16,11 @@ public:
   /// `threads` sizes the scheduler; 0 keeps CAF's default (one worker per
   /// core).
   explicit config(size_t threads = 0);
+
+  /// How long an idle scheduler worker stays parked before it looks for
+  /// work by itself. Every enqueue wakes a parked worker, so this is only a
+  /// safety net (docs/architecture.md, "Threading").
+  std::chrono::milliseconds park_timeout{10};
 };
 
 } // namespace spindle
