@@ -9,9 +9,13 @@
 
 #include <unistd.h>
 
+#include <caf/all.hpp>
 #include <catch2/catch.hpp>
 
+#include "spindle/actors/context_builder.hpp"
+#include "spindle/actors/thread_registry.hpp"
 #include "spindle/actors/turn_log.hpp"
+#include "spindle/runtime/config.hpp"
 #include "spindle/runtime/runtime.hpp"
 
 using namespace spindle;
@@ -186,4 +190,101 @@ TEST_CASE("context builder: a thread that is not resident is read through "
   CHECK_FALSE(ghost->thread_found);
   CHECK(rt.count_threads() == 1);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("thread views: a thread publishes its turns when it starts and on "
+          "a clear, and withdraws them when it passivates") {
+  spindle::config cfg;
+  caf::actor_system sys{cfg};
+  auto views = std::make_shared<thread_views>();
+  thread_registry_options opts;
+  opts.views = views;
+  auto registry = sys.spawn(thread_registry, opts, storage_actor{});
+  caf::scoped_actor self{sys};
+  auto add = [&](const char* content) {
+    self
+      ->request(registry, std::chrono::seconds{5}, caf::add_atom::value,
+                std::string{"pub"}, make_user_turn(content))
+      .receive([](uint64_t) {},
+               [&](caf::error& err) { FAIL(caf::to_string(err)); });
+  };
+  CHECK_FALSE(views->find("pub"));
+  add("one");
+  add("two");
+  auto view = views->find("pub");
+  REQUIRE(view);
+  REQUIRE(view->turns->size() == 2);
+  CHECK((*view->turns)[1].content == "two");
+  CHECK(view->epoch == 0);
+  // A clear publishes a new, empty log; a reader of the old one keeps its
+  // prefix.
+  self
+    ->request(registry, std::chrono::seconds{5}, caf::reset_atom::value,
+              std::string{"pub"})
+    .receive([](uint64_t) {},
+             [&](caf::error& err) { FAIL(caf::to_string(err)); });
+  auto cleared = views->find("pub");
+  REQUIRE(cleared);
+  CHECK(cleared->turns->size() == 0);
+  CHECK(cleared->epoch == 1);
+  CHECK(view->turns->size() == 2);
+  // Passivated: withdrawn before it answers.
+  thread_actor handle;
+  self
+    ->request(registry, std::chrono::seconds{5}, caf::get_atom::value,
+              std::string{"pub"})
+    .receive([&](thread_ref& ref) { handle = ref.handle; },
+             [&](caf::error& err) { FAIL(caf::to_string(err)); });
+  REQUIRE(handle);
+  bool stopped = false;
+  self->request(handle, std::chrono::seconds{5}, passivate_atom::value)
+    .receive([&](bool x) { stopped = x; },
+             [&](caf::error& err) { FAIL(caf::to_string(err)); });
+  CHECK(stopped);
+  CHECK_FALSE(views->find("pub"));
+  self->send_exit(registry, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("context builder: a published thread is read from its view, "
+          "without asking the registry") {
+  spindle::config cfg;
+  caf::actor_system sys{cfg};
+  // A registry that knows no thread at all, and a view published beside
+  // it: a build that found the turns can only have read the view.
+  auto registry = sys.spawn(thread_registry, thread_registry_options{},
+                            storage_actor{});
+  auto views = std::make_shared<thread_views>();
+  auto log = std::make_shared<turn_log>();
+  log->push_back(make_user_turn("Who is Donald Trump?"));
+  log->push_back(make_assistant_turn("A politician."));
+  views->publish("seen", std::make_shared<const thread_view>(
+                           thread_view{log, 0, 77}));
+  context_builder_options opts;
+  opts.views = views;
+  auto builder = sys.spawn(context_builder, registry, memory_actor{},
+                           query_rewriter_actor{}, opts);
+  caf::scoped_actor self{sys};
+  auto build = [&](const std::string& thread) {
+    built_context out;
+    self
+      ->request(builder, std::chrono::seconds{5}, build_context_atom::value,
+                build_request{thread, "user", "who are his children",
+                              build_options{}})
+      .receive([&](built_context& x) { out = std::move(x); },
+               [&](caf::error& err) { FAIL(caf::to_string(err)); });
+    return out;
+  };
+  auto seen = build("seen");
+  CHECK(seen.thread_found);
+  CHECK(seen.thread_actor_id == 77);
+  REQUIRE(seen.short_term_history.size() == 2);
+  CHECK(seen.short_term_history[0].content == "Who is Donald Trump?");
+  REQUIRE(seen.messages.size() == 4);
+  CHECK(seen.messages[3].content == "who are his children");
+  // Not published: the registry answers, and it knows nothing.
+  auto unseen = build("unseen");
+  CHECK_FALSE(unseen.thread_found);
+  CHECK(unseen.short_term_history.empty());
+  self->send_exit(builder, caf::exit_reason::user_shutdown);
+  self->send_exit(registry, caf::exit_reason::user_shutdown);
 }
