@@ -499,6 +499,43 @@ TEST_CASE("storage: turns journaled and not yet folded survive a restart, "
   CHECK(kept->back().content == "k5");
 }
 
+TEST_CASE("storage: a load folds the journal only when the journal holds "
+          "the loaded thread's turns, and every history stays exact") {
+  test::temp_dir dir;
+  auto opts = durable(dir, 2); // at most 2 threads resident
+  opts.conversation.memory = false;
+  opts.storage.fold_every = 1000000; // only loads fold
+  runtime rt{opts};
+  for (int i = 0; i < 3; ++i)
+    REQUIRE(rt.add_turn("a", make_user_turn(name("a", static_cast<size_t>(i)))));
+  CHECK(rows_in(dir, "turn_journal") == 3);
+  // New threads and a new context window are loaded without a fold: none
+  // of their rows can be in the journal.
+  for (int t = 0; t < 4; ++t)
+    REQUIRE(rt.add_turn(name("n", static_cast<size_t>(t)),
+                            make_user_turn(name("m", static_cast<size_t>(t)))));
+  REQUIRE(rt.add_context("w", context_type::text, "an item"));
+  CHECK(rows_in(dir, "turn_journal") == 7);
+  // "a" was passivated (the cap is 2); loading it again folds first.
+  auto stats = rt.thread_stats();
+  for (int i = 0; i < 300 && stats && stats->resident > 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds{10});
+    stats = rt.thread_stats();
+  }
+  REQUIRE(stats);
+  REQUIRE(stats->passivations >= 3);
+  auto a = rt.history("a", 100);
+  REQUIRE(a);
+  CHECK(contents(*a) == std::vector<std::string>{"a0", "a1", "a2"});
+  CHECK(rows_in(dir, "turn_journal") == 0);
+  CHECK(rows_in(dir, "turns") == 7);
+  for (int t = 0; t < 4; ++t) {
+    auto h = rt.history(name("n", static_cast<size_t>(t)), 100);
+    REQUIRE(h);
+    CHECK(contents(*h) == std::vector<std::string>{name("m", static_cast<size_t>(t))});
+  }
+}
+
 TEST_CASE("storage: the journal folds every few writes while threads are "
           "written and activated, and every history stays exact") {
   test::temp_dir dir;

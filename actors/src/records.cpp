@@ -28,19 +28,32 @@ uint64_t u64(const sql_value& x) {
 
 // -- threads --------------------------------------------------------------------
 
+namespace {
+
+// A thread and its turns; `journal`: also those not folded yet.
+std::string load_thread_sql(bool journal) {
+  std::string turns = "SELECT thread_id, seq, role, content, timestamp_ms, "
+                      "tool_call_id, interrupted FROM turns "
+                      "WHERE thread_id = ?1";
+  if (journal)
+    turns += " UNION ALL SELECT thread_id, seq, role, content, "
+             "timestamp_ms, tool_call_id, interrupted FROM turn_journal "
+             "WHERE thread_id = ?1";
+  return "SELECT t.epoch, u.seq, u.role, u.content, u.timestamp_ms, "
+         "u.tool_call_id, u.interrupted FROM threads t LEFT JOIN ("
+         + turns
+         + ") u ON u.thread_id = t.thread_id WHERE t.thread_id = ?1 "
+           "ORDER BY u.seq;";
+}
+
+} // namespace
+
 sql_statement load_thread(const std::string& thread_id) {
-  // The journal is folded before every load, so its part is empty unless a
-  // fold failed; reading it keeps the load exact either way.
-  return make_sql("SELECT t.epoch, u.seq, u.role, u.content, u.timestamp_ms, "
-                  "u.tool_call_id, u.interrupted FROM threads t "
-                  "LEFT JOIN (SELECT thread_id, seq, role, content, "
-                  "timestamp_ms, tool_call_id, interrupted FROM turns "
-                  "WHERE thread_id = ?1 UNION ALL SELECT thread_id, seq, "
-                  "role, content, timestamp_ms, tool_call_id, interrupted "
-                  "FROM turn_journal WHERE thread_id = ?1) u "
-                  "ON u.thread_id = t.thread_id "
-                  "WHERE t.thread_id = ?1 ORDER BY u.seq;",
-                  thread_id);
+  // The store folds the journal first when it holds the thread's turns, or
+  // reads `turns` alone when it holds none (turn_journal()); reading both
+  // keeps the load exact after a fold that failed.
+  static const std::string sql = load_thread_sql(true);
+  return make_sql(sql, thread_id);
 }
 
 caf::expected<std::optional<stored_thread>>
@@ -109,6 +122,13 @@ sql_write fold_turn_journal() {
                    "tool_call_id, interrupted FROM turn_journal "
                    "ORDER BY thread_id, seq;"),
           make_sql("DELETE FROM turn_journal;")};
+}
+
+sql_journal turn_journal() {
+  const turn none{};
+  return sql_journal{"turn_journal", fold_turn_journal(),
+                     append_turn("", 0, none).front().sql,
+                     load_thread("").sql, load_thread_sql(false)};
 }
 
 sql_statement list_threads() {

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <system_error>
 #include <unordered_map>
+#include <unordered_set>
 
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
@@ -140,12 +141,17 @@ struct state_store_state {
   /// Runs the checkpoints; invalid: SQLite checkpoints after commits.
   caf::actor checkpointer;
   int next_checkpoint = checkpoint_pages;
-  /// Folds append-only journals into their tables (records::
-  /// fold_turn_journal), after `fold_every` writes and before a load
-  /// that follows a write.
-  sql_write fold;
+  /// The append-only journal folded into its table (records::
+  /// turn_journal) after `fold_every` writes, and before a read that
+  /// would find some of its rows there.
+  sql_journal journal;
   uint64_t fold_every = 0;
   uint64_t unfolded = 0;
+  /// Keys with rows in the journal (appended since the last fold that
+  /// succeeded), or every key while `journal_unknown`: what an earlier
+  /// process left could not be folded at the start.
+  std::unordered_set<std::string> journaled;
+  bool journal_unknown = false;
 };
 
 // SQLite's WAL hook: after each commit, with the log's size in pages.
@@ -204,6 +210,39 @@ caf::error run(state_store_state& st, const char* sql) {
 }
 
 void fold(state_store_state& st);
+
+// Notes the key of a row `x` appends to the journal.
+void note_journaled(state_store_state& st, const sql_statement& x) {
+  if (x.sql == st.journal.append_sql && !x.params.empty()
+      && x.params.front().type == sql_value::kind::text)
+    st.journaled.insert(x.params.front().text);
+}
+
+// The keyed read's key, if `query` is the journal's keyed read.
+const std::string* journal_key(const state_store_state& st,
+                               const sql_statement& query) {
+  if (query.sql == st.journal.keyed_read_sql && !query.params.empty()
+      && query.params.front().type == sql_value::kind::text)
+    return &query.params.front().text;
+  return nullptr;
+}
+
+// Before `query` runs: folds the journal if the query would find rows
+// there. Returns the statement to run: the keyed read's home-table twin
+// when the journal holds none of its key's rows.
+sql_statement prepare_read(state_store_state& st, const sql_statement& query) {
+  if (auto key = journal_key(st, query)) {
+    if (st.journal_unknown || st.journaled.count(*key) > 0) {
+      fold(st);
+      return query;
+    }
+    return sql_statement{st.journal.keyed_home_read_sql, query.params};
+  }
+  if (!st.journal.table.empty()
+      && query.sql.find(st.journal.table) != std::string::npos)
+    fold(st);
+  return query;
+}
 
 // Commits every pending write in one transaction, each in its own
 // savepoint, then answers them all.
@@ -267,11 +306,11 @@ void flush(state_store_state& st) {
 // Runs the fold in a transaction of its own. A failure is logged and the
 // journal stays: reads see both tables, so nothing is lost.
 void fold(state_store_state& st) {
-  if (st.fold.empty() || st.unfolded == 0)
+  if (st.journal.fold.empty() || (st.unfolded == 0 && !st.journal_unknown))
     return;
   st.unfolded = 0;
   caf::error failed = run(st, "BEGIN IMMEDIATE;");
-  for (auto& x : st.fold) {
+  for (auto& x : st.journal.fold) {
     if (failed)
       break;
     failed = run(st, x, nullptr);
@@ -281,22 +320,26 @@ void fold(state_store_state& st) {
   if (failed) {
     run(st, "ROLLBACK;");
     spdlog::error("storage: folding the journal failed: {}", describe(failed));
+    return;
   }
+  st.journaled.clear();
+  st.journal_unknown = false;
 }
 
 storage_actor::extend<caf::reacts_to<flush_atom>>::behavior_type
 state_store(state_store_pointer self,
             std::shared_ptr<std::unique_ptr<database>> db, bool group_commit,
-            caf::actor checkpointer, sql_write fold_sql, uint64_t fold_every) {
+            caf::actor checkpointer, sql_journal journal, uint64_t fold_every) {
   auto& st = self->state;
   // The actor is the connection's only user; the shared_ptr only carries
   // it through spawn (CAF copies spawn arguments).
   st.db = std::move(*db);
   st.group_commit = group_commit;
-  st.fold = std::move(fold_sql);
+  st.journal = std::move(journal);
   st.fold_every = std::max<uint64_t>(1, fold_every);
-  // What an earlier process journaled and did not fold.
-  st.unfolded = 1;
+  // What an earlier process journaled and did not fold; if that fails,
+  // every keyed read folds first until a fold succeeds.
+  st.journal_unknown = true;
   fold(st);
   if (checkpointer) {
     st.checkpointer = checkpointer;
@@ -315,6 +358,8 @@ state_store(state_store_pointer self,
     [self](store_atom, sql_write& write) -> caf::result<uint64_t> {
       auto& s = self->state;
       auto rp = self->make_response_promise<uint64_t>();
+      for (auto& x : write)
+        note_journaled(s, x);
       s.pending.push_back({std::move(write), rp});
       if (!s.group_commit) {
         flush(s);
@@ -332,8 +377,7 @@ state_store(state_store_pointer self,
     [self](load_atom, const sql_statement& query) -> caf::result<sql_rows> {
       auto& s = self->state;
       flush(s); // a read sees every write that arrived before it
-      fold(s);  // and reads one table per kind
-      auto stmt = bound(s, query);
+      auto stmt = bound(s, prepare_read(s, query));
       if (!stmt)
         return stmt.error();
       auto& q = **stmt;
@@ -397,7 +441,7 @@ spawn_state_store(caf::actor_system& sys, const storage_options& options) {
   auto handle = sys.spawn<caf::detached>(state_store, std::move(shared),
                                          options.group_commit,
                                          std::move(checkpoints),
-                                         records::fold_turn_journal(),
+                                         records::turn_journal(),
                                          options.fold_every);
   return caf::actor_cast<storage_actor>(handle);
 }

@@ -62,8 +62,12 @@ sql_write clear_thread(const std::string& thread_id);
 
 /// Moves the turn journal into `turns`, sorted by thread, in one write:
 /// each thread's pages are written once per fold instead of once per
-/// commit. The state store runs it (state_store_upkeep).
+/// commit. The state store runs it (see `turn_journal`).
 sql_write fold_turn_journal();
+
+/// The turn journal as the state store sees it: its fold, the statement of
+/// `append_turn` and the query of `load_thread`, both keyed by thread ID.
+sql_journal turn_journal();
 
 /// Every stored thread ID, sorted; and how many there are.
 sql_statement list_threads();

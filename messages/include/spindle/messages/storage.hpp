@@ -86,6 +86,27 @@ sql_statement make_sql(std::string sql, Ts&&... params) {
                          std::forward<Ts>(params))...}};
 }
 
+/// An append-only table the state store folds into its home table in
+/// large batches (docs/storage.md, "The turn journal"). The store tracks
+/// the keys (first parameter) of the rows appended since the last fold: a
+/// keyed read folds first when the journal holds its key, and otherwise
+/// runs its home-table twin, which does not scan the journal. Any other
+/// query that names the journal folds first whenever a write came since
+/// the last fold; the rest never wait for a fold.
+struct sql_journal {
+  /// The journal's table name.
+  std::string table;
+  /// The statements that move every row to the home table, in one write.
+  sql_write fold;
+  /// The statement that appends a row; its ?1 is the row's key.
+  std::string append_sql;
+  /// A query that reads the rows of one key (its ?1) from the journal and
+  /// the home table,
+  std::string keyed_read_sql;
+  /// and the same query on the home table alone (same parameters).
+  std::string keyed_home_read_sql;
+};
+
 /// The state store's protocol.
 /// - `(store, write)`: applies the statements in one savepoint of the next
 ///   transaction and replies with the rows they changed, after the commit.

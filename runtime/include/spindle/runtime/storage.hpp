@@ -23,7 +23,7 @@ struct storage_options {
   /// commit). Off: one transaction per write (a baseline for benchmarks).
   bool group_commit = true;
   /// The state store folds the turn journal into the turns table after
-  /// this many writes (and before every load that follows a write).
+  /// this many writes (and before a load of a thread with turns in it).
   uint64_t fold_every = 16384;
 
   bool in_memory() const noexcept {
