@@ -30,6 +30,16 @@ uint64_t u64(const sql_value& x) {
 
 namespace {
 
+// A new turn's row in the journal.
+sql_statement journal_row(const std::string& thread_id, uint64_t seq,
+                          const turn& t) {
+  return make_sql("INSERT INTO turn_journal(thread_id, seq, role, content, "
+                  "timestamp_ms, tool_call_id, interrupted) "
+                  "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7);",
+                  thread_id, seq, static_cast<int64_t>(t.role), t.content,
+                  t.timestamp_ms, t.tool_call_id, t.interrupted);
+}
+
 // A thread and its turns; `journal`: also those not folded yet.
 std::string load_thread_sql(bool journal) {
   std::string turns = "SELECT thread_id, seq, role, content, timestamp_ms, "
@@ -93,17 +103,16 @@ sql_write create_thread(const std::string& thread_id,
                          "VALUES(?1, 0, ?2) ON CONFLICT DO NOTHING;",
                          thread_id, now_ms));
   for (size_t i = 0; i < turns.size(); ++i)
-    out.push_back(append_turn(thread_id, i, turns[i]).front());
+    out.push_back(journal_row(thread_id, i, turns[i]));
   return out;
 }
 
 sql_write append_turn(const std::string& thread_id, uint64_t seq,
                       const turn& t) {
-  return {make_sql("INSERT INTO turn_journal(thread_id, seq, role, content, "
-                   "timestamp_ms, tool_call_id, interrupted) "
-                   "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7);",
-                   thread_id, seq, static_cast<int64_t>(t.role), t.content,
-                   t.timestamp_ms, t.tool_call_id, t.interrupted)};
+  // Moved in: a braced list would copy the statement once more.
+  sql_write out;
+  out.push_back(journal_row(thread_id, seq, t));
+  return out;
 }
 
 sql_write clear_thread(const std::string& thread_id) {
