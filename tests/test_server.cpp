@@ -192,6 +192,13 @@ TEST_CASE("server: /metrics speaks the Prometheus text format with requests "
   CHECK(m->body.find(R"(spindle_http_request_duration_seconds_count{route="POST /v1/ids"} 4)")
         != std::string::npos);
   CHECK(m->body.find("spindle_ids_issued") != std::string::npos);
+  // The state store's counters (zero with --data :memory:).
+  for (auto name : {"spindle_storage_commits", "spindle_storage_writes",
+                    "spindle_storage_failed_writes",
+                    "spindle_storage_commit_seconds", "spindle_storage_folds",
+                    "spindle_storage_fold_seconds"})
+    CHECK(m->body.find(std::string{"# TYPE "} + name + " gauge")
+          != std::string::npos);
 }
 
 TEST_CASE("server: /metrics counts tasks by state - spindle_tasks changes "

@@ -536,6 +536,71 @@ TEST_CASE("storage: a load folds the journal only when the journal holds "
   }
 }
 
+TEST_CASE("storage: the store counts every committed write once, in fewer "
+          "commits when writers are concurrent, and the turns each fold "
+          "moved") {
+  for (size_t clients : {1, 4, 16}) {
+    for (bool group : {true, false}) {
+      CAPTURE(clients, group);
+      test::temp_dir dir;
+      auto opts = durable(dir);
+      opts.conversation.memory = false;
+      opts.storage.group_commit = group;
+      opts.storage.fold_every = 1000000; // only loads fold
+      runtime rt{opts};
+      const size_t turns = 40;
+      std::atomic<size_t> failed{0};
+      std::vector<std::thread> writers;
+      for (size_t c = 0; c < clients; ++c)
+        writers.emplace_back([&, c] {
+          for (size_t i = 0; i < turns; ++i)
+            if (!rt.add_turn(name("w", c), make_user_turn(name("t", i))))
+              ++failed;
+        });
+      for (auto& w : writers)
+        w.join();
+      REQUIRE(failed == 0);
+      auto stats = rt.store_stats();
+      // One write creates each thread, one stores each turn.
+      CHECK(stats.writes == clients * (turns + 1));
+      CHECK(stats.failed_writes == 0);
+      CHECK(stats.commits >= 1);
+      if (!group || clients == 1)
+        CHECK(stats.commits == stats.writes); // one write in flight
+      else
+        CHECK(stats.commits <= stats.writes);
+      CHECK(stats.commit_seconds > 0);
+      CHECK(stats.folds == 1); // the start's, of an empty journal
+      CHECK(stats.folded_turns == 0);
+      CHECK(rows_in(dir, "turn_journal")
+            == static_cast<int64_t>(clients * turns));
+    }
+  }
+  // Folds: every 7 writes, each counting the turns it moved.
+  test::temp_dir dir;
+  auto opts = durable(dir);
+  opts.conversation.memory = false;
+  opts.storage.fold_every = 7;
+  runtime rt{opts};
+  for (size_t i = 0; i < 30; ++i)
+    REQUIRE(rt.add_turn("f", make_user_turn(name("t", i))));
+  auto stats = rt.store_stats();
+  CHECK(stats.writes == 31);
+  CHECK(stats.folds >= 1 + 30 / 7);
+  CHECK(stats.fold_seconds > 0);
+  CHECK(static_cast<int64_t>(stats.folded_turns)
+        == rows_in(dir, "turns"));
+  CHECK(rows_in(dir, "turns") + rows_in(dir, "turn_journal") == 30);
+  // In memory there is no store to count.
+  runtime_options in_memory;
+  in_memory.storage.data_dir = ":memory:";
+  in_memory.conversation.memory = false;
+  runtime mem{in_memory};
+  REQUIRE(mem.add_turn("m", make_user_turn("x")));
+  CHECK(mem.store_stats().writes == 0);
+  CHECK(mem.store_stats().commits == 0);
+}
+
 TEST_CASE("storage: the journal folds every few writes while threads are "
           "written and activated, and every history stays exact") {
   test::temp_dir dir;

@@ -39,7 +39,8 @@ caf::error runtime::start_core() {
   if (!store)
     return store.error();
   counter_store_ = *store;
-  auto state_store = spawn_state_store(*system_, options_.storage);
+  auto state_store = spawn_state_store(*system_, options_.storage,
+                                       storage_counters_);
   if (!state_store)
     return state_store.error();
   state_store_ = *state_store;

@@ -107,6 +107,40 @@ void add_gauges(http_metrics& metrics, runtime& rt) {
       }
       return out;
     });
+  // The state store's counters, read without asking it (docs/storage.md).
+  struct storage_gauge {
+    const char* name;
+    const char* help;
+    double (*field)(const storage_stats&);
+  };
+  static constexpr storage_gauge storage_gauges[] = {
+    {"spindle_storage_commits",
+     "State store transactions committed since the start",
+     [](const storage_stats& x) { return static_cast<double>(x.commits); }},
+    {"spindle_storage_writes",
+     "Writes committed by the state store since the start (writes per "
+     "commit: how well group commit batches)",
+     [](const storage_stats& x) { return static_cast<double>(x.writes); }},
+    {"spindle_storage_failed_writes",
+     "Writes the state store answered with storage_failure since the start",
+     [](const storage_stats& x) {
+       return static_cast<double>(x.failed_writes);
+     }},
+    {"spindle_storage_commit_seconds",
+     "Seconds the state store spent in commits since the start",
+     [](const storage_stats& x) { return x.commit_seconds; }},
+    {"spindle_storage_folds",
+     "Folds of the turn journal into the turns table since the start",
+     [](const storage_stats& x) { return static_cast<double>(x.folds); }},
+    {"spindle_storage_fold_seconds",
+     "Seconds the state store spent folding the turn journal since the "
+     "start",
+     [](const storage_stats& x) { return x.fold_seconds; }},
+  };
+  for (auto& g : storage_gauges)
+    metrics.add_gauge(g.name, g.help, [&rt, field = g.field] {
+      return http_metrics::samples{{{}, field(rt.store_stats())}};
+    });
   metrics.add_gauge("spindle_threads", "Conversation threads that exist",
                     [&rt] {
                       http_metrics::samples out;

@@ -1,6 +1,7 @@
 #include "spindle/runtime/storage.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <system_error>
 #include <unordered_map>
@@ -152,6 +153,7 @@ struct state_store_state {
   /// process left could not be folded at the start.
   std::unordered_set<std::string> journaled;
   bool journal_unknown = false;
+  std::shared_ptr<storage_counters> counters;
 };
 
 // SQLite's WAL hook: after each commit, with the log's size in pages.
@@ -211,6 +213,12 @@ caf::error run(state_store_state& st, const char* sql) {
 
 void fold(state_store_state& st);
 
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now()
+                                       - start)
+    .count();
+}
+
 // Notes the key of a row `x` appends to the journal.
 void note_journaled(state_store_state& st, const sql_statement& x) {
   if (x.sql == st.journal.append_sql && !x.params.empty()
@@ -249,9 +257,12 @@ sql_statement prepare_read(state_store_state& st, const sql_statement& query) {
 void flush(state_store_state& st) {
   if (st.pending.empty())
     return;
+  auto started = std::chrono::steady_clock::now();
   auto batch = std::move(st.pending);
   st.pending.clear();
   auto fail_all = [&](const caf::error& err) {
+    if (st.counters)
+      st.counters->committed(0, batch.size(), 0);
     for (auto& w : batch)
       w.promise.deliver(err);
   };
@@ -292,6 +303,13 @@ void flush(state_store_state& st) {
     fail_all(err);
     return;
   }
+  if (st.counters) {
+    auto failed = static_cast<uint64_t>(
+      std::count_if(results.begin(), results.end(),
+                    [](const caf::expected<uint64_t>& x) { return !x; }));
+    st.counters->committed(batch.size() - failed, failed,
+                           seconds_since(started));
+  }
   for (size_t i = 0; i < batch.size(); ++i) {
     if (results[i])
       batch[i].promise.deliver(*results[i]);
@@ -309,11 +327,14 @@ void fold(state_store_state& st) {
   if (st.journal.fold.empty() || (st.unfolded == 0 && !st.journal_unknown))
     return;
   st.unfolded = 0;
+  auto started = std::chrono::steady_clock::now();
+  uint64_t moved = 0;
   caf::error failed = run(st, "BEGIN IMMEDIATE;");
   for (auto& x : st.journal.fold) {
     if (failed)
       break;
-    failed = run(st, x, nullptr);
+    // The first statement moves the rows; the others clean up.
+    failed = run(st, x, &x == &st.journal.fold.front() ? &moved : nullptr);
   }
   if (!failed)
     failed = run(st, "COMMIT;");
@@ -324,18 +345,22 @@ void fold(state_store_state& st) {
   }
   st.journaled.clear();
   st.journal_unknown = false;
+  if (st.counters)
+    st.counters->folded(moved, seconds_since(started));
 }
 
 storage_actor::extend<caf::reacts_to<flush_atom>>::behavior_type
 state_store(state_store_pointer self,
             std::shared_ptr<std::unique_ptr<database>> db, bool group_commit,
-            caf::actor checkpointer, sql_journal journal, uint64_t fold_every) {
+            caf::actor checkpointer, sql_journal journal, uint64_t fold_every,
+            std::shared_ptr<storage_counters> counters) {
   auto& st = self->state;
   // The actor is the connection's only user; the shared_ptr only carries
   // it through spawn (CAF copies spawn arguments).
   st.db = std::move(*db);
   st.group_commit = group_commit;
   st.journal = std::move(journal);
+  st.counters = std::move(counters);
   st.fold_every = std::max<uint64_t>(1, fold_every);
   // What an earlier process journaled and did not fold; if that fails,
   // every keyed read folds first until a fold succeeds.
@@ -418,7 +443,8 @@ caf::error create_data_dir(const storage_options& options) {
 }
 
 caf::expected<storage_actor>
-spawn_state_store(caf::actor_system& sys, const storage_options& options) {
+spawn_state_store(caf::actor_system& sys, const storage_options& options,
+                  std::shared_ptr<storage_counters> counters) {
   if (options.in_memory())
     return storage_actor{};
   if (auto err = create_data_dir(options))
@@ -442,8 +468,46 @@ spawn_state_store(caf::actor_system& sys, const storage_options& options) {
                                          options.group_commit,
                                          std::move(checkpoints),
                                          records::turn_journal(),
-                                         options.fold_every);
+                                         options.fold_every,
+                                         std::move(counters));
   return caf::actor_cast<storage_actor>(handle);
+}
+
+storage_stats storage_counters::read() const noexcept {
+  storage_stats out;
+  out.commits = commits_.load(std::memory_order_relaxed);
+  out.writes = writes_.load(std::memory_order_relaxed);
+  out.failed_writes = failed_writes_.load(std::memory_order_relaxed);
+  out.folds = folds_.load(std::memory_order_relaxed);
+  out.folded_turns = folded_turns_.load(std::memory_order_relaxed);
+  out.commit_seconds
+    = static_cast<double>(commit_ns_.load(std::memory_order_relaxed)) / 1e9;
+  out.fold_seconds
+    = static_cast<double>(fold_ns_.load(std::memory_order_relaxed)) / 1e9;
+  return out;
+}
+
+namespace {
+
+uint64_t nanoseconds(double seconds) {
+  return static_cast<uint64_t>(seconds * 1e9);
+}
+
+} // namespace
+
+void storage_counters::committed(uint64_t writes, uint64_t failed,
+                                 double seconds) noexcept {
+  if (writes > 0)
+    commits_.fetch_add(1, std::memory_order_relaxed);
+  writes_.fetch_add(writes, std::memory_order_relaxed);
+  failed_writes_.fetch_add(failed, std::memory_order_relaxed);
+  commit_ns_.fetch_add(nanoseconds(seconds), std::memory_order_relaxed);
+}
+
+void storage_counters::folded(uint64_t turns, double seconds) noexcept {
+  folds_.fetch_add(1, std::memory_order_relaxed);
+  folded_turns_.fetch_add(turns, std::memory_order_relaxed);
+  fold_ns_.fetch_add(nanoseconds(seconds), std::memory_order_relaxed);
 }
 
 std::string database_path(const storage_options& options) {

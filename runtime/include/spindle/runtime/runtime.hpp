@@ -110,6 +110,13 @@ public:
     return state_store_;
   }
 
+  /// What the state store did since the runtime started: commits, the
+  /// writes they carried, journal folds (all zero in memory). Read without
+  /// asking the store, so it never waits for a commit. Thread-safe.
+  storage_stats store_stats() const noexcept {
+    return storage_counters_->read();
+  }
+
   /// The ID allocator actor.
   id_allocator_actor id_allocator() const noexcept {
     return id_allocator_;
@@ -487,6 +494,8 @@ private:
   counter_store_actor counter_store_;
   /// Invalid when the runtime keeps its state in memory only.
   storage_actor state_store_;
+  std::shared_ptr<storage_counters> storage_counters_
+    = std::make_shared<storage_counters>();
   id_allocator_actor id_allocator_;
   // context items:
   context_directory_actor context_directory_;

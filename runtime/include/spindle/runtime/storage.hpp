@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -31,6 +32,44 @@ struct storage_options {
   }
 };
 
+/// What the state store did since it started: how well group commit
+/// batches, and what the journal's folds cost (docs/storage.md).
+struct storage_stats {
+  /// Transactions that committed writes, and the writes they carried.
+  uint64_t commits = 0;
+  uint64_t writes = 0;
+  /// Writes answered with `storage_failure` (their batch neighbours
+  /// committed).
+  uint64_t failed_writes = 0;
+  /// Folds of the turn journal that committed, and the turns they moved.
+  uint64_t folds = 0;
+  uint64_t folded_turns = 0;
+  /// Time spent from BEGIN to COMMIT, in commits and in folds.
+  double commit_seconds = 0;
+  double fold_seconds = 0;
+};
+
+/// The state store's counters: written by the store alone, read by anyone
+/// at any time without asking it (so a scrape never waits for a commit).
+class storage_counters {
+public:
+  storage_stats read() const noexcept;
+
+  /// A transaction ended: `writes` committed in it (none: it failed as a
+  /// whole), `failed` were answered with an error.
+  void committed(uint64_t writes, uint64_t failed, double seconds) noexcept;
+  void folded(uint64_t turns, double seconds) noexcept;
+
+private:
+  std::atomic<uint64_t> commits_{0};
+  std::atomic<uint64_t> writes_{0};
+  std::atomic<uint64_t> failed_writes_{0};
+  std::atomic<uint64_t> folds_{0};
+  std::atomic<uint64_t> folded_turns_{0};
+  std::atomic<uint64_t> commit_ns_{0};
+  std::atomic<uint64_t> fold_ns_{0};
+};
+
 /// The database file inside a data directory.
 std::string database_path(const storage_options& options);
 
@@ -46,9 +85,11 @@ spawn_counter_store(caf::actor_system& sys, const storage_options& options);
 /// with its own connection to `database_path(options)`. For an in-memory
 /// configuration there is nothing to make durable: the result is an
 /// invalid handle, and the actors keep their state in memory only.
+/// The store counts what it does in `counters` (if given).
 /// Errors: `storage_failure` naming the directory or file and the cause.
 caf::expected<storage_actor>
-spawn_state_store(caf::actor_system& sys, const storage_options& options);
+spawn_state_store(caf::actor_system& sys, const storage_options& options,
+                  std::shared_ptr<storage_counters> counters = nullptr);
 
 /// Creates the data directory of `options` if missing (a no-op in memory).
 /// Errors: `storage_failure` naming the directory and the cause.
