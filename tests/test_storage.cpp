@@ -458,7 +458,80 @@ int64_t rows_in(const test::temp_dir& dir, const char* table) {
   return n;
 }
 
+// Runs `sql` on a connection of its own beside the runtime's, as an
+// operator (or a failing disk) would.
+bool exec_in(const test::temp_dir& dir, const std::string& sql) {
+  sqlite3* db = nullptr;
+  auto path = (dir.path() / "spindle.db").string();
+  bool ok = sqlite3_open(path.c_str(), &db) == SQLITE_OK
+            && sqlite3_busy_timeout(db, 5000) == SQLITE_OK
+            && sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr)
+                 == SQLITE_OK;
+  sqlite3_close(db);
+  return ok;
+}
+
 } // namespace
+
+TEST_CASE("storage: a turn whose write fails is an error, is neither seen "
+          "nor stored, and the writes committed beside it are kept") {
+  for (size_t clients : {1, 4, 16}) {
+    CAPTURE(clients);
+    test::temp_dir dir;
+    auto opts = durable(dir);
+    opts.conversation.memory = false;
+    { runtime rt{opts}; } // creates the schema
+    REQUIRE(exec_in(dir, "CREATE TRIGGER refuse_boom BEFORE INSERT ON "
+                         "turn_journal WHEN NEW.content = 'boom' BEGIN "
+                         "SELECT RAISE(ABORT, 'disk says no'); END;"));
+    const size_t turns = 30;
+    auto check_all = [&](runtime& rt) {
+      auto t = rt.history("t", 100);
+      REQUIRE(t);
+      CHECK(contents(*t) == std::vector<std::string>{"before", "after"});
+      for (size_t c = 0; c < clients; ++c) {
+        auto h = rt.history(name("w", c), 100);
+        REQUIRE(h);
+        std::vector<std::string> want;
+        for (size_t i = 0; i < turns; ++i)
+          want.push_back(name("t", i));
+        CHECK(contents(*h) == want);
+      }
+    };
+    {
+      runtime rt{opts};
+      REQUIRE(rt.add_turn("t", make_user_turn("before")));
+      std::atomic<size_t> written{0};
+      std::atomic<size_t> failed{0};
+      std::vector<std::thread> writers;
+      for (size_t c = 0; c < clients; ++c)
+        writers.emplace_back([&, c] {
+          for (size_t i = 0; i < turns; ++i) {
+            if (!rt.add_turn(name("w", c), make_user_turn(name("t", i))))
+              ++failed;
+            ++written;
+          }
+        });
+      // The refused write goes while the others commit around it.
+      while (written < clients * 5)
+        std::this_thread::yield();
+      auto boom = rt.add_turn("t", make_user_turn("boom"));
+      REQUIRE_FALSE(boom);
+      CHECK(classify(boom.error()) == errc::storage_failure);
+      CHECK(describe(boom.error()).find("disk says no") != std::string::npos);
+      REQUIRE(rt.add_turn("t", make_user_turn("after")));
+      for (auto& w : writers)
+        w.join();
+      CHECK(failed == 0);
+      check_all(rt);
+      CHECK(rt.store_stats().failed_writes == 1);
+    }
+    CHECK(rows_in(dir, "turns") + rows_in(dir, "turn_journal")
+          == static_cast<int64_t>(2 + clients * turns));
+    runtime rt{opts};
+    check_all(rt);
+  }
+}
 
 TEST_CASE("storage: turns journaled and not yet folded survive a restart, "
           "clears included, and the next start folds them") {
