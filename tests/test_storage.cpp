@@ -533,6 +533,69 @@ TEST_CASE("storage: a turn whose write fails is an error, is neither seen "
   }
 }
 
+TEST_CASE("storage: a context item whose write fails is an error, its "
+          "window is loaded again from what committed, and the items "
+          "committed beside it are kept") {
+  for (size_t clients : {1, 4, 16}) {
+    CAPTURE(clients);
+    test::temp_dir dir;
+    auto opts = durable(dir);
+    opts.conversation.memory = false;
+    { runtime rt{opts}; } // creates the schema
+    REQUIRE(exec_in(dir, "CREATE TRIGGER refuse_boom BEFORE INSERT ON "
+                         "context_items WHEN NEW.item LIKE '%boom%' BEGIN "
+                         "SELECT RAISE(ABORT, 'disk says no'); END;"));
+    const size_t items = 20;
+    auto contents_of = [](runtime& rt, const std::string& window) {
+      std::vector<std::string> out;
+      auto got = rt.context_items(window);
+      REQUIRE(got);
+      for (auto& item : *got)
+        out.push_back(item.content());
+      return out;
+    };
+    auto check_all = [&](runtime& rt) {
+      CHECK(contents_of(rt, "w")
+            == std::vector<std::string>{"before", "after"});
+      std::vector<std::string> want;
+      for (size_t i = 0; i < items; ++i)
+        want.push_back(name("i", i));
+      for (size_t c = 0; c < clients; ++c)
+        CHECK(contents_of(rt, name("n", c)) == want);
+    };
+    {
+      runtime rt{opts};
+      REQUIRE(rt.add_context("w", context_type::text, "before"));
+      std::atomic<size_t> written{0};
+      std::atomic<size_t> failed{0};
+      std::vector<std::thread> writers;
+      for (size_t c = 0; c < clients; ++c)
+        writers.emplace_back([&, c] {
+          for (size_t i = 0; i < items; ++i) {
+            if (!rt.add_context(name("n", c), context_type::text,
+                                name("i", i)))
+              ++failed;
+            ++written;
+          }
+        });
+      while (written < clients * 3)
+        std::this_thread::yield();
+      auto boom = rt.add_context("w", context_type::text, "boom");
+      REQUIRE_FALSE(boom);
+      CHECK(classify(boom.error()) == errc::storage_failure);
+      CHECK(describe(boom.error()).find("disk says no") != std::string::npos);
+      REQUIRE(rt.add_context("w", context_type::text, "after"));
+      for (auto& w : writers)
+        w.join();
+      CHECK(failed == 0);
+      check_all(rt);
+      CHECK(rt.store_stats().failed_writes == 1);
+    }
+    runtime rt{opts};
+    check_all(rt);
+  }
+}
+
 TEST_CASE("storage: turns journaled and not yet folded survive a restart, "
           "clears included, and the next start folds them") {
   test::temp_dir dir;
