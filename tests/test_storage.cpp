@@ -596,6 +596,37 @@ TEST_CASE("storage: a context item whose write fails is an error, its "
   }
 }
 
+TEST_CASE("storage: a memory whose write fails is an error and is never "
+          "retrieved, and the memories stored beside it are kept") {
+  test::temp_dir dir;
+  auto opts = durable(dir);
+  { runtime rt{opts}; } // creates the schema
+  REQUIRE(exec_in(dir, "CREATE TRIGGER refuse_boom BEFORE INSERT ON "
+                       "memories WHEN NEW.content LIKE '%boom%' BEGIN "
+                       "SELECT RAISE(ABORT, 'disk says no'); END;"));
+  auto check_all = [](runtime& rt) {
+    auto got = rt.retrieve_memory("alice", "t", "bees boom hives");
+    REQUIRE(got);
+    CHECK(got->text.find("Lyon") != std::string::npos);
+    CHECK(got->text.find("Paris") != std::string::npos);
+    CHECK(got->text.find("boom") == std::string::npos);
+  };
+  {
+    runtime rt{opts};
+    REQUIRE(rt.store_memory("Alice keeps bees in Lyon",
+                            memory_tags("alice", "")));
+    auto boom = rt.store_memory("Alice keeps boom bees",
+                                memory_tags("alice", ""));
+    REQUIRE_FALSE(boom);
+    CHECK(classify(boom.error()) == errc::storage_failure);
+    REQUIRE(rt.store_memory("Alice has hives in Paris",
+                            memory_tags("alice", "")));
+    check_all(rt);
+  }
+  runtime rt{opts};
+  check_all(rt);
+}
+
 TEST_CASE("storage: turns journaled and not yet folded survive a restart, "
           "clears included, and the next start folds them") {
   test::temp_dir dir;
