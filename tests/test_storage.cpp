@@ -471,6 +471,41 @@ bool exec_in(const test::temp_dir& dir, const std::string& sql) {
   return ok;
 }
 
+// Makes the database of `dir` (created first) refuse every insert into
+// `table` that matches `when`, with SQLite's error "disk says no".
+void refuse(const test::temp_dir& dir, const runtime_options& opts,
+            const std::string& table, const std::string& when) {
+  { runtime rt{opts}; } // creates the schema
+  REQUIRE(exec_in(dir, "CREATE TRIGGER refuse BEFORE INSERT ON " + table
+                         + " WHEN " + when
+                         + " BEGIN SELECT RAISE(ABORT, 'disk says no'); "
+                           "END;"));
+}
+
+// Runs `clients` threads calling `write(c, i)` for i < n, and `meanwhile()`
+// once every one of them is under way; returns the writes that failed.
+template <class Write, class Meanwhile>
+size_t concurrently(size_t clients, size_t n, Write write,
+                    Meanwhile meanwhile) {
+  std::atomic<size_t> written{0};
+  std::atomic<size_t> failed{0};
+  std::vector<std::thread> threads;
+  for (size_t c = 0; c < clients; ++c)
+    threads.emplace_back([&, c] {
+      for (size_t i = 0; i < n; ++i) {
+        if (!write(c, i))
+          ++failed;
+        ++written;
+      }
+    });
+  while (written < clients * std::min<size_t>(n, 3))
+    std::this_thread::yield();
+  meanwhile();
+  for (auto& t : threads)
+    t.join();
+  return failed;
+}
+
 } // namespace
 
 TEST_CASE("storage: a turn whose write fails is an error, is neither seen "
@@ -480,10 +515,7 @@ TEST_CASE("storage: a turn whose write fails is an error, is neither seen "
     test::temp_dir dir;
     auto opts = durable(dir);
     opts.conversation.memory = false;
-    { runtime rt{opts}; } // creates the schema
-    REQUIRE(exec_in(dir, "CREATE TRIGGER refuse_boom BEFORE INSERT ON "
-                         "turn_journal WHEN NEW.content = 'boom' BEGIN "
-                         "SELECT RAISE(ABORT, 'disk says no'); END;"));
+    refuse(dir, opts, "turn_journal", "NEW.content = 'boom'");
     const size_t turns = 30;
     auto check_all = [&](runtime& rt) {
       auto t = rt.history("t", 100);
@@ -501,27 +533,19 @@ TEST_CASE("storage: a turn whose write fails is an error, is neither seen "
     {
       runtime rt{opts};
       REQUIRE(rt.add_turn("t", make_user_turn("before")));
-      std::atomic<size_t> written{0};
-      std::atomic<size_t> failed{0};
-      std::vector<std::thread> writers;
-      for (size_t c = 0; c < clients; ++c)
-        writers.emplace_back([&, c] {
-          for (size_t i = 0; i < turns; ++i) {
-            if (!rt.add_turn(name("w", c), make_user_turn(name("t", i))))
-              ++failed;
-            ++written;
-          }
-        });
+      auto write = [&](size_t c, size_t i) {
+        return static_cast<bool>(
+          rt.add_turn(name("w", c), make_user_turn(name("t", i))));
+      };
       // The refused write goes while the others commit around it.
-      while (written < clients * 5)
-        std::this_thread::yield();
-      auto boom = rt.add_turn("t", make_user_turn("boom"));
-      REQUIRE_FALSE(boom);
-      CHECK(classify(boom.error()) == errc::storage_failure);
-      CHECK(describe(boom.error()).find("disk says no") != std::string::npos);
-      REQUIRE(rt.add_turn("t", make_user_turn("after")));
-      for (auto& w : writers)
-        w.join();
+      auto failed = concurrently(clients, turns, write, [&] {
+        auto boom = rt.add_turn("t", make_user_turn("boom"));
+        REQUIRE_FALSE(boom);
+        CHECK(classify(boom.error()) == errc::storage_failure);
+        CHECK(describe(boom.error()).find("disk says no")
+              != std::string::npos);
+        REQUIRE(rt.add_turn("t", make_user_turn("after")));
+      });
       CHECK(failed == 0);
       check_all(rt);
       CHECK(rt.store_stats().failed_writes == 1);
@@ -541,10 +565,7 @@ TEST_CASE("storage: a context item whose write fails is an error, its "
     test::temp_dir dir;
     auto opts = durable(dir);
     opts.conversation.memory = false;
-    { runtime rt{opts}; } // creates the schema
-    REQUIRE(exec_in(dir, "CREATE TRIGGER refuse_boom BEFORE INSERT ON "
-                         "context_items WHEN NEW.item LIKE '%boom%' BEGIN "
-                         "SELECT RAISE(ABORT, 'disk says no'); END;"));
+    refuse(dir, opts, "context_items", "NEW.item LIKE '%boom%'");
     const size_t items = 20;
     auto contents_of = [](runtime& rt, const std::string& window) {
       std::vector<std::string> out;
@@ -566,27 +587,18 @@ TEST_CASE("storage: a context item whose write fails is an error, its "
     {
       runtime rt{opts};
       REQUIRE(rt.add_context("w", context_type::text, "before"));
-      std::atomic<size_t> written{0};
-      std::atomic<size_t> failed{0};
-      std::vector<std::thread> writers;
-      for (size_t c = 0; c < clients; ++c)
-        writers.emplace_back([&, c] {
-          for (size_t i = 0; i < items; ++i) {
-            if (!rt.add_context(name("n", c), context_type::text,
-                                name("i", i)))
-              ++failed;
-            ++written;
-          }
-        });
-      while (written < clients * 3)
-        std::this_thread::yield();
-      auto boom = rt.add_context("w", context_type::text, "boom");
-      REQUIRE_FALSE(boom);
-      CHECK(classify(boom.error()) == errc::storage_failure);
-      CHECK(describe(boom.error()).find("disk says no") != std::string::npos);
-      REQUIRE(rt.add_context("w", context_type::text, "after"));
-      for (auto& w : writers)
-        w.join();
+      auto write = [&](size_t c, size_t i) {
+        return static_cast<bool>(
+          rt.add_context(name("n", c), context_type::text, name("i", i)));
+      };
+      auto failed = concurrently(clients, items, write, [&] {
+        auto boom = rt.add_context("w", context_type::text, "boom");
+        REQUIRE_FALSE(boom);
+        CHECK(classify(boom.error()) == errc::storage_failure);
+        CHECK(describe(boom.error()).find("disk says no")
+              != std::string::npos);
+        REQUIRE(rt.add_context("w", context_type::text, "after"));
+      });
       CHECK(failed == 0);
       check_all(rt);
       CHECK(rt.store_stats().failed_writes == 1);
@@ -600,10 +612,7 @@ TEST_CASE("storage: a memory whose write fails is an error and is never "
           "retrieved, and the memories stored beside it are kept") {
   test::temp_dir dir;
   auto opts = durable(dir);
-  { runtime rt{opts}; } // creates the schema
-  REQUIRE(exec_in(dir, "CREATE TRIGGER refuse_boom BEFORE INSERT ON "
-                       "memories WHEN NEW.content LIKE '%boom%' BEGIN "
-                       "SELECT RAISE(ABORT, 'disk says no'); END;"));
+  refuse(dir, opts, "memories", "NEW.content LIKE '%boom%'");
   auto check_all = [](runtime& rt) {
     auto got = rt.retrieve_memory("alice", "t", "bees boom hives");
     REQUIRE(got);
@@ -716,17 +725,11 @@ TEST_CASE("storage: the store counts every committed write once, in fewer "
       opts.storage.fold_every = 1000000; // only loads fold
       runtime rt{opts};
       const size_t turns = 40;
-      std::atomic<size_t> failed{0};
-      std::vector<std::thread> writers;
-      for (size_t c = 0; c < clients; ++c)
-        writers.emplace_back([&, c] {
-          for (size_t i = 0; i < turns; ++i)
-            if (!rt.add_turn(name("w", c), make_user_turn(name("t", i))))
-              ++failed;
-        });
-      for (auto& w : writers)
-        w.join();
-      REQUIRE(failed == 0);
+      auto write = [&](size_t c, size_t i) {
+        return static_cast<bool>(
+          rt.add_turn(name("w", c), make_user_turn(name("t", i))));
+      };
+      REQUIRE(concurrently(clients, turns, write, [] {}) == 0);
       auto stats = rt.store_stats();
       // One write creates each thread, one stores each turn.
       CHECK(stats.writes == clients * (turns + 1));
