@@ -6,7 +6,8 @@
 //    sync full); and one transaction per write (sync full), the baseline
 //    group commit improves on. Clients are blocking facade callers (one
 //    write in flight each; their calls' latency percentiles in a table of
-//    their own), then pipelined event-based drivers.
+//    their own), then pipelined event-based drivers; then what the turn
+//    journal's folds cost at three values of fold_every.
 // 2. RSS of a process whose store holds 1M threads of 4 turns while 10k are
 //    resident, after touching many more than 10k of them (they are loaded
 //    and passivated again), in a fresh child process.
@@ -52,7 +53,8 @@ struct scratch_dir {
 
 enum class mode { memory, group_normal, group_full, per_write_full };
 
-runtime_options options_for(mode m, const std::string& dir) {
+runtime_options options_for(mode m, const std::string& dir,
+                            uint64_t fold_every = 0) {
   runtime_options opts;
   opts.conversation.memory = false;
   if (m == mode::memory) {
@@ -63,6 +65,8 @@ runtime_options options_for(mode m, const std::string& dir) {
   opts.storage.sync = m == mode::group_normal ? sync_mode::normal
                                               : sync_mode::full;
   opts.storage.group_commit = m != mode::per_write_full;
+  if (fold_every > 0)
+    opts.storage.fold_every = fold_every;
   return opts;
 }
 
@@ -73,6 +77,8 @@ struct rate {
   double writes_per_commit = 0;
   /// Blocking callers only: each call's latency in microseconds.
   std::vector<double> latencies_us;
+  /// What the state store counted over the run (zero in memory).
+  storage_stats store;
 };
 
 double writes_per_commit(const runtime& rt) {
@@ -119,7 +125,7 @@ rate add_turn_rate(mode m, size_t clients, double secs) {
   if (errors > 0)
     std::cerr << "bench_storage: " << errors << " failed add_turn calls\n";
   rate out{static_cast<double>(done.load()) / elapsed, writes_per_commit(rt),
-           {}};
+           {}, rt.store_stats()};
   for (auto& l : latencies)
     out.latencies_us.insert(out.latencies_us.end(), l.begin(), l.end());
   return out;
@@ -127,10 +133,12 @@ rate add_turn_rate(mode m, size_t clients, double secs) {
 
 // add_turn calls per second from `clients` event-based drivers, each
 // keeping one add_turn in flight on each of its 8 threads (through the
-// registry, as the facade does), for `secs` seconds.
-rate pipelined_rate(mode m, size_t clients, double secs) {
+// registry, as the facade does), for `secs` seconds. `fold_every` 0 keeps
+// the default.
+rate pipelined_rate(mode m, size_t clients, double secs,
+                    uint64_t fold_every = 0) {
   scratch_dir dir;
-  runtime rt{options_for(m, dir.path.string())};
+  runtime rt{options_for(m, dir.path.string(), fold_every)};
   auto registry = rt.thread_registry();
   std::atomic<uint64_t> errors{0};
   std::vector<std::promise<uint64_t>> done(clients);
@@ -178,7 +186,15 @@ rate pipelined_rate(mode m, size_t clients, double secs) {
   auto elapsed = seconds_since(start);
   if (errors > 0)
     std::cerr << "bench_storage: " << errors << " failed add_turn calls\n";
-  return {static_cast<double>(total) / elapsed, writes_per_commit(rt)};
+  return {static_cast<double>(total) / elapsed, writes_per_commit(rt), {},
+          rt.store_stats()};
+}
+
+// Microseconds per unit of `seconds` spread over `n`, to one decimal.
+double us_each(double seconds, uint64_t n) {
+  return n == 0 ? 0.0 : std::round(seconds * 1e6 / static_cast<double>(n)
+                                   * 10)
+                          / 10;
 }
 
 // x / y to two decimals.
@@ -203,7 +219,8 @@ void throughput(report& rep, bool quick) {
                "one txn per write, sync full",
                "group normal / in-memory",
                "group full / one txn per write",
-               "writes per commit, group normal / full"};
+               "writes per commit, group normal / full",
+               "us per commit, group normal"};
   table lat;
   lat.title = "add_turn latency, blocking callers: in memory and durable "
               "with group commit";
@@ -230,7 +247,8 @@ void throughput(report& rep, bool quick) {
               std::round(per_write.per_second), ratio(normal, mem),
               ratio(full, per_write),
               bench::fmt(normal.writes_per_commit, 1) + " / "
-                + bench::fmt(full.writes_per_commit, 1));
+                + bench::fmt(full.writes_per_commit, 1),
+              us_each(normal.store.commit_seconds, normal.store.commits));
   }
   t.notes = {
     "One operation = runtime::add_turn (a blocking facade call) of a "
@@ -243,7 +261,8 @@ void throughput(report& rep, bool quick) {
     "(survives power loss); sync normal: WAL without fsync per commit "
     "(survives kill -9).",
     "writes per commit: the store's own count (runtime::store_stats) of "
-    "the writes each transaction carried, thread creations included.",
+    "the writes each transaction carried, thread creations included; us "
+    "per commit: its time from BEGIN to COMMIT, statements included.",
     "Target: group commit at least 0.5x in-memory mode."};
   rep.add(std::move(t));
   lat.notes = {
@@ -280,6 +299,31 @@ void throughput(report& rep, bool quick) {
     "sends them), so a commit carries many clients' writes.",
     "Target: group commit at least 0.5x in-memory mode."};
   rep.add(std::move(p));
+
+  // What the journal's folds cost, and how long each holds up the writers.
+  table f;
+  f.title = "Journal folds by fold_every: pipelined callers, 64 clients, "
+            "group commit, sync normal";
+  f.columns = {"fold_every",      "add_turn per second",
+               "writes per commit", "us per commit",
+               "folds",           "us per folded turn",
+               "ms per fold"};
+  for (uint64_t every : {uint64_t{4096}, uint64_t{16384}, uint64_t{65536}}) {
+    auto r = pipelined_rate(mode::group_normal, 64, secs, every);
+    auto during = r.store.folds > 0 ? r.store.folds - 1 : 0; // not the start's
+    f.add_row(every, std::round(r.per_second), r.writes_per_commit,
+              us_each(r.store.commit_seconds, r.store.commits),
+              during, us_each(r.store.fold_seconds, r.store.folded_turns),
+              us_each(r.store.fold_seconds, during) / 1000);
+  }
+  f.notes = {
+    "The state store's own counts (runtime::store_stats) over each run: "
+    "every fold_every writes it folds the turn journal into the turns "
+    "table in one transaction, and the writes that arrive meanwhile wait "
+    "for it (docs/storage.md, \"The turn journal\"). folds: those during "
+    "the run, not the one at start (of an empty journal).",
+    "Default: 16,384."};
+  rep.add(std::move(f));
 }
 
 // Writes `threads` threads of 4 turns straight into the store's tables, as
