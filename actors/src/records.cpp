@@ -134,10 +134,9 @@ sql_write fold_turn_journal() {
 }
 
 sql_journal turn_journal() {
-  const turn none{};
   return sql_journal{"turn_journal", fold_turn_journal(),
-                     append_turn("", 0, none).front().sql,
-                     load_thread("").sql, load_thread_sql(false)};
+                     journal_row("", 0, turn{}).sql, load_thread_sql(true),
+                     load_thread_sql(false)};
 }
 
 sql_statement list_threads() {
