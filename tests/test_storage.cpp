@@ -394,6 +394,33 @@ TEST_CASE("storage: a corrupt database or one of a newer schema is refused "
   }
 }
 
+TEST_CASE("storage: a data directory is owned by one process: a second "
+          "one is refused at start and the owner's state is untouched") {
+  test::temp_dir dir;
+  auto data = dir.path().string();
+  {
+    runtime rt{durable(dir)};
+    REQUIRE(rt.add_turn("owned", make_user_turn("first")));
+    // Bounded: a second server that did start would serve until killed.
+    auto second = test::run({"timeout", "20", test::spindle_binary(), "serve",
+                             "--port", "0", "--data", data});
+    CHECK(second.exit_code == 1);
+    CHECK(second.err.find("in use by another process") != std::string::npos);
+    // The owner goes on as if nothing happened.
+    REQUIRE(rt.add_turn("owned", make_user_turn("second")));
+    auto h = rt.history("owned", 10);
+    REQUIRE(h);
+    REQUIRE(h->size() == 2);
+    CHECK(h->at(1).content == "second");
+  }
+  // Once the owner stops, the directory is free again, with everything.
+  runtime rt{durable(dir)};
+  auto h = rt.history("owned", 10);
+  REQUIRE(h);
+  REQUIRE(h->size() == 2);
+  CHECK(h->at(0).content == "first");
+}
+
 TEST_CASE("storage: the log is checkpointed into the database while the "
           "store commits, and nothing is lost") {
   test::temp_dir dir;
