@@ -371,6 +371,48 @@ TEST_CASE("thread lease: a holder that terminates without ending its "
   REQUIRE(rt.snapshot("lease")->turns.size() == 3);
 }
 
+TEST_CASE("thread lease: a queued exchange whose requester terminated "
+          "before its turn releases the thread") {
+  runtime_options opts;
+  opts.conversation.queue_timeout = 10s;
+  runtime rt{opts};
+  REQUIRE(rt.add_turn("queued", make_user_turn("x")));
+  auto ref = rt.call<thread_ref>(rt.thread_registry(), 5s,
+                                 caf::get_atom::value, std::string{"queued"});
+  REQUIRE(ref);
+  caf::scoped_actor first{rt.system()};
+  uint64_t lease = 0;
+  first->request(ref->handle, 5s, exchange_begin_atom::value,
+                 conflict_policy::exit)
+    .receive([&](uint64_t l) { lease = l; }, [](caf::error&) {});
+  REQUIRE(lease != 0);
+  {
+    // Queues behind the first exchange, then terminates without waiting.
+    caf::scoped_actor second{rt.system()};
+    second->send(ref->handle, exchange_begin_atom::value,
+                 conflict_policy::queue);
+    bool queued = false;
+    for (int i = 0; i < 2000 && !queued; ++i) {
+      auto snap = rt.snapshot("queued");
+      queued = snap && snap->queued == 1;
+      if (!queued)
+        std::this_thread::sleep_for(1ms);
+    }
+    REQUIRE(queued);
+  }
+  // Ending the first exchange grants the thread to the terminated
+  // requester, which must not keep it.
+  first->request(ref->handle, 5s, exchange_end_atom::value, lease)
+    .receive([](uint64_t) {}, [](caf::error& err) { FAIL(describe(err)); });
+  auto r = rt.send_message(message("queued", "free again?",
+                                   conflict_policy::queue));
+  REQUIRE(r);
+  auto snap = rt.snapshot("queued");
+  REQUIRE(snap);
+  CHECK_FALSE(snap->in_exchange);
+  CHECK(snap->turns.size() == 3);
+}
+
 TEST_CASE("exchange: stopping the runtime answers a waiting exchange") {
   auto gate = std::make_shared<test::gated_provider>();
   auto rt = std::make_unique<runtime>(with_provider(gate));

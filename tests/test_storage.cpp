@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
+#include <set>
 #include <thread>
 
 #include <catch2/catch.hpp>
@@ -509,6 +510,16 @@ void refuse(const test::temp_dir& dir, const runtime_options& opts,
                            "END;"));
 }
 
+// Durable options without long-term memory, over a database of `dir`
+// that refuses the inserts into `table` matching `when`.
+runtime_options refusing(const test::temp_dir& dir, const std::string& table,
+                         const std::string& when) {
+  auto opts = durable(dir);
+  opts.conversation.memory = false;
+  refuse(dir, opts, table, when);
+  return opts;
+}
+
 // Runs `clients` threads calling `write(c, i)` for i < n, and `meanwhile()`
 // once every one of them is under way; returns the writes that failed.
 template <class Write, class Meanwhile>
@@ -540,9 +551,7 @@ TEST_CASE("storage: a turn whose write fails is an error, is neither seen "
   for (size_t clients : {1, 4, 16}) {
     CAPTURE(clients);
     test::temp_dir dir;
-    auto opts = durable(dir);
-    opts.conversation.memory = false;
-    refuse(dir, opts, "turn_journal", "NEW.content = 'boom'");
+    auto opts = refusing(dir, "turn_journal", "NEW.content = 'boom'");
     const size_t turns = 30;
     auto check_all = [&](runtime& rt) {
       auto t = rt.history("t", 100);
@@ -590,9 +599,7 @@ TEST_CASE("storage: a context item whose write fails is an error, its "
   for (size_t clients : {1, 4, 16}) {
     CAPTURE(clients);
     test::temp_dir dir;
-    auto opts = durable(dir);
-    opts.conversation.memory = false;
-    refuse(dir, opts, "context_items", "NEW.item LIKE '%boom%'");
+    auto opts = refusing(dir, "context_items", "NEW.item LIKE '%boom%'");
     const size_t items = 20;
     auto contents_of = [](runtime& rt, const std::string& window) {
       std::vector<std::string> out;
@@ -819,4 +826,147 @@ TEST_CASE("storage: the journal folds every few writes while threads are "
   }
   CHECK(rows_in(dir, "turns") + rows_in(dir, "turn_journal") == 60);
   CHECK(rows_in(dir, "turns") >= 56); // folds ran along the way
+}
+
+namespace {
+
+// Sends every request `send(self, i)` for i < n from `self` without
+// waiting, then collects the answers in the order they were sent.
+template <class Send>
+std::vector<caf::expected<uint64_t>>
+pipeline(caf::scoped_actor& self, size_t n, Send send) {
+  std::vector<decltype(send(self, size_t{0}))> handles;
+  handles.reserve(n);
+  for (size_t i = 0; i < n; ++i)
+    handles.push_back(send(self, i));
+  std::vector<caf::expected<uint64_t>> out;
+  for (auto& h : handles)
+    h.receive([&](uint64_t x) { out.emplace_back(x); },
+              [&](caf::error& err) { out.emplace_back(std::move(err)); });
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("storage: appends pipelined into one thread by many clients are "
+          "answered with their own position and stored in the order each "
+          "client sent them, around a refused one") {
+  for (size_t clients : {1, 4, 16}) {
+    CAPTURE(clients);
+    test::temp_dir dir;
+    auto opts = refusing(dir, "turn_journal", "NEW.content = 'boom'");
+    const size_t depth = 64;
+    auto sent = [&](size_t c, size_t i) {
+      // Client 0 sends one refused turn in the middle of its pipeline.
+      return c == 0 && i == depth / 2 ? std::string{"boom"}
+                                      : name("c", c) + "-" + name("t", i);
+    };
+    std::vector<std::vector<caf::expected<uint64_t>>> answers(clients);
+    {
+      runtime rt{opts};
+      auto registry = rt.thread_registry();
+      std::vector<std::thread> pool;
+      for (size_t c = 0; c < clients; ++c)
+        pool.emplace_back([&, c] {
+          caf::scoped_actor client{rt.system()};
+          answers[c] = pipeline(client, depth, [&](auto& self, size_t i) {
+            return self->request(registry, 30s, caf::add_atom::value,
+                                 std::string{"shared"},
+                                 make_user_turn(sent(c, i)));
+          });
+        });
+      for (auto& t : pool)
+        t.join();
+      auto h = rt.history("shared", 100000);
+      REQUIRE(h);
+      auto stored = contents(*h);
+      REQUIRE(stored.size() == clients * depth - 1);
+      std::set<uint64_t> positions;
+      for (size_t c = 0; c < clients; ++c) {
+        REQUIRE(answers[c].size() == depth);
+        uint64_t last = 0;
+        for (size_t i = 0; i < depth; ++i) {
+          auto& a = answers[c][i];
+          if (sent(c, i) == "boom") {
+            REQUIRE_FALSE(a);
+            CHECK(classify(a.error()) == errc::storage_failure);
+            continue;
+          }
+          REQUIRE(a);
+          // The answer is the turn count right after this turn: the turn
+          // sits at that position, and a client's answers only grow.
+          REQUIRE(*a >= 1);
+          REQUIRE(*a <= stored.size());
+          CHECK(stored[*a - 1] == sent(c, i));
+          CHECK(*a > last);
+          last = *a;
+          CHECK(positions.insert(*a).second);
+        }
+      }
+      CHECK(positions.size() == stored.size());
+    }
+    // What was answered is what is stored, in the same order.
+    runtime rt{opts};
+    auto h = rt.history("shared", 100000);
+    REQUIRE(h);
+    auto stored = contents(*h);
+    REQUIRE(stored.size() == clients * depth - 1);
+    for (size_t c = 0; c < clients; ++c)
+      for (size_t i = 0; i < depth; ++i)
+        if (answers[c][i])
+          CHECK(stored[*answers[c][i] - 1] == sent(c, i));
+  }
+}
+
+TEST_CASE("storage: a clear and an exchange sent behind appends still in "
+          "flight see every one of them") {
+  test::temp_dir dir;
+  auto opts = durable(dir);
+  opts.conversation.memory = false;
+  {
+    runtime rt{opts};
+    REQUIRE(rt.add_turn("busy", make_user_turn("first")));
+    auto ref = rt.call<thread_ref>(rt.thread_registry(), 5s,
+                                   caf::get_atom::value, std::string{"busy"});
+    REQUIRE(ref);
+    auto handle = ref->handle;
+    // 10 appends, a clear, 5 appends, an exchange's start (queued behind
+    // the clear): all sent at once, answered in that order.
+    caf::scoped_actor client{rt.system()}; // holds the exchange
+    auto answers = pipeline(client, 17, [&](auto& self, size_t i) {
+      if (i == 10)
+        return self->request(handle, 30s, caf::reset_atom::value);
+      if (i == 16)
+        return self->request(handle, 30s, exchange_begin_atom::value,
+                             conflict_policy::queue);
+      return self->request(handle, 30s, caf::add_atom::value,
+                           make_user_turn(name("t", i)));
+    });
+    REQUIRE(answers.size() == 17);
+    for (size_t i = 0; i < 10; ++i) {
+      REQUIRE(answers[i]);
+      CHECK(*answers[i] == i + 2);
+    }
+    REQUIRE(answers[10]);
+    CHECK(*answers[10] == 11); // the clear removed every appended turn
+    for (size_t i = 11; i < 16; ++i) {
+      REQUIRE(answers[i]);
+      CHECK(*answers[i] == i - 10);
+    }
+    REQUIRE(answers[16]); // granted: the lease
+    auto snap = rt.snapshot("busy");
+    REQUIRE(snap);
+    CHECK(snap->in_exchange);
+    CHECK(snap->committed == 5); // the exchange starts from all five
+    CHECK(snap->epoch == 1);
+    client->request(handle, 5s, exchange_end_atom::value, *answers[16])
+      .receive([](uint64_t n) { CHECK(n == 5); },
+               [](caf::error& err) { FAIL(describe(err)); });
+  }
+  runtime rt{opts};
+  auto h = rt.history("busy", 100);
+  REQUIRE(h);
+  CHECK(contents(*h)
+        == std::vector<std::string>{"t11", "t12", "t13", "t14", "t15"});
+  CHECK(rt.snapshot("busy")->epoch == 1);
 }

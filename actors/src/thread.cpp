@@ -19,14 +19,82 @@ using promise = caf::typed_response_promise<uint64_t>;
 
 void drain(thread_pointer self);
 
-caf::error store_error(const state& st, const caf::error& err) {
+caf::error store_error(const std::string& thread_id, const caf::error& err) {
   return make_error(errc::storage_failure,
-                    "thread '" + st.thread_id
+                    "thread '" + thread_id
                       + "': the write was not stored: " + describe(err));
 }
 
+// An append's outcome, run by the state store on its own thread: after the
+// commit it publishes the turn in the log the append was made against (the
+// store is then that log's only writer: appends are handed to it in order
+// and it runs their hooks in that order) and gives the caller the new turn
+// count; the store sends that answer to the caller directly.
+class append_hook final : public write_hook {
+public:
+  append_hook(std::shared_ptr<turn_log> log, turn t,
+              std::shared_ptr<state::write_progress> appends)
+    : log_(std::move(log)), turn_(std::move(t)), appends_(std::move(appends)) {
+    appends_->in_flight.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  ~append_hook() override {
+    // Never run: the store stopped before the write reached it.
+    if (!done_)
+      finish();
+  }
+
+  uint64_t committed(uint64_t) override {
+    auto n = log_->push_back(std::move(turn_));
+    finish();
+    return n;
+  }
+
+  caf::error failed(caf::error reason) override {
+    finish();
+    return store_error(appends_->thread_id, reason);
+  }
+
+private:
+  void finish() {
+    done_ = true;
+    // Release: whoever sees the count drop sees the published turn.
+    appends_->in_flight.fetch_sub(1, std::memory_order_release);
+  }
+
+  std::shared_ptr<turn_log> log_;
+  turn turn_;
+  std::shared_ptr<state::write_progress> appends_;
+  bool done_ = false;
+};
+
+size_t appends_in_flight(const state& st) {
+  return st.appends->in_flight.load(std::memory_order_acquire);
+}
+
+// Without a store: applies at once. With one: hands the turn to the store,
+// which publishes it after the commit and answers `rp`'s caller itself.
+// Later appends follow at once (the store keeps their order).
+void append(thread_pointer self, turn t, promise rp) {
+  auto& st = self->state;
+  if (t.timestamp_ms == 0)
+    t.timestamp_ms = unix_time_ms();
+  if (!st.store) {
+    rp.deliver(st.turns->push_back(std::move(t)));
+    return;
+  }
+  auto write = records::append_turn(st.thread_id, st.next_seq++, t);
+  rp.delegate(st.store, store_atom::value, std::move(write),
+              write_hook_ptr{std::make_shared<append_hook>(st.turns,
+                                                           std::move(t),
+                                                           st.appends)});
+}
+
 // Runs `apply` once `write` committed (at once without a store), then
-// answers `rp` with what it returns. Later writes wait until then.
+// answers `rp` with what it returns. Later requests wait until then. The
+// store answers only after every append handed to it before has run its
+// hook, so `apply` sees them all in the log; an empty write is such a
+// barrier alone.
 template <class Apply>
 void write_through(thread_pointer self, sql_write write, promise rp,
                    Apply apply) {
@@ -48,21 +116,9 @@ void write_through(thread_pointer self, sql_write write, promise rp,
       },
       [self, rp](caf::error& err) mutable {
         self->state.writing = false;
-        rp.deliver(store_error(self->state, err));
+        rp.deliver(store_error(self->state.thread_id, err));
         drain(self);
       });
-}
-
-void append(thread_pointer self, turn t, promise rp) {
-  auto& st = self->state;
-  if (t.timestamp_ms == 0)
-    t.timestamp_ms = unix_time_ms();
-  auto write = st.store ? records::append_turn(st.thread_id, st.next_seq++, t)
-                        : sql_write{};
-  write_through(self, std::move(write), std::move(rp),
-                [self, t = std::move(t)]() mutable -> uint64_t {
-                  return self->state.turns->push_back(std::move(t));
-                });
 }
 
 void clear(thread_pointer self, promise rp) {
@@ -92,6 +148,20 @@ uint64_t grant(thread_pointer self, caf::strong_actor_ptr holder) {
   return st.lease;
 }
 
+// Begins an exchange for `holder` once every append handed to the store
+// has been published (the exchange counts the turns it starts from), after
+// a barrier if some are still in flight.
+void begin(thread_pointer self, caf::strong_actor_ptr holder, promise rp) {
+  if (appends_in_flight(self->state) == 0) {
+    rp.deliver(grant(self, std::move(holder)));
+    return;
+  }
+  write_through(self, sql_write{}, std::move(rp),
+                [self, holder = std::move(holder)]() mutable {
+                  return grant(self, std::move(holder));
+                });
+}
+
 // Serves waiting requests in arrival order until one of them begins an
 // exchange (which holds the thread again).
 void drain(thread_pointer self) {
@@ -107,7 +177,7 @@ void drain(thread_pointer self) {
         clear(self, std::move(w.promise));
         break;
       case waiter::op::begin:
-        w.promise.deliver(grant(self, std::move(w.requester)));
+        begin(self, std::move(w.requester), std::move(w.promise));
         break;
     }
   }
@@ -123,15 +193,24 @@ void release(thread_pointer self) {
   drain(self);
 }
 
+// Whether a clear or an exchange must wait (appends in flight do not hold
+// them up: they wait for those behind a barrier).
 bool busy(const state& st) {
   return st.lease != 0 || st.writing || !st.waiting.empty();
 }
 
+// The sender of the current request. Read it before making the request's
+// response promise, which takes the sender out of the message.
+caf::strong_actor_ptr requester(thread_pointer self) {
+  return self->current_sender();
+}
+
 caf::typed_response_promise<uint64_t>
 enqueue(thread_pointer self, waiter::op what, turn item) {
+  auto from = requester(self);
   auto rp = self->make_response_promise<uint64_t>();
   self->state.waiting.push_back(
-    waiter{what, std::move(item), rp, self->current_sender()});
+    waiter{what, std::move(item), rp, std::move(from)});
   return rp;
 }
 
@@ -166,6 +245,7 @@ conversation_thread(thread_pointer self, std::string thread_id,
   st.epoch = initial.epoch;
   st.next_seq = std::max<uint64_t>(initial.next_seq, st.turns->size());
   st.store = std::move(store);
+  st.appends->thread_id = st.thread_id;
   st.committed = st.turns->size();
   st.views = std::move(views);
   st.actor_id = self->id();
@@ -194,11 +274,6 @@ conversation_thread(thread_pointer self, std::string thread_id,
                             + " does not hold thread '" + s.thread_id + "'");
       if (auto err = validate_turn(t))
         return err;
-      if (s.writing)
-        return make_error(errc::conflict,
-                          "thread '" + s.thread_id
-                            + "': the exchange's previous turn is still "
-                              "being stored");
       auto rp = self->make_response_promise<uint64_t>();
       append(self, std::move(t), rp);
       return rp;
@@ -233,8 +308,12 @@ conversation_thread(thread_pointer self, std::string thread_id,
     [self](exchange_begin_atom,
            conflict_policy policy) -> caf::result<uint64_t> {
       auto& s = self->state;
-      if (!busy(s))
-        return grant(self, self->current_sender());
+      if (!busy(s)) {
+        auto from = requester(self);
+        auto rp = self->make_response_promise<uint64_t>();
+        begin(self, std::move(from), rp);
+        return rp;
+      }
       switch (policy) {
         case conflict_policy::queue:
           return enqueue(self, waiter::op::begin, turn{});
@@ -258,7 +337,7 @@ conversation_thread(thread_pointer self, std::string thread_id,
       return count;
     },
     [self](passivate_atom) -> caf::result<bool> {
-      if (busy(self->state))
+      if (busy(self->state) || appends_in_flight(self->state) > 0)
         return false;
       // Everything this thread holds is stored: nothing is lost. Readers
       // go to the registry from now on (before a newer actor of this

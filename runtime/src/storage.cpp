@@ -130,6 +130,21 @@ struct state_store_state {
   struct pending_write {
     sql_write write;
     caf::typed_response_promise<uint64_t> promise;
+    /// Run before the answer (null: answer with the rows changed).
+    write_hook_ptr hook;
+
+    void answer(uint64_t changes) {
+      if (hook)
+        promise.deliver(hook->committed(changes));
+      else
+        promise.deliver(changes);
+    }
+    void answer(caf::error err) {
+      if (hook)
+        promise.deliver(hook->failed(std::move(err)));
+      else
+        promise.deliver(std::move(err));
+    }
   };
 
   std::unique_ptr<database> db;
@@ -253,18 +268,31 @@ sql_statement prepare_read(state_store_state& st, const sql_statement& query) {
 }
 
 // Commits every pending write in one transaction, each in its own
-// savepoint, then answers them all.
+// savepoint, then answers them all in arrival order (running their hooks).
+// Empty writes (barriers) take no part in the transaction, and a batch of
+// barriers alone commits nothing.
 void flush(state_store_state& st) {
   if (st.pending.empty())
     return;
   auto started = std::chrono::steady_clock::now();
   auto batch = std::move(st.pending);
   st.pending.clear();
+  auto writes = static_cast<uint64_t>(
+    std::count_if(batch.begin(), batch.end(),
+                  [](const auto& w) { return !w.write.empty(); }));
+  if (writes == 0) {
+    for (auto& w : batch)
+      w.answer(uint64_t{0});
+    return;
+  }
   auto fail_all = [&](const caf::error& err) {
     if (st.counters)
-      st.counters->committed(0, batch.size(), 0);
+      st.counters->committed(0, writes, 0);
     for (auto& w : batch)
-      w.promise.deliver(err);
+      if (w.write.empty())
+        w.answer(uint64_t{0});
+      else
+        w.answer(err);
   };
   if (auto err = run(st, "BEGIN IMMEDIATE;")) {
     fail_all(err);
@@ -272,15 +300,21 @@ void flush(state_store_state& st) {
   }
   std::vector<caf::expected<uint64_t>> results;
   results.reserve(batch.size());
+  uint64_t failed_writes = 0;
   for (auto& w : batch) {
     uint64_t changes = 0;
-    if (w.write.size() == 1) {
+    if (w.write.size() <= 1) {
       // One statement is atomic by itself: SQLite undoes a failing
       // statement, not the transaction around it.
-      if (auto err = run(st, w.write.front(), &changes))
+      caf::error err;
+      if (!w.write.empty())
+        err = run(st, w.write.front(), &changes);
+      if (err) {
+        ++failed_writes;
         results.emplace_back(std::move(err));
-      else
+      } else {
         results.emplace_back(changes);
+      }
       continue;
     }
     caf::error failed = run(st, "SAVEPOINT write;");
@@ -292,6 +326,7 @@ void flush(state_store_state& st) {
     if (failed) {
       run(st, "ROLLBACK TO write;");
       run(st, "RELEASE write;");
+      ++failed_writes;
       results.emplace_back(std::move(failed));
     } else {
       run(st, "RELEASE write;");
@@ -303,20 +338,16 @@ void flush(state_store_state& st) {
     fail_all(err);
     return;
   }
-  if (st.counters) {
-    auto failed = static_cast<uint64_t>(
-      std::count_if(results.begin(), results.end(),
-                    [](const caf::expected<uint64_t>& x) { return !x; }));
-    st.counters->committed(batch.size() - failed, failed,
+  if (st.counters)
+    st.counters->committed(writes - failed_writes, failed_writes,
                            seconds_since(started));
-  }
   for (size_t i = 0; i < batch.size(); ++i) {
     if (results[i])
-      batch[i].promise.deliver(*results[i]);
+      batch[i].answer(*results[i]);
     else
-      batch[i].promise.deliver(results[i].error());
+      batch[i].answer(std::move(results[i].error()));
   }
-  st.unfolded += batch.size();
+  st.unfolded += writes;
   if (st.unfolded >= st.fold_every)
     fold(st); // after the answers: no write waits for it
 }
@@ -347,6 +378,25 @@ void fold(state_store_state& st) {
   st.journal_unknown = false;
   if (st.counters)
     st.counters->folded(moved, seconds_since(started));
+}
+
+// Queues a write for the next commit, which runs behind every write
+// already in the mailbox (they commit together), or at once without group
+// commit.
+caf::typed_response_promise<uint64_t>
+enqueue_write(state_store_pointer self, sql_write write, write_hook_ptr hook) {
+  auto& s = self->state;
+  auto rp = self->make_response_promise<uint64_t>();
+  for (auto& x : write)
+    note_journaled(s, x);
+  s.pending.push_back({std::move(write), rp, std::move(hook)});
+  if (!s.group_commit) {
+    flush(s);
+  } else if (!s.flush_scheduled) {
+    s.flush_scheduled = true;
+    self->send(self, flush_atom::value);
+  }
+  return rp;
 }
 
 storage_actor::extend<caf::reacts_to<flush_atom>>::behavior_type
@@ -381,19 +431,11 @@ state_store(state_store_pointer self,
   });
   return {
     [self](store_atom, sql_write& write) -> caf::result<uint64_t> {
-      auto& s = self->state;
-      auto rp = self->make_response_promise<uint64_t>();
-      for (auto& x : write)
-        note_journaled(s, x);
-      s.pending.push_back({std::move(write), rp});
-      if (!s.group_commit) {
-        flush(s);
-      } else if (!s.flush_scheduled) {
-        // Behind every write already in the mailbox: they commit together.
-        s.flush_scheduled = true;
-        self->send(self, flush_atom::value);
-      }
-      return rp;
+      return enqueue_write(self, std::move(write), nullptr);
+    },
+    [self](store_atom, sql_write& write,
+           write_hook_ptr& hook) -> caf::result<uint64_t> {
+      return enqueue_write(self, std::move(write), std::move(hook));
     },
     [self](flush_atom) {
       self->state.flush_scheduled = false;

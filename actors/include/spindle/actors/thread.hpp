@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <deque>
@@ -53,11 +54,23 @@ struct thread_state {
   uint64_t committed = 0;
   std::deque<waiter> waiting;
 
+  /// Appends handed to the state store and not yet answered, shared with
+  /// their hooks (which run on the store's thread).
+  struct write_progress {
+    std::string thread_id;
+    std::atomic<size_t> in_flight{0};
+  };
+
   /// The state store (invalid: in memory only). With a store, a write is
-  /// made durable first and applied when it committed; meanwhile `writing`
-  /// holds later writes back, so they commit in order.
+  /// made durable first and applied when it committed. Appends are handed
+  /// to the store as they come, several in flight: the store publishes each
+  /// in `turns` after its commit and answers its caller (write_hook). A
+  /// clear, or an exchange's start while appends are in flight, waits for
+  /// the store's answer instead; meanwhile `writing` holds later requests
+  /// back, so everything commits and applies in arrival order.
   storage_actor store;
   bool writing = false;
+  std::shared_ptr<write_progress> appends = std::make_shared<write_progress>();
   /// Sequence number of the next turn in the store.
   uint64_t next_seq = 0;
 

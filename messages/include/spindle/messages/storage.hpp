@@ -1,9 +1,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include <caf/allowed_unsafe_message_type.hpp>
+#include <caf/error.hpp>
 #include <caf/meta/type_name.hpp>
 #include <caf/replies_to.hpp>
 #include <caf/typed_actor.hpp>
@@ -107,15 +110,40 @@ struct sql_journal {
   std::string keyed_home_read_sql;
 };
 
+/// What a writer runs in the state store once its write's outcome is
+/// known, before the write is answered: the store stays domain-free, and
+/// the writer's in-memory state follows the database without a message
+/// back to it (the thread actor publishes a committed turn this way and
+/// the store answers the thread's caller directly: docs/storage.md,
+/// "Order"). Runs on the store's thread, in the order the writes arrived;
+/// it must not block.
+class write_hook {
+public:
+  virtual ~write_hook() = default;
+  /// The write committed, changing `changes` rows; returns the answer.
+  virtual uint64_t committed(uint64_t changes) = 0;
+  /// The write was not stored; returns the error to answer with.
+  virtual caf::error failed(caf::error reason) = 0;
+};
+
+using write_hook_ptr = std::shared_ptr<write_hook>;
+
 /// The state store's protocol.
 /// - `(store, write)`: applies the statements in one savepoint of the next
 ///   transaction and replies with the rows they changed, after the commit.
 ///   A failing statement undoes its whole write (not its batch neighbours).
-///   Errors: `storage_failure` with SQLite's message.
+///   Errors: `storage_failure` with SQLite's message. An empty write
+///   changes nothing and is answered once every write that arrived before
+///   it has committed (a barrier).
+/// - `(store, write, hook)`: the same, answered with what `hook` returns.
 /// - `(load, statement)`: runs a query after every write that arrived
 ///   before it has committed, and replies with its rows.
 using storage_actor = caf::typed_actor<
   caf::replies_to<store_atom, sql_write>::with<uint64_t>,
+  caf::replies_to<store_atom, sql_write, write_hook_ptr>::with<uint64_t>,
   caf::replies_to<load_atom, sql_statement>::with<sql_rows>>;
 
 } // namespace spindle
+
+// A hook travels only inside the process, never serialized.
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(spindle::write_hook_ptr)
