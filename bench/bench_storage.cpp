@@ -6,8 +6,10 @@
 //    sync full); and one transaction per write (sync full), the baseline
 //    group commit improves on. Clients are blocking facade callers (one
 //    write in flight each; their calls' latency percentiles in a table of
-//    their own), then pipelined event-based drivers; then what the turn
-//    journal's folds cost at three values of fold_every.
+//    their own), then pipelined event-based drivers, each beside what the
+//    SQLite work of its turns costs alone (the ceiling of one store
+//    thread); then what the turn journal's folds cost at three values of
+//    fold_every.
 // 2. RSS of a process whose store holds 1M threads of 4 turns while 10k are
 //    resident, after touching many more than 10k of them (they are loaded
 //    and passivated again), in a fresh child process.
