@@ -13,11 +13,12 @@
 #include "spindle/messages/threads.hpp"
 
 // Reading a thread without messaging it (docs/threads.md, "Published
-// views"). A thread actor keeps its turns in a `turn_log`: one writer (the
-// actor) appends, any number of readers on other threads read the prefix
-// published so far. Published turns never change and never move, so a
-// reader holding a log reads a consistent, immutable prefix while the
-// actor goes on appending. The actor publishes its log in `thread_views`,
+// views"). A thread actor keeps its turns in a `turn_log`: one writer
+// appends (the actor, or with a data directory the state store after each
+// commit: docs/storage.md, "Order"), any number of readers on other
+// threads read the prefix published so far. Published turns never change
+// and never move, so a reader holding a log reads a consistent, immutable
+// prefix while the writer goes on appending. The actor publishes its log in `thread_views`,
 // where the context builder finds it by thread ID.
 
 namespace spindle {
@@ -47,7 +48,9 @@ public:
     return segments_[k].load(std::memory_order_acquire)[offset];
   }
 
-  /// Appends `x` and publishes it. Only the owning actor calls this.
+  /// Appends `x` and publishes it. Only the log's writer calls this: the
+  /// thread actor in memory-only mode, else the state store's append hooks
+  /// (one after the other, handed over by message passing).
   /// Returns the new size.
   size_t push_back(turn x);
 
