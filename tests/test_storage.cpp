@@ -954,6 +954,10 @@ TEST_CASE("storage: a clear and an exchange sent behind appends still in "
       CHECK(*answers[i] == i - 10);
     }
     REQUIRE(answers[16]); // granted: the lease
+    // The store counted the thread's creation, 16 turns and the clear; a
+    // barrier is no write of its own.
+    CHECK(rt.store_stats().writes == 18);
+    CHECK(rt.store_stats().failed_writes == 0);
     auto snap = rt.snapshot("busy");
     REQUIRE(snap);
     CHECK(snap->in_exchange);
@@ -962,6 +966,13 @@ TEST_CASE("storage: a clear and an exchange sent behind appends still in "
     client->request(handle, 5s, exchange_end_atom::value, *answers[16])
       .receive([](uint64_t n) { CHECK(n == 5); },
                [](caf::error& err) { FAIL(describe(err)); });
+    // A barrier alone: answered with nothing changed, and no transaction.
+    auto before = rt.store_stats();
+    client->request(rt.state_store(), 5s, store_atom::value, sql_write{})
+      .receive([](uint64_t n) { CHECK(n == 0); },
+               [](caf::error& err) { FAIL(describe(err)); });
+    CHECK(rt.store_stats().commits == before.commits);
+    CHECK(rt.store_stats().writes == before.writes);
   }
   runtime rt{opts};
   auto h = rt.history("busy", 100);

@@ -148,7 +148,7 @@ void add_serve(CLI::App& app, registry& commands) {
     ->envname("SPINDLE_BIND");
   sub->add_option("--data", args->data,
                   "data directory, or :memory: to keep nothing (default "
-                  "./spindle-data)")
+                  "./spindle-data); one process owns a directory at a time")
     ->envname("SPINDLE_DATA");
   sub->add_option("--llm", args->llm,
                   "LLM provider: offline (default) or openai")

@@ -18,8 +18,8 @@
 // commit: docs/storage.md, "Order"), any number of readers on other
 // threads read the prefix published so far. Published turns never change
 // and never move, so a reader holding a log reads a consistent, immutable
-// prefix while the writer goes on appending. The actor publishes its log in `thread_views`,
-// where the context builder finds it by thread ID.
+// prefix while the writer goes on appending. The actor publishes its log
+// in `thread_views`, where the context builder finds it by thread ID.
 
 namespace spindle {
 
