@@ -196,7 +196,9 @@ TEST_CASE("server: /metrics speaks the Prometheus text format with requests "
   for (auto name : {"spindle_storage_commits", "spindle_storage_writes",
                     "spindle_storage_failed_writes",
                     "spindle_storage_commit_seconds", "spindle_storage_folds",
-                    "spindle_storage_fold_seconds"})
+                    "spindle_storage_fold_seconds", "spindle_storage_lingers",
+                    "spindle_storage_linger_hits",
+                    "spindle_storage_linger_seconds"})
     CHECK(m->body.find(std::string{"# TYPE "} + name + " gauge")
           != std::string::npos);
 }
@@ -306,4 +308,8 @@ TEST_CASE("server: bad flags are refused with exit code 2 and a message") {
   auto unknown = spindle::test::run({spindle::test::spindle_binary(), "serve",
                                      "--no-such-flag"});
   CHECK(unknown.exit_code == 2);
+  auto linger = spindle::test::run({spindle::test::spindle_binary(), "serve",
+                                    "--store-linger-us", "-1"});
+  CHECK(linger.exit_code == 2);
+  CHECK(linger.err.find("store-linger-us") != std::string::npos);
 }

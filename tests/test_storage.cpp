@@ -805,6 +805,50 @@ TEST_CASE("storage: the store counts every committed write once, in fewer "
   CHECK(mem.store_stats().commits == 0);
 }
 
+TEST_CASE("storage: after a small commit the store lingers for the next "
+          "write, or not at all when told not to, and every write is "
+          "answered and stored as before") {
+  for (auto linger : {std::chrono::microseconds{50000},
+                      std::chrono::microseconds{0}}) {
+    CAPTURE(linger.count());
+    test::temp_dir dir;
+    auto opts = durable(dir);
+    opts.conversation.memory = false;
+    opts.storage.linger = linger;
+    std::vector<std::string> written;
+    {
+      runtime rt{opts};
+      // One caller, one write in flight: every commit carries one write,
+      // and the next one arrives well within 50 ms of its answer.
+      for (size_t i = 0; i < 40; ++i) {
+        written.push_back(name("t", i));
+        REQUIRE(rt.add_turn("solo", make_user_turn(written.back())));
+      }
+      auto stats = rt.store_stats();
+      CHECK(stats.commits == 41); // the thread's creation, then each turn
+      if (linger.count() > 0) {
+        // The linger after the last commit may still be running.
+        CHECK(stats.lingers + 1 >= stats.commits);
+        CHECK(stats.lingers <= stats.commits);
+        CHECK(stats.linger_hits + 1 >= stats.lingers);
+        CHECK(stats.linger_hits <= stats.lingers);
+        CHECK(stats.linger_seconds > 0);
+      } else {
+        CHECK(stats.lingers == 0);
+        CHECK(stats.linger_hits == 0);
+        CHECK(stats.linger_seconds == 0);
+      }
+      auto h = rt.history("solo", 100);
+      REQUIRE(h);
+      CHECK(contents(*h) == written);
+    }
+    runtime again{opts};
+    auto h = again.history("solo", 100);
+    REQUIRE(h);
+    CHECK(contents(*h) == written);
+  }
+}
+
 TEST_CASE("storage: the journal folds every few writes while threads are "
           "written and activated, and every history stays exact") {
   test::temp_dir dir;

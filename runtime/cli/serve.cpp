@@ -37,6 +37,7 @@ struct serve_args {
   std::string sync = "full";
   uint64_t max_resident = activation_options{}.max_resident;
   double idle_s = 300;
+  long linger_us = storage_options{}.linger.count();
 };
 
 int serve(serve_args args) {
@@ -57,6 +58,7 @@ int serve(serve_args args) {
   opts.storage.data_dir = args.data;
   opts.storage.sync = args.sync == "normal" ? sync_mode::normal
                                             : sync_mode::full;
+  opts.storage.linger = std::chrono::microseconds(args.linger_us);
   activation_options activation;
   activation.max_resident = args.max_resident;
   activation.idle_timeout = std::chrono::milliseconds(
@@ -207,6 +209,12 @@ void add_serve(CLI::App& app, registry& commands) {
                   "passivated (default 300; 0: never)")
     ->envname("SPINDLE_IDLE_TIMEOUT")
     ->check(CLI::Range(0.0, 86400.0 * 365));
+  sub->add_option("--store-linger-us", args->linger_us,
+                  "microseconds the state store polls for the next write "
+                  "after a commit of a few writes before it sleeps (default "
+                  "100; 0: never)")
+    ->envname("SPINDLE_STORE_LINGER_US")
+    ->check(CLI::Range(0L, 100000L));
   commands.on(sub, [args] { return serve(*args); });
 }
 

@@ -136,6 +136,18 @@ void add_gauges(http_metrics& metrics, runtime& rt) {
      "Seconds the state store spent folding the turn journal since the "
      "start",
      [](const storage_stats& x) { return x.fold_seconds; }},
+    {"spindle_storage_lingers",
+     "Times the state store polled its mailbox after a small commit "
+     "instead of sleeping, since the start",
+     [](const storage_stats& x) { return static_cast<double>(x.lingers); }},
+    {"spindle_storage_linger_hits",
+     "Lingers that a write arriving ended, since the start",
+     [](const storage_stats& x) {
+       return static_cast<double>(x.linger_hits);
+     }},
+    {"spindle_storage_linger_seconds",
+     "Seconds the state store spent lingering since the start",
+     [](const storage_stats& x) { return x.linger_seconds; }},
   };
   for (auto& g : storage_gauges)
     metrics.add_gauge(g.name, g.help, [&rt, field = g.field] {

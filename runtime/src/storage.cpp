@@ -4,6 +4,7 @@
 #include <chrono>
 #include <filesystem>
 #include <system_error>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -163,6 +164,7 @@ struct state_store_state {
   sql_journal journal;
   uint64_t fold_every = 0;
   uint64_t unfolded = 0;
+  std::chrono::microseconds linger{0};
   /// Keys with rows in the journal (appended since the last fold that
   /// succeeded), or every key while `journal_unknown`: what an earlier
   /// process left could not be folded at the start.
@@ -270,10 +272,10 @@ sql_statement prepare_read(state_store_state& st, const sql_statement& query) {
 // Commits every pending write in one transaction, each in its own
 // savepoint, then answers them all in arrival order (running their hooks).
 // Empty writes (barriers) take no part in the transaction, and a batch of
-// barriers alone commits nothing.
-void flush(state_store_state& st) {
+// barriers alone commits nothing. Returns the writes the batch carried.
+uint64_t flush(state_store_state& st) {
   if (st.pending.empty())
-    return;
+    return 0;
   auto started = std::chrono::steady_clock::now();
   auto batch = std::move(st.pending);
   st.pending.clear();
@@ -283,7 +285,7 @@ void flush(state_store_state& st) {
   if (writes == 0) {
     for (auto& w : batch)
       w.answer(uint64_t{0});
-    return;
+    return 0;
   }
   auto fail_all = [&](const caf::error& err) {
     if (st.counters)
@@ -296,7 +298,7 @@ void flush(state_store_state& st) {
   };
   if (auto err = run(st, "BEGIN IMMEDIATE;")) {
     fail_all(err);
-    return;
+    return writes;
   }
   std::vector<caf::expected<uint64_t>> results;
   results.reserve(batch.size());
@@ -336,7 +338,7 @@ void flush(state_store_state& st) {
   if (auto err = run(st, "COMMIT;")) {
     run(st, "ROLLBACK;");
     fail_all(err);
-    return;
+    return writes;
   }
   if (st.counters)
     st.counters->committed(writes - failed_writes, failed_writes,
@@ -350,6 +352,7 @@ void flush(state_store_state& st) {
   st.unfolded += writes;
   if (st.unfolded >= st.fold_every)
     fold(st); // after the answers: no write waits for it
+  return writes;
 }
 
 // Runs the fold in a transaction of its own. A failure is logged and the
@@ -399,10 +402,36 @@ enqueue_write(state_store_pointer self, sql_write write, write_hook_ptr hook) {
   return rp;
 }
 
+// After a commit of at most `linger_writes` writes the store polls its
+// mailbox for up to `linger_time` before its thread goes to sleep, yielding
+// the core to any thread that wants it meanwhile. Under a light load the
+// next write is usually a caller's next call, due a few tens of
+// microseconds after the answer, and waking a sleeping store costs about
+// as much again (docs/storage.md, "The store lingers"). Under a heavy load
+// writes queue up during each commit, the mailbox is not empty when the
+// commit ends, and the store does not linger; larger batches are the sign
+// of such a load.
+constexpr uint64_t linger_writes = 8;
+
+void linger(state_store_pointer self, uint64_t committed) {
+  auto& st = self->state;
+  if (committed == 0 || committed > linger_writes || st.linger.count() <= 0)
+    return;
+  auto started = std::chrono::steady_clock::now();
+  auto deadline = started + st.linger;
+  bool hit = false;
+  while (!(hit = !self->mailbox().empty())
+         && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  if (st.counters)
+    st.counters->lingered(hit, seconds_since(started));
+}
+
 storage_actor::extend<caf::reacts_to<flush_atom>>::behavior_type
 state_store(state_store_pointer self,
             std::shared_ptr<std::unique_ptr<database>> db, bool group_commit,
             caf::actor checkpointer, sql_journal journal, uint64_t fold_every,
+            std::chrono::microseconds linger_time,
             std::shared_ptr<storage_counters> counters) {
   auto& st = self->state;
   // The actor is the connection's only user; the shared_ptr only carries
@@ -412,6 +441,7 @@ state_store(state_store_pointer self,
   st.journal = std::move(journal);
   st.counters = std::move(counters);
   st.fold_every = std::max<uint64_t>(1, fold_every);
+  st.linger = linger_time;
   // What an earlier process journaled and did not fold; if that fails,
   // every keyed read folds first until a fold succeeds.
   st.journal_unknown = true;
@@ -439,7 +469,7 @@ state_store(state_store_pointer self,
     },
     [self](flush_atom) {
       self->state.flush_scheduled = false;
-      flush(self->state);
+      linger(self, flush(self->state));
     },
     [self](load_atom, const sql_statement& query) -> caf::result<sql_rows> {
       auto& s = self->state;
@@ -511,6 +541,7 @@ spawn_state_store(caf::actor_system& sys, const storage_options& options,
                                          std::move(checkpoints),
                                          records::turn_journal(),
                                          options.fold_every,
+                                         options.linger,
                                          std::move(counters));
   return caf::actor_cast<storage_actor>(handle);
 }
@@ -526,6 +557,10 @@ storage_stats storage_counters::read() const noexcept {
     = static_cast<double>(commit_ns_.load(std::memory_order_relaxed)) / 1e9;
   out.fold_seconds
     = static_cast<double>(fold_ns_.load(std::memory_order_relaxed)) / 1e9;
+  out.lingers = lingers_.load(std::memory_order_relaxed);
+  out.linger_hits = linger_hits_.load(std::memory_order_relaxed);
+  out.linger_seconds
+    = static_cast<double>(linger_ns_.load(std::memory_order_relaxed)) / 1e9;
   return out;
 }
 
@@ -550,6 +585,13 @@ void storage_counters::folded(uint64_t turns, double seconds) noexcept {
   folds_.fetch_add(1, std::memory_order_relaxed);
   folded_turns_.fetch_add(turns, std::memory_order_relaxed);
   fold_ns_.fetch_add(nanoseconds(seconds), std::memory_order_relaxed);
+}
+
+void storage_counters::lingered(bool hit, double seconds) noexcept {
+  lingers_.fetch_add(1, std::memory_order_relaxed);
+  if (hit)
+    linger_hits_.fetch_add(1, std::memory_order_relaxed);
+  linger_ns_.fetch_add(nanoseconds(seconds), std::memory_order_relaxed);
 }
 
 std::string database_path(const storage_options& options) {

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 
@@ -26,6 +27,10 @@ struct storage_options {
   /// The state store folds the turn journal into the turns table after
   /// this many writes (and before a load of a thread with turns in it).
   uint64_t fold_every = 16384;
+  /// After a commit of a few writes, the state store polls its mailbox for
+  /// this long before its thread sleeps, so a caller's next write finds it
+  /// awake (docs/storage.md, "The store lingers"). Zero: never.
+  std::chrono::microseconds linger{100};
 
   bool in_memory() const noexcept {
     return data_dir.empty() || data_dir == ":memory:";
@@ -47,6 +52,11 @@ struct storage_stats {
   /// Time spent from BEGIN to COMMIT, in commits and in folds.
   double commit_seconds = 0;
   double fold_seconds = 0;
+  /// Lingers after a commit, those a write ended (the rest timed out), and
+  /// the time spent in all of them.
+  uint64_t lingers = 0;
+  uint64_t linger_hits = 0;
+  double linger_seconds = 0;
 };
 
 /// The state store's counters: written by the store alone, read by anyone
@@ -59,6 +69,8 @@ public:
   /// whole), `failed` were answered with an error.
   void committed(uint64_t writes, uint64_t failed, double seconds) noexcept;
   void folded(uint64_t turns, double seconds) noexcept;
+  /// A linger ended, by a write arriving (`hit`) or by its time running out.
+  void lingered(bool hit, double seconds) noexcept;
 
 private:
   std::atomic<uint64_t> commits_{0};
@@ -68,6 +80,9 @@ private:
   std::atomic<uint64_t> folded_turns_{0};
   std::atomic<uint64_t> commit_ns_{0};
   std::atomic<uint64_t> fold_ns_{0};
+  std::atomic<uint64_t> lingers_{0};
+  std::atomic<uint64_t> linger_hits_{0};
+  std::atomic<uint64_t> linger_ns_{0};
 };
 
 /// The database file inside a data directory.
