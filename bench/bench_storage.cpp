@@ -286,6 +286,12 @@ double ratio(const rate& x, const rate& y) {
   return ratio(x.per_second, y.per_second);
 }
 
+// n / of to two decimals; 0 when there is nothing to divide by.
+double share(uint64_t n, uint64_t of) {
+  return of == 0 ? 0.0
+                 : ratio(static_cast<double>(n), static_cast<double>(of));
+}
+
 void throughput(report& rep, bool quick) {
   const double secs = quick ? 0.3 : 3.0;
   const std::vector<size_t> client_counts{1, 8, 64};
@@ -443,13 +449,8 @@ void throughput(report& rep, bool quick) {
       auto& s = with.store;
       g.add_row(pipelined ? "pipelined" : "blocking", clients,
                 std::round(with.per_second), std::round(without.per_second),
-                ratio(with, without),
-                s.commits == 0 ? 0.0
-                               : ratio(static_cast<double>(s.lingers),
-                                       static_cast<double>(s.commits)),
-                s.lingers == 0 ? 0.0
-                               : ratio(static_cast<double>(s.linger_hits),
-                                       static_cast<double>(s.lingers)));
+                ratio(with, without), share(s.lingers, s.commits),
+                share(s.linger_hits, s.lingers));
     }
   g.notes = {
     "add_turn per second, as in the tables above. With linger (the "

@@ -203,6 +203,41 @@ TEST_CASE("server: /metrics speaks the Prometheus text format with requests "
           != std::string::npos);
 }
 
+TEST_CASE("server: --store-linger-us reaches the state store: it lingers "
+          "after small commits by default and never with 0") {
+  // The value of an unlabelled gauge in a /metrics body (-1: absent).
+  auto gauge = [](const std::string& body, const std::string& name) {
+    auto at = body.find("\n" + name + " ");
+    if (at == std::string::npos)
+      return -1.0;
+    return std::stod(body.substr(at + name.size() + 2));
+  };
+  for (const char* linger : {"", "0"}) {
+    CAPTURE(linger);
+    spindle::test::temp_dir dir;
+    std::vector<std::string> args{"--data", dir.str(), "--sync", "normal"};
+    if (*linger != '\0')
+      args.insert(args.end(), {"--store-linger-us", linger});
+    server_process srv{args};
+    httplib::Client cli{"127.0.0.1", srv.port()};
+    // One caller, one message at a time: every commit is a small one.
+    for (int i = 0; i < 5; ++i) {
+      auto r = cli.Post("/v1/threads/linger/messages",
+                        R"({"content":"hello"})", "application/json");
+      REQUIRE(r);
+      REQUIRE(r->status == 200);
+    }
+    auto m = cli.Get("/metrics");
+    REQUIRE(m);
+    CHECK(gauge(m->body, "spindle_storage_commits") >= 5);
+    auto lingers = gauge(m->body, "spindle_storage_lingers");
+    if (*linger == '\0')
+      CHECK(lingers >= 4);
+    else
+      CHECK(lingers == 0);
+  }
+}
+
 TEST_CASE("server: /metrics counts tasks by state - spindle_tasks changes "
           "after a claim and a completion") {
   server_process srv;

@@ -419,10 +419,11 @@ void linger(state_store_pointer self, uint64_t committed) {
     return;
   auto started = std::chrono::steady_clock::now();
   auto deadline = started + st.linger;
-  bool hit = false;
-  while (!(hit = !self->mailbox().empty())
-         && std::chrono::steady_clock::now() < deadline)
+  bool hit = !self->mailbox().empty();
+  while (!hit && std::chrono::steady_clock::now() < deadline) {
     std::this_thread::yield();
+    hit = !self->mailbox().empty();
+  }
   if (st.counters)
     st.counters->lingered(hit, seconds_since(started));
 }
