@@ -2,12 +2,22 @@
 
 #include <thread>
 
+#include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "spindle/runtime/io_pool.hpp"
+
 #include "spindle/messages/context_builder.hpp"
 #include "spindle/messages/error.hpp"
 
 namespace spindle {
 
 llm_provider::~llm_provider() = default;
+
+bool llm_provider::start(std::vector<chat_message>, completion_options,
+                         delta_callback, completion_done) {
+  return false;
+}
 
 namespace {
 
@@ -90,8 +100,9 @@ std::vector<std::string> split_deltas(const std::string& text, size_t parts) {
   return out;
 }
 
-offline_provider::offline_provider(std::chrono::milliseconds delta_delay)
-  : delta_delay_(delta_delay) {
+offline_provider::offline_provider(std::chrono::milliseconds delta_delay,
+                                   std::shared_ptr<net::io_pool> loops)
+  : delta_delay_(delta_delay), loops_(std::move(loops)) {
 }
 
 std::string offline_provider::name() const {
@@ -144,6 +155,74 @@ offline_provider::complete(const std::vector<chat_message>& messages,
     }
   }
   return out;
+}
+
+namespace {
+
+// One delayed offline reply: a timer per delta on one event loop.
+struct delayed_reply : std::enable_shared_from_this<delayed_reply> {
+  delayed_reply(boost::asio::io_context& ctx, std::vector<std::string> ps,
+                std::chrono::milliseconds d, delta_callback delta,
+                completion_done end)
+    : timer(ctx), parts(std::move(ps)), delay(d), on_delta(std::move(delta)),
+      done(std::move(end)) {
+  }
+
+  void next() {
+    timer.expires_after(delay);
+    timer.async_wait(
+      [self = shared_from_this()](const boost::system::error_code& ec) {
+        self->step(ec);
+      });
+  }
+
+  void step(const boost::system::error_code& ec) {
+    if (ec) {
+      done(make_error(errc::unavailable, "the offline provider stopped"));
+      return;
+    }
+    auto& piece = parts[index++];
+    out.text += piece;
+    if (on_delta && !on_delta(piece)) {
+      out.interrupted = true;
+      done(std::move(out));
+      return;
+    }
+    if (index == parts.size()) {
+      done(std::move(out));
+      return;
+    }
+    next();
+  }
+
+  boost::asio::steady_timer timer;
+  std::vector<std::string> parts;
+  size_t index = 0;
+  std::chrono::milliseconds delay;
+  delta_callback on_delta;
+  completion_done done;
+  completion out;
+};
+
+} // namespace
+
+bool offline_provider::start(std::vector<chat_message> messages,
+                             completion_options options,
+                             delta_callback on_delta, completion_done done) {
+  if (delta_delay_.count() > 0 && !loops_)
+    return false;
+  if (delta_delay_.count() == 0 || messages.empty()) {
+    done(complete(messages, options, on_delta));
+    return true;
+  }
+  auto parts = split_deltas(reply_for(messages), 4);
+  auto reply = std::make_shared<delayed_reply>(loops_->next(),
+                                               std::move(parts), delta_delay_,
+                                               std::move(on_delta),
+                                               std::move(done));
+  boost::asio::post(reply->timer.get_executor(),
+                    [reply] { reply->next(); });
+  return true;
 }
 
 std::shared_ptr<llm_provider> make_offline_provider() {

@@ -18,10 +18,16 @@
 // providers (OpenAI-compatible HTTP) implement it elsewhere; this file holds
 // the interface and the offline provider, spindle's default.
 //
-// Blocking calls run only in detached actors or dedicated threads, never in
-// an event-based actor.
+// A provider streams in one of two ways: `start` (asynchronous: it returns
+// at once and calls back from its own event loop; the built-in providers)
+// or `complete` (blocking: the caller gives it a thread of its own, never an
+// event-based actor's).
 
 namespace spindle {
+
+namespace net {
+class io_pool;
+} // namespace net
 
 /// Per-call settings. Zero or empty fields leave the provider's default.
 struct completion_options {
@@ -46,6 +52,9 @@ struct completion {
 /// false stops the generation: the client went away. May be empty.
 using delta_callback = std::function<bool(std::string_view delta)>;
 
+/// Receives the end of an asynchronous completion, exactly once.
+using completion_done = std::function<void(caf::expected<completion>)>;
+
 /// A chat completion backend. Implementations must be thread-safe:
 /// `complete` is called from several threads at once.
 class llm_provider {
@@ -63,6 +72,17 @@ public:
   complete(const std::vector<chat_message>& messages,
            const completion_options& options, const delta_callback& on_delta)
     = 0;
+
+  /// Starts the completion of `messages` and returns without waiting for
+  /// it: `on_delta` receives each piece in order, then `done` runs exactly
+  /// once with what `complete` would have returned. Both run on a thread of
+  /// the provider's choosing (its event loop), possibly before `start`
+  /// returns, and must not block. Returns false, calling neither, when the
+  /// provider has no asynchronous form; the caller then runs `complete` on
+  /// a thread of its own. The default returns false.
+  virtual bool start(std::vector<chat_message> messages,
+                     completion_options options, delta_callback on_delta,
+                     completion_done done);
 };
 
 /// What a prompt holds, read the way the context builder assembles it
@@ -92,9 +112,12 @@ prompt_summary summarize_prompt(const std::vector<chat_message>& messages);
 /// for short replies). Thread-safe.
 class offline_provider : public llm_provider {
 public:
-  /// `delta_delay` is slept before each delta (0: none), to watch streaming
-  /// by eye or to make exchanges overlap in tests.
-  explicit offline_provider(std::chrono::milliseconds delta_delay = {});
+  /// `delta_delay` passes before each delta (0: none), to watch streaming
+  /// by eye or to make exchanges overlap in tests. With a delay, `start`
+  /// waits on timers of `loops`; without loops it has no asynchronous form
+  /// and `complete` sleeps instead.
+  explicit offline_provider(std::chrono::milliseconds delta_delay = {},
+                            std::shared_ptr<net::io_pool> loops = nullptr);
 
   std::string name() const override;
 
@@ -102,11 +125,16 @@ public:
                                      const completion_options& options,
                                      const delta_callback& on_delta) override;
 
+  /// Without a delay, streams every delta and ends before it returns.
+  bool start(std::vector<chat_message> messages, completion_options options,
+             delta_callback on_delta, completion_done done) override;
+
   /// The reply for `messages`, without streaming.
   static std::string reply_for(const std::vector<chat_message>& messages);
 
 private:
   std::chrono::milliseconds delta_delay_;
+  std::shared_ptr<net::io_pool> loops_;
 };
 
 /// A shared offline provider.
