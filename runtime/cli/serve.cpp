@@ -9,10 +9,12 @@
 #include <thread>
 
 #include <pthread.h>
+#include <sys/resource.h>
 #include <spdlog/spdlog.h>
 
 #include "cli.hpp"
 #include "spindle/messages/error.hpp"
+#include "spindle/runtime/io_pool.hpp"
 #include "spindle/runtime/logging.hpp"
 #include "spindle/runtime/openai_provider.hpp"
 #include "spindle/runtime/rewriter.hpp"
@@ -38,7 +40,19 @@ struct serve_args {
   uint64_t max_resident = activation_options{}.max_resident;
   double idle_s = 300;
   long linger_us = storage_options{}.linger.count();
+  double header_timeout_s = 10;
+  double body_timeout_s = 30;
+  double keepalive_timeout_s = 60;
 };
+
+// Every connection and upstream call is a descriptor: take the hard limit.
+void raise_descriptor_limit() {
+  rlimit lim{};
+  if (getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
+    lim.rlim_cur = lim.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &lim);
+  }
+}
 
 int serve(serve_args args) {
   if (auto err = setup_logging(args.log_level, args.log_format)) {
@@ -53,6 +67,20 @@ int serve(serve_args args) {
   sigaddset(&signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);
+  raise_descriptor_limit();
+  // The event loops: the server's connections and the provider's upstream
+  // calls share them.
+  auto loops = net::make_io_pool(
+    args.http.http_threads > 0
+      ? args.http.http_threads
+      : std::max(1u, std::thread::hardware_concurrency()));
+  args.http.loops = loops;
+  args.http.header_timeout = std::chrono::milliseconds(
+    static_cast<int64_t>(args.header_timeout_s * 1000));
+  args.http.body_timeout = std::chrono::milliseconds(
+    static_cast<int64_t>(args.body_timeout_s * 1000));
+  args.http.keepalive_timeout = std::chrono::milliseconds(
+    static_cast<int64_t>(args.keepalive_timeout_s * 1000));
 
   runtime_options opts;
   opts.storage.data_dir = args.data;
@@ -67,7 +95,7 @@ int serve(serve_args args) {
   opts.conversation.registry.activation = activation;
   if (args.llm == "offline" && args.delta_delay_ms > 0)
     opts.provider = std::make_shared<offline_provider>(
-      std::chrono::milliseconds(args.delta_delay_ms));
+      std::chrono::milliseconds(args.delta_delay_ms), loops);
   if (args.llm == "openai") {
     openai_options llm;
     llm.base_url = args.llm_url;
@@ -129,6 +157,7 @@ int serve(serve_args args) {
   pthread_kill(waiter.native_handle(), SIGTERM);
   waiter.join();
   (*rt)->stop();
+  loops->stop();
   spdlog::info(log_fields("stopped", {}));
   spdlog::default_logger()->flush();
   return exit_code::ok;
@@ -186,9 +215,40 @@ void add_serve(CLI::App& app, registry& commands) {
     ->envname("SPINDLE_BODY_LIMIT")
     ->check(CLI::Range(size_t{1}, size_t{1} << 30));
   sub->add_option("--http-threads", args->http.http_threads,
-                  "threads serving connections (default 64)")
+                  "event-loop threads holding the connections (default 0: "
+                  "one per core)")
     ->envname("SPINDLE_HTTP_THREADS")
-    ->check(CLI::Range(size_t{2}, size_t{4096}));
+    ->check(CLI::Range(size_t{0}, size_t{256}));
+  sub->add_option("--http-workers", args->http.http_workers,
+                  "threads for routes that wait on the runtime; health, "
+                  "messages and streams never take one (default 16)")
+    ->envname("SPINDLE_HTTP_WORKERS")
+    ->check(CLI::Range(size_t{1}, size_t{4096}));
+  sub->add_option("--max-connections", args->http.max_connections,
+                  "open connections at once; past it a new one gets 503 "
+                  "(default 10000)")
+    ->envname("SPINDLE_MAX_CONNECTIONS")
+    ->check(CLI::Range(size_t{1}, size_t{1000000}));
+  sub->add_option("--header-timeout", args->header_timeout_s,
+                  "seconds a request's line and headers may take to arrive "
+                  "(default 10)")
+    ->envname("SPINDLE_HEADER_TIMEOUT")
+    ->check(CLI::Range(0.01, 3600.0));
+  sub->add_option("--body-timeout", args->body_timeout_s,
+                  "seconds a request's body may take after its headers "
+                  "(default 30)")
+    ->envname("SPINDLE_BODY_TIMEOUT")
+    ->check(CLI::Range(0.01, 3600.0));
+  sub->add_option("--keepalive-timeout", args->keepalive_timeout_s,
+                  "seconds an idle kept-alive connection stays open "
+                  "(default 60)")
+    ->envname("SPINDLE_KEEPALIVE_TIMEOUT")
+    ->check(CLI::Range(0.01, 86400.0));
+  sub->add_option("--stream-buffer", args->http.stream_buffer,
+                  "bytes a slow reader of a streamed reply may fall behind "
+                  "before it is cut off (default 1048576)")
+    ->envname("SPINDLE_STREAM_BUFFER")
+    ->check(CLI::Range(size_t{1024}, size_t{1} << 30));
   sub->add_option("--shutdown-grace", args->shutdown_grace_s,
                   "seconds in-flight requests get on SIGINT/SIGTERM "
                   "(default 10)")

@@ -1,191 +1,306 @@
 #include "spindle/runtime/conversation.hpp"
 
+#include <atomic>
+#include <mutex>
+
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
 #include "spindle/messages/error.hpp"
 
+// One exchange is one event-based actor: a chain of requests (registry,
+// thread lease, builder, user turn, provider, assistant turn, memory,
+// release) in which nothing waits on a thread. The provider streams on its
+// own event loop and reports its end to the actor as a message; a provider
+// without an asynchronous form gets a detached actor for its blocking call
+// alone.
+
 namespace spindle {
 
 namespace {
-
-template <class R, class Handle, class... Ts>
-caf::expected<R> ask(caf::blocking_actor* self, const Handle& receiver,
-                     std::chrono::milliseconds timeout, Ts&&... xs) {
-  caf::expected<R> out{caf::error{}};
-  self->request(receiver, timeout, std::forward<Ts>(xs)...)
-    .receive([&](R& value) { out = std::move(value); },
-             [&](caf::error& err) { out = std::move(err); });
-  return out;
-}
 
 caf::error wrap(const caf::error& err, const std::string& what) {
   return make_error(classify(err), what + ": " + describe(err));
 }
 
-// Ends the exchange on every path out, so a failure never leaves the thread
-// held (a crash is covered by the thread monitoring its holder).
-class lease_guard {
+// What the provider reported, handed to the actor with an `xreply`
+// message (the completion itself is not a message type).
+struct completion_box {
+  std::mutex mx;
+  caf::expected<completion> result{caf::error{}};
+};
+
+struct exchange_state {
+  exchange_services svc;
+  exchange_request req;
+  exchange_callbacks cb;
+  exchange_result res;
+  thread_actor thread;
+  uint64_t lease = 0;
+  bool held = false;
+  int attempt = 0;
+  build_request build;
+  std::vector<chat_message> prompt;
+  std::shared_ptr<completion_box> box = std::make_shared<completion_box>();
+  bool replied = false;
+  bool finished = false;
+};
+
+using state_ptr = std::shared_ptr<exchange_state>;
+
+class exchange {
 public:
-  lease_guard(caf::blocking_actor* self, thread_actor thread, uint64_t lease,
-              std::chrono::milliseconds timeout)
-    : self_(self), thread_(std::move(thread)), lease_(lease),
-      timeout_(timeout) {
+  exchange(caf::event_based_actor* self, state_ptr st)
+    : self_(self), st_(std::move(st)) {
   }
-  lease_guard(const lease_guard&) = delete;
-  lease_guard& operator=(const lease_guard&) = delete;
-  ~lease_guard() {
-    auto ended = ask<uint64_t>(self_, thread_, timeout_,
-                               exchange_end_atom::value, lease_);
-    if (!ended)
-      spdlog::warn("exchange lease {} was not released cleanly: {}", lease_,
-                   describe(ended.error()));
+
+  void start() {
+    auto& req = st_->req;
+    build_request probe{req.thread_id, req.user_id, req.content, req.build};
+    if (auto err = validate_build_request(probe))
+      return fail(err);
+    if (static_cast<uint8_t>(req.on_conflict)
+        > static_cast<uint8_t>(conflict_policy::fork))
+      return fail(make_error(errc::invalid_argument, "on_conflict is unknown"));
+    if (!st_->svc.provider)
+      return fail(make_error(errc::unavailable,
+                             "no LLM provider is configured"));
+    open_thread(req.thread_id);
+  }
+
+  // The provider's end arrived.
+  void on_completion() {
+    caf::expected<completion> reply{caf::error{}};
+    {
+      std::lock_guard<std::mutex> guard{st_->box->mx};
+      reply = std::move(st_->box->result);
+    }
+    if (!reply) {
+      auto code = classify(reply.error()) == errc::timeout
+                    ? errc::timeout
+                    : errc::upstream_failure;
+      spdlog::warn("exchange: provider '{}' failed for thread '{}': {}",
+                   st_->svc.provider->name(), st_->res.thread_id,
+                   describe(reply.error()));
+      return fail(make_error(code, "provider '" + st_->svc.provider->name()
+                                     + "' failed: "
+                                     + describe(reply.error())));
+    }
+    store_assistant(std::move(*reply));
   }
 
 private:
-  caf::blocking_actor* self_;
-  thread_actor thread_;
-  uint64_t lease_;
-  std::chrono::milliseconds timeout_;
-};
+  const conversation_options& opt() const {
+    return st_->svc.options;
+  }
 
-caf::expected<exchange_result> run(caf::blocking_actor* self,
-                                   const exchange_services& svc,
-                                   const exchange_request& req,
-                                   const delta_callback& on_delta) {
-  const auto& opt = svc.options;
-  // Everything the caller can get wrong is refused before anything exists.
-  build_request probe{req.thread_id, req.user_id, req.content, req.build};
-  if (auto err = validate_build_request(probe))
-    return err;
-  if (static_cast<uint8_t>(req.on_conflict)
-      > static_cast<uint8_t>(conflict_policy::fork))
-    return make_error(errc::invalid_argument, "on_conflict is unknown");
-  if (!svc.provider)
-    return make_error(errc::unavailable, "no LLM provider is configured");
-  spdlog::debug("exchange: request thread_id='{}' on_conflict={}",
-               req.thread_id, to_string(req.on_conflict));
   // 1. The thread (write path: get_or_create). A thread passivated
-  // between the lookup and the lease is simply looked up again: it holds
-  // exactly what it stored.
-  exchange_result res;
-  thread_actor thread;
-  caf::expected<uint64_t> lease{caf::error{}};
-  auto wait = req.on_conflict == conflict_policy::queue ? opt.queue_timeout
-                                                        : opt.step_timeout;
-  for (int attempt = 0;; ++attempt) {
-    auto ref = ask<thread_ref>(self, svc.registry, opt.step_timeout,
-                               caf::put_atom::value,
-                               attempt == 0 ? req.thread_id : res.thread_id);
-    if (!ref)
-      return wrap(ref.error(), "cannot open thread '" + req.thread_id + "'");
-    res.thread_id = ref->thread_id;
-    res.created = res.created || ref->created;
-    thread = ref->handle;
-    // 2. Hold it (D9).
-    lease = ask<uint64_t>(self, thread, wait, exchange_begin_atom::value,
-                          req.on_conflict);
-    if (lease || lease.error() != caf::sec::request_receiver_down
-        || attempt == 3)
-      break;
+  // between the lookup and the lease is looked up again: it holds exactly
+  // what it stored.
+  void open_thread(const std::string& id) {
+    auto st = st_;
+    self_->request(st->svc.registry, opt().step_timeout, caf::put_atom::value,
+                   id)
+      .then(
+        [this, st](thread_ref& ref) {
+          st->res.thread_id = ref.thread_id;
+          st->res.created = st->res.created || ref.created;
+          st->thread = ref.handle;
+          begin(st->req.on_conflict);
+        },
+        [this, st](caf::error& err) {
+          fail(wrap(err, "cannot open thread '" + st->req.thread_id + "'"));
+        });
   }
-  if (!lease && req.on_conflict == conflict_policy::fork
-      && classify(lease.error()) == errc::conflict) {
-    auto forked = ask<thread_ref>(self, svc.registry, opt.step_timeout,
-                                  fork_atom::value, res.thread_id);
-    if (!forked)
-      return wrap(forked.error(), "cannot fork thread '" + res.thread_id + "'");
-    res.forked_from = res.thread_id;
-    res.thread_id = forked->thread_id;
-    res.created = true;
-    thread = forked->handle;
-    lease = ask<uint64_t>(self, thread, opt.queue_timeout,
-                          exchange_begin_atom::value, conflict_policy::queue);
+
+  // 2. Hold it (D9).
+  void begin(conflict_policy policy) {
+    auto st = st_;
+    auto wait = policy == conflict_policy::queue ? opt().queue_timeout
+                                                 : opt().step_timeout;
+    self_->request(st->thread, wait, exchange_begin_atom::value, policy)
+      .then(
+        [this, st](uint64_t lease) {
+          st->lease = lease;
+          st->held = true;
+          held();
+        },
+        [this, st, policy](caf::error& err) {
+          if (err == caf::sec::request_receiver_down && st->attempt < 3
+              && st->res.forked_from.empty()) {
+            ++st->attempt;
+            return open_thread(st->res.thread_id);
+          }
+          if (policy == conflict_policy::fork
+              && classify(err) == errc::conflict)
+            return fork();
+          if (classify(err) == errc::conflict)
+            return fail(err);
+          fail(wrap(err, "cannot hold thread '" + st->res.thread_id + "'"));
+        });
   }
-  if (!lease) {
-    if (classify(lease.error()) == errc::conflict)
-      return lease.error();
-    return wrap(lease.error(), "cannot hold thread '" + res.thread_id + "'");
+
+  void fork() {
+    auto st = st_;
+    self_->request(st->svc.registry, opt().step_timeout, fork_atom::value,
+                   st->res.thread_id)
+      .then(
+        [this, st](thread_ref& forked) {
+          st->res.forked_from = st->res.thread_id;
+          st->res.thread_id = forked.thread_id;
+          st->res.created = true;
+          st->thread = forked.handle;
+          begin(conflict_policy::queue);
+        },
+        [this, st](caf::error& err) {
+          fail(wrap(err, "cannot fork thread '" + st->res.thread_id + "'"));
+        });
   }
-  lease_guard guard{self, thread, *lease, opt.step_timeout};
-  res.thread_actor_id = thread.id();
-  // 3. The prompt, from the history as it was before this message.
-  build_request build{res.thread_id, req.user_id, req.content, req.build};
-  build.options.memory = build.options.memory && opt.memory;
-  auto& bo = opt.builder;
-  auto build_timeout = 2 * bo.read_timeout + bo.memory_timeout
-                       + bo.rewrite_timeout + std::chrono::seconds{1};
-  auto built = ask<built_context>(self, svc.builder, build_timeout,
-                                  build_context_atom::value, build);
-  if (!built)
-    return wrap(built.error(),
-                "cannot build the prompt for thread '" + res.thread_id + "'");
-  res.history_turns = built->short_term_history.size();
-  res.rewritten_query = built->rewritten_query;
-  spdlog::info("exchange: thread_id='{}' {} actor_id={} turns_loaded={} "
-               "thread_turns={}",
-               res.thread_id,
-               !res.forked_from.empty() ? "forked from '" + res.forked_from
-                                            + "'"
-               : res.created           ? std::string{"created"}
-                                       : std::string{"found"},
-               res.thread_actor_id, res.history_turns, built->total_turns);
+
+  // 3. Held: the client hears which thread at once, then the prompt is
+  // built from the history as it was before this message.
+  void held() {
+    auto st = st_;
+    st->res.thread_actor_id = st->thread.id();
+    if (st->cb.on_held)
+      guarded([&] { st->cb.on_held(st->res); });
+    st->build = build_request{st->res.thread_id, st->req.user_id,
+                              st->req.content, st->req.build};
+    st->build.options.memory = st->build.options.memory && opt().memory;
+    auto& bo = opt().builder;
+    auto build_timeout = 2 * bo.read_timeout + bo.memory_timeout
+                         + bo.rewrite_timeout + std::chrono::seconds{1};
+    self_->request(st->svc.builder, build_timeout, build_context_atom::value,
+                   st->build)
+      .then(
+        [this, st](built_context& built) {
+          st->res.history_turns = built.short_term_history.size();
+          st->res.rewritten_query = built.rewritten_query;
+          spdlog::info(
+            "exchange: thread_id='{}' {} actor_id={} turns_loaded={} "
+            "thread_turns={}",
+            st->res.thread_id,
+            !st->res.forked_from.empty()
+              ? "forked from '" + st->res.forked_from + "'"
+            : st->res.created ? std::string{"created"}
+                              : std::string{"found"},
+            st->res.thread_actor_id, st->res.history_turns,
+            built.total_turns);
+          st->prompt = std::move(built.messages);
+          store_user();
+        },
+        [this, st](caf::error& err) {
+          fail(wrap(err, "cannot build the prompt for thread '"
+                           + st->res.thread_id + "'"));
+        });
+  }
+
   // 4. The user turn, stored before the reply is generated.
-  auto count = ask<uint64_t>(self, thread, opt.step_timeout,
-                             caf::add_atom::value, make_user_turn(req.content),
-                             *lease);
-  if (!count)
-    return wrap(count.error(), "cannot store the user turn in thread '"
-                                 + res.thread_id + "'");
-  // 5. The reply, streamed.
-  completion_options copts;
-  copts.timeout = opt.reply_timeout;
-  delta_callback forward = [&on_delta](std::string_view delta) {
-    if (!on_delta)
-      return true;
+  void store_user() {
+    auto st = st_;
+    self_->request(st->thread, opt().step_timeout, caf::add_atom::value,
+                   make_user_turn(st->req.content), st->lease)
+      .then([this, st](uint64_t) { generate(); },
+            [this, st](caf::error& err) {
+              fail(wrap(err, "cannot store the user turn in thread '"
+                               + st->res.thread_id + "'"));
+            });
+  }
+
+  // 5. The reply, streamed by the provider on its own thread.
+  void generate() {
+    auto st = st_;
+    completion_options copts;
+    copts.timeout = opt().reply_timeout;
+    auto on_delta = st->cb.on_delta;
+    delta_callback forward = [on_delta](std::string_view delta) {
+      if (!on_delta)
+        return true;
+      try {
+        return on_delta(delta);
+      } catch (...) {
+        return false; // a failing client counts as one that went away
+      }
+    };
+    auto me = caf::actor_cast<caf::actor>(self_);
+    auto box = st->box;
+    auto once = std::make_shared<std::atomic<bool>>(false);
+    completion_done done = [me, box, once](caf::expected<completion> r) {
+      if (once->exchange(true))
+        return;
+      {
+        std::lock_guard<std::mutex> guard{box->mx};
+        box->result = std::move(r);
+      }
+      caf::anon_send(me, exchange_reply_atom::value);
+    };
+    auto provider = st->svc.provider;
+    bool started = false;
     try {
-      return on_delta(delta);
-    } catch (...) {
-      return false; // a failing client counts as one that went away
+      started = provider->start(st->prompt, copts, forward, done);
+    } catch (const std::exception& e) {
+      done(make_error(errc::upstream_failure,
+                      std::string{"the provider threw: "} + e.what()));
+      return;
     }
-  };
-  caf::expected<completion> reply{caf::error{}};
-  try {
-    reply = svc.provider->complete(built->messages, copts, forward);
-  } catch (const std::exception& e) {
-    reply = make_error(errc::upstream_failure,
-                       std::string{"the provider threw: "} + e.what());
-  } catch (...) {
-    reply = make_error(errc::upstream_failure, "the provider threw");
+    if (started)
+      return;
+    // A provider without an asynchronous form blocks: give the call a
+    // thread of its own, never one of the scheduler's.
+    self_->spawn<caf::detached>(
+      [provider, prompt = st->prompt, copts, forward,
+       done](caf::event_based_actor* helper) {
+        caf::expected<completion> r{caf::error{}};
+        try {
+          r = provider->complete(prompt, copts, forward);
+        } catch (const std::exception& e) {
+          r = make_error(errc::upstream_failure,
+                         std::string{"the provider threw: "} + e.what());
+        } catch (...) {
+          r = make_error(errc::upstream_failure, "the provider threw");
+        }
+        done(std::move(r));
+        helper->quit();
+      });
   }
-  if (!reply) {
-    auto code = classify(reply.error()) == errc::timeout
-                  ? errc::timeout
-                  : errc::upstream_failure;
-    spdlog::warn("exchange: provider '{}' failed for thread '{}': {}",
-                 svc.provider->name(), res.thread_id,
-                 describe(reply.error()));
-    return make_error(code, "provider '" + svc.provider->name()
-                              + "' failed: " + describe(reply.error()));
+
+  // 6. The assistant turn; the reply goes out as soon as it is stored.
+  void store_assistant(completion reply) {
+    auto st = st_;
+    auto interrupted = reply.interrupted;
+    auto text = reply.text;
+    self_->request(st->thread, opt().step_timeout, caf::add_atom::value,
+                   make_assistant_turn(std::move(reply.text), interrupted),
+                   st->lease)
+      .then(
+        [this, st, interrupted, text](uint64_t count) {
+          st->res.turns = count;
+          st->res.reply = text;
+          st->res.interrupted = interrupted;
+          if (interrupted)
+            spdlog::info("exchange: thread_id='{}' client went away; stored "
+                         "{} bytes of the reply as interrupted",
+                         st->res.thread_id, st->res.reply.size());
+          st->replied = true;
+          if (st->cb.on_reply)
+            guarded([&] { st->cb.on_reply(st->res); });
+          remember();
+        },
+        [this, st](caf::error& err) {
+          fail(wrap(err, "cannot store the assistant turn in thread '"
+                           + st->res.thread_id + "'"));
+        });
   }
-  // 6. The assistant turn.
-  count = ask<uint64_t>(self, thread, opt.step_timeout, caf::add_atom::value,
-                        make_assistant_turn(reply->text, reply->interrupted),
-                        *lease);
-  if (!count)
-    return wrap(count.error(), "cannot store the assistant turn in thread '"
-                                 + res.thread_id + "'");
-  res.turns = *count;
-  res.reply = std::move(reply->text);
-  res.interrupted = reply->interrupted;
-  if (res.interrupted)
-    spdlog::info("exchange: thread_id='{}' client went away; stored {} "
-                 "bytes of the reply as interrupted",
-                 res.thread_id, res.reply.size());
-  // 7. Long-term memory, while the thread is still held, so the next
-  // exchange of this thread can retrieve it.
-  if (build.options.memory && svc.memory && !res.interrupted) {
-    std::string entry = "User: " + req.content + "\nAssistant: " + res.reply;
+
+  // 7. Long-term memory, after the reply went out but while the thread is
+  // still held, so the next exchange of this thread can retrieve it.
+  void remember() {
+    auto st = st_;
+    if (!(st->build.options.memory && st->svc.memory
+          && !st->res.interrupted))
+      return finish();
+    std::string entry = "User: " + st->req.content
+                        + "\nAssistant: " + st->res.reply;
     if (entry.size() > max_memory_content) {
       // Budgeted again at retrieval; cut on a UTF-8 character boundary.
       auto end = max_memory_content;
@@ -194,28 +309,123 @@ caf::expected<exchange_result> run(caf::blocking_actor* self,
         --end;
       entry.resize(end);
     }
-    auto stored = ask<int64_t>(self, svc.memory, opt.step_timeout,
-                               caf::put_atom::value, memory_atom::value,
-                               std::move(entry),
-                               memory_tags(req.user_id, res.thread_id));
-    if (!stored)
-      spdlog::warn("exchange: memory of thread '{}' not stored: {}",
-                   res.thread_id, describe(stored.error()));
+    self_->request(st->svc.memory, opt().step_timeout, caf::put_atom::value,
+                   memory_atom::value, std::move(entry),
+                   memory_tags(st->req.user_id, st->res.thread_id))
+      .then([this](int64_t) { finish(); },
+            [this, st](caf::error& err) {
+              spdlog::warn("exchange: memory of thread '{}' not stored: {}",
+                           st->res.thread_id, describe(err));
+              finish();
+            });
   }
-  return res;
-}
+
+  void finish() {
+    release([st = st_] {
+      if (st->finished)
+        return;
+      st->finished = true;
+      if (st->cb.done)
+        st->cb.done(st->res);
+    });
+  }
+
+  // Ends the exchange with an error. The user turn, if stored, stays.
+  void fail(caf::error err) {
+    release([st = st_, err = std::move(err)] {
+      if (st->finished)
+        return;
+      st->finished = true;
+      if (st->replied) {
+        // The reply already went out; only the epilogue failed.
+        if (st->cb.done)
+          st->cb.done(st->res);
+        return;
+      }
+      if (st->cb.done)
+        st->cb.done(err);
+    });
+  }
+
+  // Releases the lease (if held), then runs `then` and quits.
+  template <class F>
+  void release(F then) {
+    auto st = st_;
+    if (!st->held) {
+      then();
+      self_->quit();
+      return;
+    }
+    st->held = false;
+    self_->request(st->thread, opt().step_timeout, exchange_end_atom::value,
+                   st->lease)
+      .then(
+        [this, then](uint64_t) mutable {
+          then();
+          self_->quit();
+        },
+        [this, st, then](caf::error& err) mutable {
+          spdlog::warn("exchange lease {} was not released cleanly: {}",
+                       st->lease, describe(err));
+          then();
+          self_->quit();
+        });
+  }
+
+  template <class F>
+  static void guarded(F f) {
+    try {
+      f();
+    } catch (const std::exception& e) {
+      spdlog::warn("exchange: a callback threw: {}", e.what());
+    } catch (...) {
+      spdlog::warn("exchange: a callback threw");
+    }
+  }
+
+  caf::event_based_actor* self_;
+  state_ptr st_;
+};
 
 } // namespace
 
 void spawn_exchange(caf::actor_system& sys, const exchange_services& services,
+                    exchange_request request, exchange_callbacks callbacks) {
+  auto st = std::make_shared<exchange_state>();
+  st->svc = services;
+  st->req = std::move(request);
+  st->cb = std::move(callbacks);
+  sys.spawn([st](caf::event_based_actor* self) -> caf::behavior {
+    auto x = std::make_shared<exchange>(self, st);
+    // An exchange that is stopped (the runtime shuts down) before it ended
+    // still reports an end; its lease dies with it (the thread monitors its
+    // holder).
+    self->attach_functor([st] {
+      if (st->finished)
+        return;
+      st->finished = true;
+      if (st->cb.done) {
+        if (st->replied)
+          st->cb.done(st->res);
+        else
+          st->cb.done(
+            make_error(errc::unavailable, "the exchange was stopped"));
+      }
+    });
+    x->start();
+    return {
+      [x](exchange_reply_atom) { x->on_completion(); },
+    };
+  });
+}
+
+void spawn_exchange(caf::actor_system& sys, const exchange_services& services,
                     exchange_request request, delta_callback on_delta,
                     exchange_done done) {
-  sys.spawn([services, request = std::move(request),
-             on_delta = std::move(on_delta),
-             done = std::move(done)](caf::blocking_actor* self) {
-    auto result = run(self, services, request, on_delta);
-    done(std::move(result));
-  });
+  exchange_callbacks cb;
+  cb.on_delta = std::move(on_delta);
+  cb.done = std::move(done);
+  spawn_exchange(sys, services, std::move(request), std::move(cb));
 }
 
 } // namespace spindle

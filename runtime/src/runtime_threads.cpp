@@ -148,14 +148,22 @@ runtime::retrieve_memory(const std::string& user_id,
 
 void runtime::send_message_async(exchange_request request,
                                  delta_callback on_delta, exchange_done done) {
+  exchange_callbacks callbacks;
+  callbacks.on_delta = std::move(on_delta);
+  callbacks.done = std::move(done);
+  start_exchange(std::move(request), std::move(callbacks));
+}
+
+void runtime::start_exchange(exchange_request request,
+                             exchange_callbacks callbacks) {
   if (!running()) {
-    done(make_error(errc::unavailable, "the runtime is stopped"));
+    if (callbacks.done)
+      callbacks.done(make_error(errc::unavailable, "the runtime is stopped"));
     return;
   }
   exchange_services services{thread_registry_, context_builder_, memory_,
                              options_.provider, options_.conversation};
-  spawn_exchange(*system_, services, std::move(request), std::move(on_delta),
-                 std::move(done));
+  spawn_exchange(*system_, services, std::move(request), std::move(callbacks));
   // Spawning pins this system's logger in a thread-local of the calling
   // thread; ~actor_system waits until every such reference is gone. Drop it,
   // so a server thread that sent messages never keeps the runtime from

@@ -89,17 +89,39 @@ struct exchange_services {
 /// Called once with the outcome of an exchange.
 using exchange_done = std::function<void(caf::expected<exchange_result>)>;
 
-/// Runs one exchange in its own detached actor (the provider blocks):
+/// What an exchange reports as it goes. Every callback is optional, runs
+/// on a runtime thread (`on_delta` on the provider's) and must not block.
+struct exchange_callbacks {
+  /// The thread is held (D9): `thread_id`, `created` and `forked_from` of
+  /// the result are final. Runs before the prompt is built.
+  std::function<void(const exchange_result&)> on_held;
+  /// Each piece of the reply; false stops the generation (the client went
+  /// away) and the reply is stored as interrupted.
+  delta_callback on_delta;
+  /// The assistant turn is stored: the result is complete. Runs before the
+  /// exchange goes to long-term memory, so a reply never waits for it.
+  std::function<void(const exchange_result&)> on_reply;
+  /// The exchange ended: after memory and the release of the thread, or
+  /// with its error (a failure after `on_reply` is logged, not reported).
+  exchange_done done;
+};
+
+/// Runs one exchange in its own event-based actor:
 /// hold the thread (D9), build the prompt from the history read before the
 /// message is stored, store the user turn, stream the reply through
 /// `on_delta`, store the assistant turn (marked interrupted if `on_delta`
 /// returned false), store the exchange in memory, release the thread.
-/// `done` runs exactly once, on the exchange's thread. Errors:
+/// `done` runs exactly once, on a runtime thread. Errors:
 /// invalid_id, invalid_argument, too_large (before anything is created or
 /// stored), conflict (`exit`), upstream_failure or timeout (the provider;
 /// the user turn stays stored), timeout, unavailable.
 void spawn_exchange(caf::actor_system& sys, const exchange_services& services,
                     exchange_request request, delta_callback on_delta,
                     exchange_done done);
+
+/// As above, with every callback of `exchange_callbacks`. The exchange is
+/// an event-based actor: no thread waits while the provider streams.
+void spawn_exchange(caf::actor_system& sys, const exchange_services& services,
+                    exchange_request request, exchange_callbacks callbacks);
 
 } // namespace spindle

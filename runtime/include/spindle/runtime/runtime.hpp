@@ -334,6 +334,9 @@ public:
   /// send_message: the exchange's own thread, which may block briefly).
   void send_message_async(exchange_request request, delta_callback on_delta,
                           exchange_done done);
+  /// As `send_message_async`, with every callback of an exchange: the
+  /// thread held, each delta, the reply stored, the end (conversation.hpp).
+  void start_exchange(exchange_request request, exchange_callbacks callbacks);
   void add_turn_async(const std::string& thread_id, turn t,
                       std::function<void(caf::expected<uint64_t>)> done);
   void history_async(const std::string& thread_id, uint64_t max_turns,

@@ -11,6 +11,10 @@ namespace spindle {
 
 class runtime;
 
+namespace net {
+class io_pool;
+} // namespace net
+
 /// How `spindle serve` listens and behaves.
 struct server_options {
   /// Address to bind; loopback by default.
@@ -22,14 +26,47 @@ struct server_options {
   std::string token;
   /// Largest request body accepted; larger ones get 413.
   size_t body_limit = 1024 * 1024;
-  /// Threads serving HTTP connections (each handles one connection at a
-  /// time).
-  size_t http_threads = 64;
+  /// Event-loop threads holding the connections; 0: one per core. Ignored
+  /// when `loops` is given.
+  size_t http_threads = 0;
+  /// The event loops to serve on (shared with an OpenAI-compatible
+  /// provider); null: the server starts `http_threads` of its own.
+  std::shared_ptr<net::io_pool> loops;
+  /// Threads for routes that wait on the runtime (every route but health,
+  /// messages and streams, which never block a thread).
+  size_t http_workers = 16;
+  /// Open connections at once; past it a new one gets 503 and is closed.
+  size_t max_connections = 10000;
+  /// Request line plus headers, in bytes (431 past it).
+  size_t header_limit = 32 * 1024;
+  /// Header fields per request (431 past it).
+  size_t max_headers = 100;
+  /// Request target length (414 past it).
+  size_t url_limit = 8 * 1024;
+  /// A request's headers must arrive within this from its first byte.
+  std::chrono::milliseconds header_timeout{10000};
+  /// Its body within this after the headers.
+  std::chrono::milliseconds body_timeout{30000};
+  /// An idle kept-alive connection is closed after this.
+  std::chrono::milliseconds keepalive_timeout{60000};
+  /// Unsent bytes of a streamed reply a slow reader may fall behind by;
+  /// past it the client is cut off and its reply stored as interrupted.
+  size_t stream_buffer = 1024 * 1024;
   /// How long a stopping server waits for in-flight requests.
   std::chrono::milliseconds shutdown_grace{10000};
 };
 
-/// spindle's HTTP API (docs/api.md) over a running `runtime`.
+/// Counters of the connection layer (see /metrics).
+struct server_stats {
+  uint64_t open_connections = 0;
+  uint64_t accepted = 0;
+  uint64_t refused = 0;
+  uint64_t timed_out = 0;
+  uint64_t cut_off = 0;
+};
+
+/// spindle's HTTP API (docs/api.md) over a running `runtime`, served on
+/// event loops (docs/architecture.md, "Serving").
 /// `bind` and `run` are called by one thread; `stop` may be called from any
 /// thread, including while `run` blocks.
 class server {
@@ -47,11 +84,16 @@ public:
   /// the shutdown grace ran out). Requires a successful `bind()`.
   void run();
 
+  /// Connection counters. Thread-safe.
+  server_stats stats() const;
+
   /// Stops accepting connections; in-flight requests finish. Thread-safe,
   /// idempotent.
   void stop();
 
 private:
+  void add_connection_gauges();
+
   struct impl;
   std::unique_ptr<impl> impl_;
 };

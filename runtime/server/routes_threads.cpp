@@ -1,14 +1,10 @@
 // Conversation routes: threads, messages (plain and streamed), history,
 // clear, and the context builder's output.
 
-#include <condition_variable>
-#include <deque>
-#include <mutex>
-
 #include <spdlog/spdlog.h>
 
-#include "http_metrics.hpp"
-#include "http_router.hpp"
+#include "metrics.hpp"
+#include "router.hpp"
 #include "spindle/runtime/logging.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/ids.hpp"
@@ -21,8 +17,8 @@ namespace {
 constexpr int64_t max_max_turns = 100000;
 
 // The thread ID of a path, validated (D10); "new" only where allowed.
-std::string path_thread(const httplib::Request& req, bool allow_new) {
-  auto id = req.matches[1].str();
+std::string path_thread(const request& req, bool allow_new) {
+  auto id = req.matches[1];
   if (id == "new" && !allow_new)
     throw api_error{400, "invalid_id",
                     "thread_id 'new' names no thread; it is only accepted "
@@ -73,7 +69,7 @@ json messages_json(const std::vector<chat_message>& messages) {
 }
 
 // Parses the body of both message routes into an exchange request.
-exchange_request message_request(const httplib::Request& req,
+exchange_request message_request(const request& req,
                                  const std::string& thread_id) {
   auto body = parse_body(req, {"content", "user_id", "on_conflict",
                                "max_turns"});
@@ -115,34 +111,13 @@ std::string sse(const char* event, const json& data) {
   return std::string{"event: "} + event + "\ndata: " + dump(data) + "\n\n";
 }
 
-// Events of one streamed exchange, passed from the exchange's thread to the
-// HTTP connection's thread. Shared, so it outlives whichever side ends
-// first.
-struct stream_state {
-  std::mutex mx;
-  std::condition_variable cv;
-  std::deque<std::string> events;
-  bool finished = false;        // the exchange ended (done or error queued)
-  bool started = false;         // the first delta or the end arrived
-  caf::error early_error;       // an error before anything was streamed
-  std::atomic<bool> gone{false}; // the client went away
-
-  void push(std::string event, bool last = false) {
-    std::lock_guard<std::mutex> guard{mx};
-    events.push_back(std::move(event));
-    started = true;
-    finished = finished || last;
-    cv.notify_all();
-  }
-};
-
 } // namespace
 
 void add_thread_routes(router& r) {
   auto timeout = [&r] { return r.rt().options().default_timeout; };
 
   r.post(R"(/v1/threads)", "POST /v1/threads",
-         [&r, timeout](const httplib::Request& req, httplib::Response& res,
+         [&r, timeout](const request& req, response& res,
                        request_context& ctx) {
            parse_body(req, {}, /*allow_empty=*/true);
            auto ref = r.rt().call<thread_ref>(r.rt().thread_registry(),
@@ -155,124 +130,82 @@ void add_thread_routes(router& r) {
            reply(res, 201, {{"thread_id", ref->thread_id}});
          });
 
-  r.post(R"(/v1/threads/([^/]+)/messages)",
-         "POST /v1/threads/{id}/messages",
-         [&r](const httplib::Request& req, httplib::Response& res,
-              request_context& ctx) {
-           auto x = message_request(req, path_thread(req, true));
-           ctx.log["thread_id"] = x.thread_id;
-           auto result = r.rt().send_message(std::move(x));
-           if (!result)
-             fail(result.error());
-           log_exchange(ctx, *result);
-           r.metrics().count("turns", 2);
-           reply(res, 200, result_json(*result));
-         });
+  r.post_async(
+    R"(/v1/threads/([^/]+)/messages)", "POST /v1/threads/{id}/messages",
+    [&r](std::shared_ptr<async_call> call) {
+      auto x = message_request(call->req(), path_thread(call->req(), true));
+      call->ctx.log["thread_id"] = x.thread_id;
+      auto* metrics = &r.metrics();
+      exchange_callbacks cb;
+      // The reply goes out once the assistant turn is stored, without
+      // waiting for long-term memory.
+      cb.on_reply = [call, metrics](const exchange_result& result) {
+        log_exchange(call->ctx, result);
+        metrics->count("turns", 2);
+        call->reply(200, result_json(result));
+      };
+      cb.done = [call](caf::expected<exchange_result> result) {
+        if (!result)
+          call->fail(result.error());
+      };
+      r.rt().start_exchange(std::move(x), std::move(cb));
+    });
 
-  r.post(
+  r.post_async(
     R"(/v1/threads/([^/]+)/messages/stream)",
     "POST /v1/threads/{id}/messages/stream",
-    [&r](const httplib::Request& req, httplib::Response& res,
-         request_context& ctx) {
-      auto x = message_request(req, path_thread(req, true));
+    [&r](std::shared_ptr<async_call> call) {
+      auto x = message_request(call->req(), path_thread(call->req(), true));
       // A new thread gets its ID here, so the first event can carry it.
       if (x.thread_id == "new")
         x.thread_id = make_uuid_v4();
-      ctx.log["thread_id"] = x.thread_id;
-      auto state = std::make_shared<stream_state>();
+      call->ctx.log["thread_id"] = x.thread_id;
       auto requested = x.thread_id;
-      auto on_delta = [state](std::string_view delta) {
-        if (state->gone)
-          return false; // stop generating: nobody is listening
-        state->push(sse("delta", {{"content", std::string{delta}}}));
-        return true;
-      };
       auto* metrics = &r.metrics();
-      r.rt().send_message_async(
-        std::move(x), on_delta,
-        [state, metrics](caf::expected<exchange_result> result) {
-          if (!result) {
-            std::lock_guard<std::mutex> guard{state->mx};
-            if (!state->started) {
-              state->early_error = result.error();
-              state->finished = true;
-              state->started = true;
-              state->cv.notify_all();
-              return;
-            }
-          }
-          if (result) {
-            // The request line is logged when streaming starts; the
-            // exchange's own line follows when it ends.
-            request_context tmp;
-            log_exchange(tmp, *result);
-            tmp.log["interrupted"] = result->interrupted;
-            metrics->count("turns", 2);
-            spdlog::info(log_fields("stream_exchange", tmp.log));
-            auto done = result_json(*result);
-            done.erase("reply");
-            if (result->interrupted)
-              done["interrupted"] = true;
-            state->push(sse("done", done), true);
-          } else {
-            auto e = to_api_error(result.error());
-            state->push(sse("error", {{"error", {{"code", e.code},
-                                                 {"message", e.message}}}}),
-                        true);
-          }
-        });
-      // Wait for the first event: an error before any delta (a busy thread
-      // with on_conflict=exit, a bad user ID, a provider that fails at
-      // once) is a plain JSON error with its status.
-      {
-        std::unique_lock<std::mutex> lock{state->mx};
-        state->cv.wait(lock, [&] { return state->started; });
-        if (state->early_error)
-          fail(state->early_error);
-      }
-      res.status = 200;
-      res.set_header("Cache-Control", "no-cache");
-      auto first = sse("thread", {{"thread_id", requested}});
-      res.set_chunked_content_provider(
-        "text/event-stream",
-        [state, first, sent_first = false](size_t,
-                                           httplib::DataSink& sink) mutable {
-          if (!sent_first) {
-            sent_first = true;
-            if (!sink.write(first.data(), first.size())) {
-              state->gone = true;
-              return false;
-            }
-          }
-          std::unique_lock<std::mutex> lock{state->mx};
-          state->cv.wait(lock, [&] {
-            return !state->events.empty() || state->finished;
-          });
-          while (!state->events.empty()) {
-            auto event = std::move(state->events.front());
-            state->events.pop_front();
-            lock.unlock();
-            if (!sink.is_writable() || !sink.write(event.data(), event.size())) {
-              state->gone = true;
-              return false;
-            }
-            lock.lock();
-          }
-          if (state->finished) {
-            lock.unlock();
-            sink.done();
-          }
-          return true;
-        },
-        [state](bool success) {
-          if (!success)
-            state->gone = true;
-        });
-      ctx.log["streamed"] = true;
+      exchange_callbacks cb;
+      // The first event goes out as soon as the thread is held, before the
+      // prompt is built; an error before it is a plain JSON error.
+      cb.on_held = [call, requested](const exchange_result&) {
+        call->ctx.log["streamed"] = true;
+        call->begin_stream(200, "text/event-stream",
+                           {{"Cache-Control", "no-cache"}});
+        call->write(sse("thread", {{"thread_id", requested}}));
+      };
+      cb.on_delta = [call](std::string_view delta) {
+        // False stops the generation: nobody is listening.
+        return call->write(sse("delta", {{"content", std::string{delta}}}));
+      };
+      cb.on_reply = [call, metrics](const exchange_result& result) {
+        // The request line was logged when streaming started; the
+        // exchange's own line follows now.
+        request_context line;
+        log_exchange(line, result);
+        line.log["interrupted"] = result.interrupted;
+        metrics->count("turns", 2);
+        spdlog::info(log_fields("stream_exchange", line.log));
+        auto done = result_json(result);
+        done.erase("reply");
+        if (result.interrupted)
+          done["interrupted"] = true;
+        call->write(sse("done", done));
+        call->end_stream();
+      };
+      cb.done = [call](caf::expected<exchange_result> result) {
+        if (result)
+          return;
+        // Before the stream started: an ordinary error reply (a no-op once
+        // streaming); after: an `error` event ends the stream.
+        auto e = to_api_error(result.error());
+        call->fail(e);
+        call->write(sse("error", {{"error", {{"code", e.code},
+                                             {"message", e.message}}}}));
+        call->end_stream();
+      };
+      r.rt().start_exchange(std::move(x), std::move(cb));
     });
 
   r.get(R"(/v1/threads/([^/]+)/history)", "GET /v1/threads/{id}/history",
-        [&r, timeout](const httplib::Request& req, httplib::Response& res,
+        [&r, timeout](const request& req, response& res,
                       request_context& ctx) {
           auto id = path_thread(req, false);
           auto max_turns = max_turns_of(query_int(req, "max_turns"),
@@ -297,7 +230,7 @@ void add_thread_routes(router& r) {
         });
 
   r.del(R"(/v1/threads/([^/]+)/turns)", "DELETE /v1/threads/{id}/turns",
-        [&r](const httplib::Request& req, httplib::Response& res,
+        [&r](const request& req, response& res,
              request_context& ctx) {
           auto id = path_thread(req, false);
           ctx.log["thread_id"] = id;
@@ -308,7 +241,7 @@ void add_thread_routes(router& r) {
         });
 
   r.post(R"(/v1/threads/([^/]+)/context)", "POST /v1/threads/{id}/context",
-         [&r](const httplib::Request& req, httplib::Response& res,
+         [&r](const request& req, response& res,
               request_context& ctx) {
            auto id = path_thread(req, false);
            auto body = parse_body(req, {"content", "user_id", "max_turns"});

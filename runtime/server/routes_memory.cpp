@@ -1,6 +1,6 @@
 // Long-term memory routes (D8).
 
-#include "http_router.hpp"
+#include "router.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/runtime/runtime.hpp"
 
@@ -8,7 +8,7 @@ namespace spindle::http {
 
 void add_memory_routes(router& r) {
   r.post(R"(/v1/memories)", "POST /v1/memories",
-         [&r](const httplib::Request& req, httplib::Response& res,
+         [&r](const request& req, response& res,
               request_context& ctx) {
            auto body = parse_body(req, {"content", "user_id", "thread_id"});
            auto content = required_string(body, "content");
@@ -28,7 +28,7 @@ void add_memory_routes(router& r) {
          });
 
   r.get(R"(/v1/memories)", "GET /v1/memories",
-        [&r](const httplib::Request& req, httplib::Response& res,
+        [&r](const request& req, response& res,
              request_context&) {
           for (auto& [key, value] : req.params)
             if (key != "user_id" && key != "thread_id" && key != "q"

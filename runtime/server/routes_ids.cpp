@@ -1,13 +1,13 @@
 // POST /v1/ids: IDs from the allocator over HTTP.
 
-#include "http_router.hpp"
+#include "router.hpp"
 #include "spindle/runtime/runtime.hpp"
 
 namespace spindle::http {
 
 void add_id_routes(router& r) {
   r.post(R"(/v1/ids)", "POST /v1/ids",
-         [&r](const httplib::Request& req, httplib::Response& res,
+         [&r](const request& req, response& res,
               request_context&) {
            auto body = parse_body(req, {"kind", "parent"});
            auto kind = required_string(body, "kind");

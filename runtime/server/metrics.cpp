@@ -1,4 +1,4 @@
-#include "http_metrics.hpp"
+#include "metrics.hpp"
 
 #include <sstream>
 

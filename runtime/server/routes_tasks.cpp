@@ -1,7 +1,7 @@
 // Orchestration routes: create, spawn subtasks, claim, complete, fail, and
 // the tree with states.
 
-#include "http_router.hpp"
+#include "router.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/task_id.hpp"
 #include "spindle/runtime/runtime.hpp"
@@ -44,8 +44,8 @@ json task_json(const task_info& t) {
   return out;
 }
 
-std::string path_task(const httplib::Request& req) {
-  auto id = req.matches[1].str();
+std::string path_task(const request& req) {
+  auto id = req.matches[1];
   if (auto parsed = task_id::parse(id); !parsed)
     fail(parsed.error());
   return id;
@@ -55,7 +55,7 @@ std::string path_task(const httplib::Request& req) {
 
 void add_task_routes(router& r) {
   r.post(R"(/v1/orchestrations)", "POST /v1/orchestrations",
-         [&r](const httplib::Request& req, httplib::Response& res,
+         [&r](const request& req, response& res,
               request_context& ctx) {
            auto body = parse_body(req, {"payload"});
            auto id = r.rt().create_orchestration(keep(body, "payload", true));
@@ -66,7 +66,7 @@ void add_task_routes(router& r) {
          });
 
   r.get(R"(/v1/orchestrations/([^/]+))", "GET /v1/orchestrations/{id}",
-        [&r](const httplib::Request& req, httplib::Response& res,
+        [&r](const request& req, response& res,
              request_context&) {
           auto id = path_task(req);
           auto tree = r.rt().orchestration_tree(id);
@@ -84,7 +84,7 @@ void add_task_routes(router& r) {
         });
 
   r.get(R"(/v1/tasks/([^/]+))", "GET /v1/tasks/{id}",
-        [&r](const httplib::Request& req, httplib::Response& res,
+        [&r](const request& req, response& res,
              request_context&) {
           auto t = r.rt().task(path_task(req));
           if (!t)
@@ -93,7 +93,7 @@ void add_task_routes(router& r) {
         });
 
   r.post(R"(/v1/tasks/([^/]+)/subtasks)", "POST /v1/tasks/{id}/subtasks",
-         [&r](const httplib::Request& req, httplib::Response& res,
+         [&r](const request& req, response& res,
               request_context& ctx) {
            auto parent = path_task(req);
            auto body = parse_body(req, {"payload"});
@@ -105,7 +105,7 @@ void add_task_routes(router& r) {
          });
 
   r.post(R"(/v1/tasks/claim)", "POST /v1/tasks/claim",
-         [&r](const httplib::Request& req, httplib::Response& res,
+         [&r](const request& req, response& res,
               request_context& ctx) {
            auto body = parse_body(req, {"worker"});
            auto worker = required_string(body, "worker");
@@ -121,7 +121,7 @@ void add_task_routes(router& r) {
          });
 
   auto finish = [&r](bool complete) {
-    return [&r, complete](const httplib::Request& req, httplib::Response& res,
+    return [&r, complete](const request& req, response& res,
                           request_context& ctx) {
       auto id = path_task(req);
       auto field = complete ? "result" : "reason";

@@ -1,7 +1,7 @@
 // Context item routes: add (with evictions), list, render.
 
-#include "http_metrics.hpp"
-#include "http_router.hpp"
+#include "metrics.hpp"
+#include "router.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/ids.hpp"
 #include "spindle/runtime/runtime.hpp"
@@ -10,14 +10,14 @@ namespace spindle::http {
 
 namespace {
 
-std::string path_thread(const httplib::Request& req) {
-  auto id = req.matches[1].str();
+std::string path_thread(const request& req) {
+  auto id = req.matches[1];
   if (auto err = validate_thread_id(id))
     fail(err);
   return id;
 }
 
-uint64_t limit_of(const httplib::Request& req) {
+uint64_t limit_of(const request& req) {
   auto limit = query_int(req, "limit");
   if (!limit)
     return runtime::all_items;
@@ -31,7 +31,7 @@ uint64_t limit_of(const httplib::Request& req) {
 
 void add_item_routes(router& r) {
   r.post(R"(/v1/threads/([^/]+)/items)", "POST /v1/threads/{id}/items",
-         [&r](const httplib::Request& req, httplib::Response& res,
+         [&r](const request& req, response& res,
               request_context& ctx) {
            auto id = path_thread(req);
            auto body = parse_body(req, {"type", "content", "metadata"});
@@ -51,7 +51,7 @@ void add_item_routes(router& r) {
          });
 
   r.get(R"(/v1/threads/([^/]+)/items)", "GET /v1/threads/{id}/items",
-        [&r](const httplib::Request& req, httplib::Response& res,
+        [&r](const request& req, response& res,
              request_context& ctx) {
           auto id = path_thread(req);
           auto limit = limit_of(req);
@@ -67,7 +67,7 @@ void add_item_routes(router& r) {
 
   r.get(R"(/v1/threads/([^/]+)/items/render)",
         "GET /v1/threads/{id}/items/render",
-        [&r](const httplib::Request& req, httplib::Response& res,
+        [&r](const request& req, response& res,
              request_context& ctx) {
           auto id = path_thread(req);
           auto limit = limit_of(req);

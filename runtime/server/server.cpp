@@ -1,13 +1,17 @@
 #include "spindle/runtime/server.hpp"
 
-#include <atomic>
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 
-#include <sys/socket.h>
-
+#include <boost/asio/thread_pool.hpp>
 #include <spdlog/spdlog.h>
 
-#include "http_metrics.hpp"
-#include "http_router.hpp"
+#include "http_server.hpp"
+#include "metrics.hpp"
+#include "router.hpp"
+#include "spindle/runtime/io_pool.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/runtime/logging.hpp"
 #include "spindle/runtime/runtime.hpp"
@@ -15,67 +19,40 @@
 
 namespace spindle {
 
-using http::json;
+using json = nlohmann::json;
 
 struct server::impl {
   impl(runtime& r, server_options opts)
-    : rt(r), options(std::move(opts)), routes(svr, rt, options, metrics) {
+    : rt(r), options(std::move(opts)),
+      loops(options.loops ? options.loops
+                          : net::make_io_pool(
+                            options.http_threads > 0
+                              ? options.http_threads
+                              : std::max(1u,
+                                         std::thread::hardware_concurrency()))),
+      workers(std::max<size_t>(options.http_workers, 1)),
+      routes(rt, options, metrics, workers) {
+  }
+
+  ~impl() {
+    if (http)
+      http->stop();
+    workers.join();
   }
 
   runtime& rt;
   server_options options;
-  httplib::Server svr;
+  std::shared_ptr<net::io_pool> loops;
+  boost::asio::thread_pool workers;
   http_metrics metrics;
   http::router routes;
-  bool bound = false;
-  std::atomic<bool> stopping{false};
-  /// The listening socket, seen when httplib creates it.
-  int listen_fd = -1;
+  std::unique_ptr<http::http_server> http;
+  std::mutex mx;
+  std::condition_variable stopped_cv;
+  bool stopped = false;
 };
 
 namespace {
-
-// Replies for requests that never reached a route (no such route, body too
-// large, unparsable request) in the same JSON shape as every other error,
-// and counts and logs them under the route "unmatched".
-void error_reply(http_metrics& metrics, const httplib::Request& req,
-                 httplib::Response& res) {
-  if (!res.body.empty())
-    return;
-  metrics.observe("unmatched", req.method, res.status, 0);
-  // A request refused before routing may have left its body unread on the
-  // connection; never read the next request from there.
-  res.set_header("Connection", "close");
-  spdlog::info(log_fields("request", {{"method", req.method},
-                                      {"route", "unmatched"},
-                                      {"path", req.path.substr(0, 200)},
-                                      {"status", res.status}}));
-  std::string code = "error", message;
-  switch (res.status) {
-    case 404:
-      code = "not_found";
-      message = "no route for " + req.method + " "
-                + req.path.substr(0, 200);
-      break;
-    case 413:
-      code = "too_large";
-      message = "the request body exceeds the server's limit";
-      break;
-    case 400:
-      code = "malformed";
-      message = "the request could not be parsed";
-      break;
-    case 414:
-      code = "too_large";
-      message = "the request line is too long (a path segment such as a "
-                "thread ID may have at most 128 characters)";
-      break;
-    default:
-      message = "request failed with status " + std::to_string(res.status);
-  }
-  http::reply(res, res.status,
-              {{"error", {{"code", code}, {"message", message}}}});
-}
 
 // Gauges computed at scrape time from the runtime's actors.
 void add_gauges(http_metrics& metrics, runtime& rt) {
@@ -166,35 +143,16 @@ void add_gauges(http_metrics& metrics, runtime& rt) {
 
 server::server(runtime& rt, server_options options)
   : impl_(std::make_unique<impl>(rt, std::move(options))) {
-  auto& svr = impl_->svr;
   auto& r = impl_->routes;
-  auto threads = std::max<size_t>(impl_->options.http_threads, 2);
-  svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  svr.set_payload_max_length(impl_->options.body_limit);
-  svr.set_keep_alive_max_count(100000);
-  // Headers and body leave in separate writes; without TCP_NODELAY a
-  // keep-alive client waits out the peer's delayed ACK (~40 ms) per reply.
-  svr.set_tcp_nodelay(true);
-  svr.set_socket_options([this](socket_t sock) {
-    httplib::default_socket_options(sock);
-    impl_->listen_fd = sock;
-  });
-  svr.set_error_handler(
-    [this](const httplib::Request& req, httplib::Response& res) {
-      error_reply(impl_->metrics, req, res);
-    });
-  svr.Get("/healthz",
-          r.wrap("GET /healthz",
-                 [this](const httplib::Request&, httplib::Response& res,
-                        http::request_context&) {
-                   bool up = impl_->rt.running() && !impl_->stopping;
-                   http::reply(res, up ? 200 : 503,
-                               {{"status", up ? "ok" : "stopping"},
-                                {"version", version_string}});
-                 },
-                 /*open=*/true));
+  r.get_async("/healthz", "GET /healthz",
+              [this](std::shared_ptr<http::async_call> call) {
+                bool up = impl_->rt.running() && !impl_->routes.stopping();
+                call->reply(up ? 200 : 503, {{"status", up ? "ok" : "stopping"},
+                                             {"version", version_string}});
+              },
+              /*open=*/true);
   r.get("/metrics", "GET /metrics",
-        [this](const httplib::Request&, httplib::Response& res,
+        [this](const http::request&, http::response& res,
                http::request_context&) {
           res.set_content(impl_->metrics.scrape(),
                           "text/plain; version=0.0.4");
@@ -205,6 +163,59 @@ server::server(runtime& rt, server_options options)
   http::add_memory_routes(r);
   http::add_task_routes(r);
   add_gauges(impl_->metrics, impl_->rt);
+  add_connection_gauges();
+
+  auto& o = impl_->options;
+  http::limits lim;
+  lim.max_connections = o.max_connections;
+  lim.header_bytes = o.header_limit;
+  lim.header_count = o.max_headers;
+  lim.url_bytes = o.url_limit;
+  lim.body_bytes = o.body_limit;
+  lim.header_timeout = o.header_timeout;
+  lim.body_timeout = o.body_timeout;
+  lim.keepalive_timeout = o.keepalive_timeout;
+  lim.stream_buffer = o.stream_buffer;
+  auto* routes = &impl_->routes;
+  impl_->http = std::make_unique<http::http_server>(
+    *impl_->loops, lim,
+    [routes](std::shared_ptr<http::request> req, http::responder_ptr res) {
+      routes->dispatch(std::move(req), std::move(res));
+    },
+    [routes](const http::request& req, int status,
+             const std::string& message) {
+      return routes->refusal(req, status, message);
+    });
+}
+
+void server::add_connection_gauges() {
+  struct connection_gauge {
+    const char* name;
+    const char* help;
+    uint64_t server_stats::*field;
+  };
+  static constexpr connection_gauge gauges[] = {
+    {"spindle_http_connections", "HTTP connections open now",
+     &server_stats::open_connections},
+    {"spindle_http_connections_accepted",
+     "HTTP connections accepted since the start", &server_stats::accepted},
+    {"spindle_http_connections_refused",
+     "HTTP connections refused with 503 over --max-connections",
+     &server_stats::refused},
+    {"spindle_http_connections_timed_out",
+     "HTTP connections closed because a header, body or keep-alive timeout "
+     "passed",
+     &server_stats::timed_out},
+    {"spindle_http_streams_cut_off",
+     "Streamed replies cut off because the client fell more than "
+     "--stream-buffer bytes behind",
+     &server_stats::cut_off},
+  };
+  for (auto& g : gauges)
+    impl_->metrics.add_gauge(g.name, g.help, [this, field = g.field] {
+      return http_metrics::samples{
+        {{}, static_cast<double>(stats().*field)}};
+    });
 }
 
 server::~server() {
@@ -213,32 +224,29 @@ server::~server() {
 
 caf::expected<int> server::bind() {
   auto& opts = impl_->options;
-  int port = opts.port == 0 ? impl_->svr.bind_to_any_port(opts.bind)
-                            : (impl_->svr.bind_to_port(opts.bind, opts.port)
-                                 ? opts.port
-                                 : -1);
-  if (port < 0)
-    return make_error(errc::io_failure,
-                      "cannot listen on " + opts.bind + ":"
-                        + std::to_string(opts.port)
-                        + " (address in use or not available)");
-  // Debian's httplib listens with a backlog of 5, which drops connections
-  // when many clients connect at once; Linux lets a second listen() raise
-  // it.
-  if (impl_->listen_fd >= 0)
-    ::listen(impl_->listen_fd, SOMAXCONN);
-  impl_->bound = true;
-  return port;
+  return impl_->http->listen(opts.bind, opts.port);
 }
 
 void server::run() {
-  if (impl_->bound)
-    impl_->svr.listen_after_bind();
+  {
+    std::unique_lock<std::mutex> lock{impl_->mx};
+    impl_->stopped_cv.wait(lock, [this] { return impl_->stopped; });
+  }
+  impl_->http->wait_drained(std::chrono::steady_clock::now()
+                            + impl_->options.shutdown_grace);
 }
 
 void server::stop() {
-  impl_->stopping = true;
-  impl_->svr.stop();
+  impl_->routes.set_stopping();
+  impl_->http->stop();
+  std::lock_guard<std::mutex> guard{impl_->mx};
+  impl_->stopped = true;
+  impl_->stopped_cv.notify_all();
+}
+
+server_stats server::stats() const {
+  auto s = impl_->http->stats();
+  return {s.open, s.accepted, s.refused, s.timed_out, s.cut_off};
 }
 
 } // namespace spindle

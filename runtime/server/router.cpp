@@ -1,0 +1,453 @@
+#include "router.hpp"
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <caf/logger.hpp>
+#include <spdlog/spdlog.h>
+
+#include "metrics.hpp"
+#include "spindle/messages/error.hpp"
+#include "spindle/runtime/logging.hpp"
+#include "spindle/runtime/runtime.hpp"
+
+namespace spindle::http {
+
+namespace {
+
+int status_of(errc code) {
+  switch (code) {
+    case errc::invalid_argument:
+    case errc::invalid_id:
+    case errc::malformed:
+      return 400;
+    case errc::not_found:
+      return 404;
+    case errc::exhausted:
+    case errc::already_exists:
+    case errc::conflict:
+      return 409;
+    case errc::too_large:
+      return 413;
+    case errc::capacity_exceeded:
+      return 422;
+    case errc::upstream_failure:
+      return 502;
+    case errc::unavailable:
+      return 503;
+    case errc::timeout:
+      return 504;
+    case errc::storage_failure:
+    case errc::io_failure:
+    default:
+      return 500;
+  }
+}
+
+// The message without the "code: " prefix describe() adds.
+std::string message_of(const caf::error& err) {
+  auto text = describe(err);
+  auto name = to_string(classify(err));
+  if (text.compare(0, name.size() + 2, name + ": ") == 0)
+    return text.substr(name.size() + 2);
+  return text;
+}
+
+const char* type_name(const json& v) {
+  return v.type_name();
+}
+
+std::vector<std::string> split_path(const std::string& path) {
+  std::vector<std::string> out;
+  size_t start = 1;
+  if (path.empty() || path[0] != '/')
+    return out;
+  while (start <= path.size()) {
+    auto slash = path.find('/', start);
+    if (slash == std::string::npos) {
+      out.push_back(path.substr(start));
+      break;
+    }
+    out.push_back(path.substr(start, slash - start));
+    start = slash + 1;
+  }
+  return out;
+}
+
+} // namespace
+
+bool authorized(const request& req, const std::string& token) {
+  if (token.empty())
+    return true;
+  auto header = req.get_header_value("Authorization");
+  static const std::string bearer = "Bearer ";
+  if (header.compare(0, bearer.size(), bearer) != 0)
+    return false;
+  auto given = header.substr(bearer.size());
+  // Constant-time comparison: the time taken does not reveal the prefix.
+  unsigned diff = given.size() == token.size() ? 0u : 1u;
+  for (size_t i = 0; i < given.size(); ++i)
+    diff |= static_cast<unsigned char>(given[i])
+            ^ static_cast<unsigned char>(token[i % token.size()]);
+  return diff == 0;
+}
+
+api_error to_api_error(const caf::error& err) {
+  auto code = classify(err);
+  return {status_of(code), to_string(code), message_of(err)};
+}
+
+void fail(const caf::error& err) {
+  throw to_api_error(err);
+}
+
+std::string dump(const json& value) {
+  return value.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+void reply(response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(dump(body), "application/json");
+}
+
+response error_response(const api_error& e) {
+  response res;
+  reply(res, e.status, {{"error", {{"code", e.code}, {"message", e.message}}}});
+  return res;
+}
+
+json parse_body(const request& req,
+                std::initializer_list<const char*> allowed,
+                bool allow_empty) {
+  if (req.body.empty()) {
+    if (allow_empty)
+      return json::object();
+    throw api_error{400, "malformed", "the request body must be a JSON "
+                                      "object; it is empty"};
+  }
+  json body;
+  try {
+    body = json::parse(req.body);
+  } catch (const json::parse_error& e) {
+    throw api_error{400, "malformed",
+                    "the body is not valid JSON: " + std::string{e.what()}};
+  }
+  if (!body.is_object())
+    throw api_error{400, "malformed",
+                    std::string{"the body must be a JSON object, not "}
+                      + type_name(body)};
+  for (auto& [key, value] : body.items()) {
+    bool known = false;
+    for (auto* name : allowed)
+      known = known || key == name;
+    if (!known) {
+      std::string list;
+      for (auto* name : allowed)
+        list += (list.empty() ? "" : ", ") + std::string{name};
+      throw api_error{400, "unknown_field",
+                      "unknown field '" + key.substr(0, 64)
+                        + "'; this route accepts: "
+                        + (list.empty() ? "no fields" : list)};
+    }
+  }
+  return body;
+}
+
+std::string required_string(const json& body, const char* field) {
+  auto it = body.find(field);
+  if (it == body.end() || it->is_null())
+    throw api_error{400, "malformed",
+                    std::string{"field '"} + field + "' is required"};
+  if (!it->is_string())
+    throw api_error{400, "malformed",
+                    std::string{"field '"} + field + "' must be a string, not "
+                      + type_name(*it)};
+  return it->get<std::string>();
+}
+
+std::optional<std::string> optional_string(const json& body,
+                                           const char* field) {
+  auto it = body.find(field);
+  if (it == body.end() || it->is_null())
+    return std::nullopt;
+  if (!it->is_string())
+    throw api_error{400, "malformed",
+                    std::string{"field '"} + field + "' must be a string, not "
+                      + type_name(*it)};
+  return it->get<std::string>();
+}
+
+std::optional<int64_t> optional_int(const json& body, const char* field) {
+  auto it = body.find(field);
+  if (it == body.end() || it->is_null())
+    return std::nullopt;
+  if (!it->is_number_integer())
+    throw api_error{400, "malformed",
+                    std::string{"field '"} + field
+                      + "' must be an integer, not " + type_name(*it)};
+  return it->get<int64_t>();
+}
+
+std::optional<int64_t> query_int(const request& req, const char* name) {
+  if (!req.has_param(name))
+    return std::nullopt;
+  auto text = req.get_param_value(name);
+  try {
+    size_t used = 0;
+    auto value = std::stoll(text, &used);
+    if (used == text.size() && !text.empty())
+      return value;
+  } catch (...) {
+  }
+  throw api_error{400, "invalid_argument",
+                  std::string{"query parameter '"} + name
+                    + "' must be an integer, not '" + text.substr(0, 32)
+                    + "'"};
+}
+
+// -- async_call ----------------------------------------------------------------
+
+async_call::async_call(router& r, std::string route,
+                       std::shared_ptr<request> req, responder_ptr res)
+  : router_(r), route_(std::move(route)), req_(std::move(req)),
+    res_(std::move(res)), start_(std::chrono::steady_clock::now()) {
+}
+
+async_call::~async_call() {
+  if (!done_)
+    fail(api_error{500, "internal", "the route gave no answer"});
+  else if (stream_status_ != 0)
+    end_stream();
+}
+
+void async_call::finish(int status) {
+  auto seconds = std::chrono::duration<double>(
+                   std::chrono::steady_clock::now() - start_)
+                   .count();
+  router_.record(route_, *req_, status, seconds, ctx.log);
+}
+
+void async_call::send(response res) {
+  if (done_.exchange(true))
+    return;
+  if (res.status == -1)
+    res.status = 200;
+  finish(res.status);
+  res_->send(std::move(res));
+}
+
+void async_call::reply(int status, const json& body) {
+  response res;
+  http::reply(res, status, body);
+  send(std::move(res));
+}
+
+void async_call::fail(const api_error& e) {
+  send(error_response(e));
+}
+
+void async_call::fail(const caf::error& err) {
+  fail(to_api_error(err));
+}
+
+void async_call::begin_stream(
+  int status, std::string content_type,
+  std::vector<std::pair<std::string, std::string>> headers) {
+  if (done_.exchange(true))
+    return;
+  stream_status_ = status;
+  // The request line is logged as the stream starts; a handler may log
+  // the rest of the exchange itself when it ends.
+  finish(status);
+  res_->begin_stream(status, std::move(content_type), std::move(headers));
+}
+
+bool async_call::write(std::string chunk) {
+  return res_->write(std::move(chunk));
+}
+
+void async_call::end_stream() {
+  if (stream_status_ == 0)
+    return;
+  stream_status_ = 0;
+  res_->end_stream();
+}
+
+bool async_call::gone() const noexcept {
+  return res_->gone();
+}
+
+void async_call::on_gone(std::function<void()> f) {
+  res_->on_gone(std::move(f));
+}
+
+// -- router ----------------------------------------------------------------------
+
+router::router(runtime& rt, const server_options& options,
+               http_metrics& metrics, boost::asio::thread_pool& workers)
+  : rt_(rt), options_(options), metrics_(metrics), workers_(workers) {
+}
+
+void router::add(const std::string& method, const std::string& pattern,
+                 const std::string& route, handler h, async_handler a,
+                 bool open) {
+  route_entry e;
+  e.method = method;
+  // A capture's "[^/]" holds a slash: mark captures before splitting.
+  static const std::string capture = "([^/]+)";
+  auto marked = pattern;
+  for (auto at = marked.find(capture); at != std::string::npos;
+       at = marked.find(capture, at))
+    marked.replace(at, capture.size(), "\x01");
+  for (auto& seg : split_path(marked))
+    e.segments.push_back(seg == "\x01" ? std::string{} : seg);
+  e.route = route;
+  e.blocking = std::move(h);
+  e.async = std::move(a);
+  e.open = open;
+  routes_.push_back(std::move(e));
+}
+
+void router::get(const std::string& pattern, const std::string& route,
+                 handler h, bool open) {
+  add("GET", pattern, route, std::move(h), {}, open);
+}
+
+void router::post(const std::string& pattern, const std::string& route,
+                  handler h) {
+  add("POST", pattern, route, std::move(h), {}, false);
+}
+
+void router::del(const std::string& pattern, const std::string& route,
+                 handler h) {
+  add("DELETE", pattern, route, std::move(h), {}, false);
+}
+
+void router::get_async(const std::string& pattern, const std::string& route,
+                       async_handler h, bool open) {
+  add("GET", pattern, route, {}, std::move(h), open);
+}
+
+void router::post_async(const std::string& pattern, const std::string& route,
+                        async_handler h) {
+  add("POST", pattern, route, {}, std::move(h), false);
+}
+
+bool router::stopping() const noexcept {
+  return stopping_;
+}
+
+void router::set_stopping() noexcept {
+  stopping_ = true;
+}
+
+const router::route_entry*
+router::match(const request& req, std::vector<std::string>& captures) const {
+  auto segments = split_path(req.path);
+  for (auto& e : routes_) {
+    if (e.method != req.method || e.segments.size() != segments.size())
+      continue;
+    bool ok = true;
+    captures.clear();
+    captures.push_back(req.path);
+    for (size_t i = 0; i < segments.size() && ok; ++i) {
+      if (e.segments[i].empty()) {
+        ok = !segments[i].empty();
+        captures.push_back(segments[i]);
+      } else {
+        ok = e.segments[i] == segments[i];
+      }
+    }
+    if (ok)
+      return &e;
+  }
+  return nullptr;
+}
+
+void router::record(const std::string& route, const request& req, int status,
+                    double seconds, const json& fields) {
+  metrics_.observe(route, req.method, status, seconds);
+  if (!spdlog::should_log(spdlog::level::info))
+    return;
+  auto line = fields;
+  line["method"] = req.method;
+  line["route"] = route;
+  line["status"] = status;
+  line["latency_ms"] = seconds * 1000.0;
+  spdlog::info(log_fields("request", line));
+}
+
+response router::refusal(const request& req, int status,
+                         const std::string& message) {
+  std::string code;
+  switch (status) {
+    case 404: code = "not_found"; break;
+    case 408: code = "timeout"; break;
+    case 413:
+    case 414:
+    case 431: code = "too_large"; break;
+    case 503: code = "unavailable"; break;
+    default: code = "malformed";
+  }
+  json fields;
+  if (!req.path.empty())
+    fields["path"] = req.path.substr(0, 200);
+  record("unmatched", req, status, 0, fields);
+  return error_response(api_error{status, code, message});
+}
+
+void router::dispatch(std::shared_ptr<request> req, responder_ptr res) {
+  std::vector<std::string> captures;
+  auto* e = match(*req, captures);
+  if (!e) {
+    res->send(refusal(*req, 404,
+                      "no route for " + req->method + " "
+                        + req->path.substr(0, 200)));
+    return;
+  }
+  req->matches = std::move(captures);
+  if (!e->open && !authorized(*req, options_.token)) {
+    record(e->route, *req, 401, 0, json::object());
+    res->send(error_response(
+      api_error{401, "unauthorized",
+                "this route requires 'Authorization: Bearer <token>'"}));
+    return;
+  }
+  if (e->async) {
+    auto call = std::make_shared<async_call>(*this, e->route, std::move(req),
+                                             std::move(res));
+    try {
+      e->async(call);
+    } catch (const api_error& err) {
+      call->fail(err);
+    } catch (const std::exception& ex) {
+      call->fail(api_error{500, "internal", ex.what()});
+    }
+    return;
+  }
+  boost::asio::post(workers_, [this, e, req = std::move(req),
+                               res = std::move(res)] {
+    auto start = std::chrono::steady_clock::now();
+    request_context ctx;
+    response out;
+    try {
+      e->blocking(*req, out, ctx);
+      if (out.status == -1)
+        out.status = 200;
+    } catch (const api_error& err) {
+      out = error_response(err);
+    } catch (const std::exception& ex) {
+      out = error_response(api_error{500, "internal", ex.what()});
+    }
+    // A blocking call pins the actor system's logger in a thread-local of
+    // this thread, and ~actor_system waits for every such pin: drop it, so
+    // a worker never keeps the runtime from stopping.
+    caf::logger::set_current_actor_system(nullptr);
+    auto seconds = std::chrono::duration<double>(
+                     std::chrono::steady_clock::now() - start)
+                     .count();
+    record(e->route, *req, out.status, seconds, ctx.log);
+    res->send(std::move(out));
+  });
+}
+
+} // namespace spindle::http

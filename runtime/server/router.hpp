@@ -1,0 +1,221 @@
+#pragma once
+
+// The HTTP layer's private toolkit: a router over http_server that turns
+// handler exceptions into spindle's JSON errors, strict JSON body parsing,
+// and per-request context for the log line and the metrics.
+//
+// Two kinds of handler. A blocking handler (`get`, `post`, `del`) may wait
+// on the runtime; it runs on the router's worker threads, never on an event
+// loop. An asynchronous handler (`get_async`, `post_async`) runs on the
+// connection's loop, must not block, and answers through its `async_call`,
+// now or later from any thread.
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <functional>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <caf/error.hpp>
+#include <nlohmann/json.hpp>
+
+#include "http.hpp"
+#include "spindle/runtime/server.hpp"
+
+namespace boost::asio {
+class thread_pool;
+} // namespace boost::asio
+
+namespace spindle {
+
+class runtime;
+class http_metrics;
+
+namespace http {
+
+using json = nlohmann::json;
+
+/// An error reply: `{"error":{"code":..., "message":...}}` with `status`.
+/// Handlers throw it; the router catches it at the edge.
+struct api_error {
+  int status;
+  std::string code;
+  std::string message;
+};
+
+/// Maps a spindle error to its reply (invalid_id -> 400, not_found -> 404,
+/// conflict -> 409, timeout -> 504, upstream_failure -> 502, ...).
+api_error to_api_error(const caf::error& err);
+
+/// Throws `to_api_error(err)`.
+[[noreturn]] void fail(const caf::error& err);
+
+/// What a handler tells the request log besides route, status and latency
+/// (thread_id, turns_loaded, found_or_created, thread_actor, ...).
+struct request_context {
+  json log = json::object();
+};
+
+using handler
+  = std::function<void(const request&, response&, request_context&)>;
+
+class router;
+
+/// One request of an asynchronous handler: answers exactly once (logged and
+/// counted then). Thread-safe: `send`, `reply`, `fail` and the stream calls
+/// may come from any thread, one at a time.
+class async_call {
+public:
+  async_call(router& r, std::string route, std::shared_ptr<request> req,
+             responder_ptr res);
+  ~async_call();
+
+  /// Fields for the request's log line; touch from one thread at a time.
+  request_context ctx;
+
+  const request& req() const noexcept {
+    return *req_;
+  }
+
+  /// Sends `res` (a status of -1 becomes 200).
+  void send(response res);
+  /// Sends `body` as JSON with `status`.
+  void reply(int status, const json& body);
+  /// Sends the error reply of `e`.
+  void fail(const api_error& e);
+  void fail(const caf::error& err);
+
+  /// Starts a streamed reply; the request is logged when it ends.
+  void begin_stream(int status, std::string content_type,
+                    std::vector<std::pair<std::string, std::string>> headers);
+  /// A chunk of the stream; false once the client is gone or cut off.
+  bool write(std::string chunk);
+  /// Ends the stream.
+  void end_stream();
+  /// True once the client went away.
+  bool gone() const noexcept;
+  /// Runs `f` on the connection's loop when the client goes away.
+  void on_gone(std::function<void()> f);
+
+private:
+  void finish(int status);
+
+  router& router_;
+  std::string route_;
+  std::shared_ptr<request> req_;
+  responder_ptr res_;
+  std::chrono::steady_clock::time_point start_;
+  std::atomic<bool> done_{false};
+  int stream_status_ = 0;
+};
+
+using async_handler
+  = std::function<void(std::shared_ptr<async_call>)>;
+
+/// Parses a JSON object body. Every key must be in `allowed` (unknown
+/// fields are refused, naming them); an empty body counts as {} only if
+/// `allow_empty`. Throws api_error 400 `malformed` / `unknown_field`.
+json parse_body(const request& req,
+                std::initializer_list<const char*> allowed,
+                bool allow_empty = false);
+
+/// Field accessors: throw 400 `malformed` naming the field and the type it
+/// must have. `optional_*` return nullopt for an absent or null field.
+std::string required_string(const json& body, const char* field);
+std::optional<std::string> optional_string(const json& body,
+                                           const char* field);
+std::optional<int64_t> optional_int(const json& body, const char* field);
+
+/// Query parameter as an integer; throws 400 `invalid_argument` naming it
+/// when present but not an integer.
+std::optional<int64_t> query_int(const request& req, const char* name);
+
+/// Sends `body` as JSON with `status`.
+void reply(response& res, int status, const json& body);
+
+/// The JSON error reply of `e`.
+response error_response(const api_error& e);
+
+/// Serializes JSON safely (invalid UTF-8 replaced, never throws).
+std::string dump(const json& value);
+
+/// Routes requests by method and path; each route's handler is wrapped
+/// with auth, error handling, logging and metrics. Patterns are paths whose
+/// `([^/]+)` segments capture one segment each (`req.matches[i]`).
+/// Register every route before serving.
+class router {
+public:
+  router(runtime& rt, const server_options& options, http_metrics& metrics,
+         boost::asio::thread_pool& workers);
+
+  void get(const std::string& pattern, const std::string& route, handler h,
+           bool open = false);
+  void post(const std::string& pattern, const std::string& route, handler h);
+  void del(const std::string& pattern, const std::string& route, handler h);
+  void get_async(const std::string& pattern, const std::string& route,
+                 async_handler h, bool open = false);
+  void post_async(const std::string& pattern, const std::string& route,
+                  async_handler h);
+
+  /// Routes one request (on its connection's loop).
+  void dispatch(std::shared_ptr<request> req, responder_ptr res);
+
+  /// The reply to a request refused before routing (and its log line).
+  response refusal(const request& req, int status, const std::string& message);
+
+  /// Requests not finished yet, by route kind.
+  bool stopping() const noexcept;
+  void set_stopping() noexcept;
+
+  runtime& rt() noexcept {
+    return rt_;
+  }
+  const server_options& options() const noexcept {
+    return options_;
+  }
+  http_metrics& metrics() noexcept {
+    return metrics_;
+  }
+
+  /// Logs and counts one finished request.
+  void record(const std::string& route, const request& req, int status,
+              double seconds, const json& fields);
+
+private:
+  struct route_entry {
+    std::string method;
+    std::vector<std::string> segments; // "" captures a segment
+    std::string route;
+    handler blocking;
+    async_handler async;
+    bool open = false;
+  };
+
+  void add(const std::string& method, const std::string& pattern,
+           const std::string& route, handler h, async_handler a, bool open);
+  const route_entry* match(const request& req,
+                           std::vector<std::string>& captures) const;
+
+  runtime& rt_;
+  const server_options& options_;
+  http_metrics& metrics_;
+  boost::asio::thread_pool& workers_;
+  std::vector<route_entry> routes_;
+  std::atomic<bool> stopping_{false};
+};
+
+/// True when `req` carries the configured bearer token (or none is set).
+bool authorized(const request& req, const std::string& token);
+
+// Route groups, one file each (routes_<group>.cpp).
+void add_id_routes(router& r);
+void add_thread_routes(router& r);
+void add_item_routes(router& r);
+void add_memory_routes(router& r);
+void add_task_routes(router& r);
+
+} // namespace http
+} // namespace spindle
