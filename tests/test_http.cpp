@@ -1,0 +1,456 @@
+// The event-loop HTTP layer under load and abuse, against the real binary:
+// idle and trickling connections, limits, the connection cap, slow readers,
+// thousands of concurrent streams, and SIGTERM in the middle of them.
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "support.hpp"
+
+using json = nlohmann::json;
+using spindle::test::server_process;
+using namespace std::chrono;
+
+namespace {
+
+void raise_fd_limit() {
+  rlimit lim{};
+  getrlimit(RLIMIT_NOFILE, &lim);
+  lim.rlim_cur = lim.rlim_max;
+  setrlimit(RLIMIT_NOFILE, &lim);
+}
+
+// A blocking loopback connection; -1 on failure.
+int connect_to(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    return -1;
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  return fd;
+}
+
+struct fd_guard {
+  std::vector<int> fds;
+  ~fd_guard() {
+    for (int fd : fds)
+      if (fd >= 0)
+        ::close(fd);
+  }
+};
+
+bool send_all(int fd, const std::string& data) {
+  size_t sent = 0;
+  while (sent < data.size()) {
+    auto n = ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0)
+      return false;
+    sent += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Reads until the peer closes or `timeout` passes.
+std::string read_until_close(int fd, milliseconds timeout) {
+  std::string out;
+  auto deadline = steady_clock::now() + timeout;
+  char buf[16384];
+  while (steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    auto left = duration_cast<milliseconds>(deadline - steady_clock::now());
+    if (poll(&p, 1, static_cast<int>(std::max<int64_t>(left.count(), 1))) <= 0)
+      continue;
+    auto n = ::recv(fd, buf, sizeof buf, 0);
+    if (n <= 0)
+      break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return out;
+}
+
+// The status of a raw HTTP reply ("HTTP/1.1 431 ..."), or 0.
+int status_of(const std::string& reply) {
+  if (reply.compare(0, 9, "HTTP/1.1 ") != 0 || reply.size() < 12)
+    return 0;
+  return std::stoi(reply.substr(9, 3));
+}
+
+std::string stream_request(const std::string& thread,
+                           const std::string& content) {
+  auto body = json{{"content", content}}.dump();
+  return "POST /v1/threads/" + thread
+         + "/messages/stream HTTP/1.1\r\nHost: x\r\nContent-Type: "
+           "application/json\r\nConnection: close\r\nContent-Length: "
+         + std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+// Many SSE streams at once on one thread: each connection sends its request
+// and reads until the server closes it.
+struct stream_set {
+  struct one {
+    int fd = -1;
+    std::string reply;
+    bool closed = false;
+  };
+  std::vector<one> streams;
+
+  ~stream_set() {
+    for (auto& s : streams)
+      if (s.fd >= 0)
+        ::close(s.fd);
+  }
+
+  // Opens and sends; false if a connection or send failed.
+  bool start(int port, const std::vector<std::string>& requests) {
+    streams.resize(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i) {
+      streams[i].fd = connect_to(port);
+      if (streams[i].fd < 0 || !send_all(streams[i].fd, requests[i]))
+        return false;
+    }
+    return true;
+  }
+
+  // Reads every stream until all are closed or `timeout`; returns how many
+  // are still open.
+  size_t finish(milliseconds timeout) {
+    auto deadline = steady_clock::now() + timeout;
+    char buf[16384];
+    size_t open = streams.size();
+    while (open > 0 && steady_clock::now() < deadline) {
+      std::vector<pollfd> polls;
+      std::vector<size_t> index;
+      for (size_t i = 0; i < streams.size(); ++i)
+        if (!streams[i].closed) {
+          polls.push_back({streams[i].fd, POLLIN, 0});
+          index.push_back(i);
+        }
+      if (poll(polls.data(), polls.size(), 100) <= 0)
+        continue;
+      for (size_t k = 0; k < polls.size(); ++k) {
+        if (!(polls[k].revents & (POLLIN | POLLHUP | POLLERR)))
+          continue;
+        auto& s = streams[index[k]];
+        auto n = ::recv(s.fd, buf, sizeof buf, 0);
+        if (n <= 0) {
+          s.closed = true;
+          --open;
+          continue;
+        }
+        s.reply.append(buf, static_cast<size_t>(n));
+      }
+    }
+    return open;
+  }
+};
+
+// The events of a chunked SSE reply, in order: (event, data).
+std::vector<std::pair<std::string, json>> events_of(const std::string& raw) {
+  std::vector<std::pair<std::string, json>> out;
+  auto body_at = raw.find("\r\n\r\n");
+  if (body_at == std::string::npos)
+    return out;
+  // De-chunk.
+  std::string body;
+  size_t pos = body_at + 4;
+  while (pos < raw.size()) {
+    auto eol = raw.find("\r\n", pos);
+    if (eol == std::string::npos)
+      break;
+    auto size = std::stoul(raw.substr(pos, eol - pos), nullptr, 16);
+    if (size == 0)
+      break;
+    body += raw.substr(eol + 2, size);
+    pos = eol + 2 + size + 2;
+  }
+  size_t at = 0;
+  while (true) {
+    auto end = body.find("\n\n", at);
+    if (end == std::string::npos)
+      break;
+    auto block = body.substr(at, end - at);
+    at = end + 2;
+    auto nl = block.find('\n');
+    if (block.compare(0, 7, "event: ") != 0 || nl == std::string::npos)
+      continue;
+    out.emplace_back(block.substr(7, nl - 7),
+                     json::parse(block.substr(nl + 7), nullptr, false));
+  }
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("http: 1,000 idle or half-sent connections do not keep a new "
+          "client from being answered within 1 s") {
+  raise_fd_limit();
+  server_process srv;
+  fd_guard idle;
+  for (int i = 0; i < 1000; ++i) {
+    int fd = connect_to(srv.port());
+    REQUIRE(fd >= 0);
+    idle.fds.push_back(fd);
+    // Half of them send half a request line and then nothing.
+    if (i % 2 == 1)
+      REQUIRE(send_all(fd, "GET /heal"));
+  }
+  auto start = steady_clock::now();
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  cli.set_read_timeout(seconds(5));
+  auto r = cli.Get("/healthz");
+  auto took = steady_clock::now() - start;
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  CHECK(took < seconds(1));
+  // A message round trip too, not only the health check.
+  auto m = cli.Post("/v1/threads/busy-server/messages", R"({"content":"hi"})",
+                    "application/json");
+  REQUIRE(m);
+  CHECK(m->status == 200);
+  CHECK(steady_clock::now() - start < seconds(1));
+}
+
+TEST_CASE("http: a connection that trickles its headers is closed when "
+          "--header-timeout passes, and a silent one too") {
+  server_process srv{{"--header-timeout", "0.5"}};
+  int trickle = connect_to(srv.port());
+  int silent = connect_to(srv.port());
+  fd_guard guard{{trickle, silent}};
+  REQUIRE(trickle >= 0);
+  REQUIRE(silent >= 0);
+  auto start = steady_clock::now();
+  bool closed = false;
+  // One byte every 100 ms: each byte alone is on time, the whole is not.
+  std::string line = "GET /healthz HTTP/1.1\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaa";
+  for (char c : line) {
+    if (!send_all(trickle, std::string(1, c))) {
+      closed = true;
+      break;
+    }
+    pollfd p{trickle, POLLIN, 0};
+    if (poll(&p, 1, 100) > 0) {
+      char b;
+      if (::recv(trickle, &b, 1, 0) <= 0) {
+        closed = true;
+        break;
+      }
+    }
+  }
+  CHECK(closed);
+  CHECK(steady_clock::now() - start < seconds(2));
+  CHECK(read_until_close(silent, seconds(2)).empty());
+  // The server still serves.
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  auto r = cli.Get("/healthz");
+  REQUIRE(r);
+  CHECK(r->status == 200);
+  auto m = cli.Get("/metrics");
+  REQUIRE(m);
+  CHECK(m->body.find("spindle_http_connections_timed_out 2") != std::string::npos);
+}
+
+TEST_CASE("http: oversized headers get 431, too many header fields 431, a "
+          "target over 8 KiB 414, a malformed request line 400, all as JSON") {
+  server_process srv;
+  auto ask = [&](const std::string& raw) {
+    int fd = connect_to(srv.port());
+    REQUIRE(fd >= 0);
+    fd_guard g{{fd}};
+    send_all(fd, raw);
+    return read_until_close(fd, seconds(5));
+  };
+  auto big = ask("GET /healthz HTTP/1.1\r\nX-Big: " + std::string(40000, 'a')
+                 + "\r\n\r\n");
+  CHECK(status_of(big) == 431);
+  CHECK(big.find("\"too_large\"") != std::string::npos);
+  std::string many = "GET /healthz HTTP/1.1\r\n";
+  for (int i = 0; i < 150; ++i)
+    many += "X-H" + std::to_string(i) + ": v\r\n";
+  auto too_many = ask(many + "\r\n");
+  CHECK(status_of(too_many) == 431);
+  CHECK(too_many.find("header fields") != std::string::npos);
+  auto long_url = ask("GET /v1/threads/" + std::string(9000, 'a')
+                      + "/history HTTP/1.1\r\n\r\n");
+  CHECK(status_of(long_url) == 414);
+  auto garbage = ask("HELLO\x01 WORLD\r\n\r\n");
+  CHECK(status_of(garbage) == 400);
+  CHECK(garbage.find("\"malformed\"") != std::string::npos);
+  // Nothing of that broke the server.
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  auto r = cli.Get("/healthz");
+  REQUIRE(r);
+  CHECK(r->status == 200);
+}
+
+TEST_CASE("http: past --max-connections a new connection gets 503 and is "
+          "closed, and once others close it is served again") {
+  server_process srv{{"--max-connections", "8"}};
+  fd_guard held;
+  for (int i = 0; i < 8; ++i) {
+    int fd = connect_to(srv.port());
+    REQUIRE(fd >= 0);
+    held.fds.push_back(fd);
+  }
+  // Let the server accept all eight before the ninth.
+  std::this_thread::sleep_for(milliseconds(200));
+  int extra = connect_to(srv.port());
+  REQUIRE(extra >= 0);
+  fd_guard g{{extra}};
+  send_all(extra, "GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n");
+  auto refused = read_until_close(extra, seconds(5));
+  CHECK(status_of(refused) == 503);
+  CHECK(refused.find("too many open connections") != std::string::npos);
+  // The held ones are served.
+  REQUIRE(send_all(held.fds[0],
+                   "GET /healthz HTTP/1.1\r\nConnection: close\r\n\r\n"));
+  CHECK(status_of(read_until_close(held.fds[0], seconds(5))) == 200);
+  for (auto& fd : held.fds) {
+    ::close(fd);
+    fd = -1;
+  }
+  std::this_thread::sleep_for(milliseconds(200));
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  auto r = cli.Get("/healthz");
+  REQUIRE(r);
+  CHECK(r->status == 200);
+}
+
+TEST_CASE("http: a client that stops reading mid-stream does not delay the "
+          "others") {
+  raise_fd_limit();
+  server_process srv{{"--llm-delta-delay-ms", "50"}};
+  // The stalled client: asks for a stream and never reads it.
+  fd_guard stalled;
+  for (int i = 0; i < 4; ++i) {
+    int fd = connect_to(srv.port());
+    REQUIRE(fd >= 0);
+    int small = 1024;
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small);
+    stalled.fds.push_back(fd);
+    REQUIRE(send_all(fd, stream_request("stalled-" + std::to_string(i),
+                                        std::string(400, 'z'))));
+  }
+  std::vector<std::string> requests;
+  for (int i = 0; i < 200; ++i)
+    requests.push_back(stream_request("reader-" + std::to_string(i),
+                                      "question " + std::to_string(i)));
+  stream_set readers;
+  auto start = steady_clock::now();
+  REQUIRE(readers.start(srv.port(), requests));
+  REQUIRE(readers.finish(seconds(20)) == 0);
+  // 4 deltas 50 ms apart: well under a second each, all at once.
+  CHECK(steady_clock::now() - start < seconds(5));
+  for (auto& s : readers.streams) {
+    auto events = events_of(s.reply);
+    REQUIRE(!events.empty());
+    CHECK(events.front().first == "thread");
+    CHECK(events.back().first == "done");
+  }
+}
+
+TEST_CASE("http: 2,000 concurrent streamed exchanges on 500 threads: every "
+          "turn stored exactly once, in order, never interleaved") {
+  raise_fd_limit();
+  server_process srv{{"--llm-delta-delay-ms", "100"}};
+  // Four messages per thread at once: D9 queues them, so each thread ends
+  // with 8 turns alternating user and assistant.
+  constexpr int threads = 500, per_thread = 4;
+  std::vector<std::string> requests;
+  for (int m = 0; m < per_thread; ++m)
+    for (int t = 0; t < threads; ++t)
+      requests.push_back(stream_request(
+        "many-" + std::to_string(t),
+        "message " + std::to_string(m) + " of thread " + std::to_string(t)));
+  stream_set streams;
+  REQUIRE(streams.start(srv.port(), requests));
+  REQUIRE(streams.finish(seconds(120)) == 0);
+  size_t done = 0;
+  for (auto& s : streams.streams) {
+    INFO(s.reply.substr(0, 300));
+    REQUIRE(status_of(s.reply) == 200);
+    auto events = events_of(s.reply);
+    REQUIRE(events.size() >= 3);
+    CHECK(events.front().first == "thread");
+    CHECK(events.back().first == "done");
+    done += events.back().first == "done";
+  }
+  CHECK(done == requests.size());
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  cli.set_keep_alive(true);
+  for (int t = 0; t < threads; ++t) {
+    auto id = "many-" + std::to_string(t);
+    auto r = cli.Get(("/v1/threads/" + id + "/history?max_turns=100").c_str());
+    REQUIRE(r);
+    auto h = json::parse(r->body);
+    REQUIRE(h["total_turns"] == 2 * per_thread);
+    std::set<std::string> seen;
+    auto& turns = h["turns"];
+    for (size_t i = 0; i < turns.size(); ++i) {
+      auto role = turns[i]["role"].get<std::string>();
+      REQUIRE(role == (i % 2 == 0 ? "user" : "assistant"));
+      if (role == "user") {
+        auto content = turns[i]["content"].get<std::string>();
+        CHECK(content.find("of thread " + std::to_string(t)) != std::string::npos);
+        CHECK(seen.insert(content).second); // stored exactly once
+        // The reply that follows answers this message, not another one.
+        CHECK(turns[i + 1]["content"].get<std::string>().find(content)
+              != std::string::npos);
+      }
+    }
+    CHECK(seen.size() == per_thread);
+  }
+}
+
+TEST_CASE("http: SIGTERM during 500 streams lets every one finish within "
+          "the grace period, stored, and the server exits 0") {
+  raise_fd_limit();
+  server_process srv{{"--llm-delta-delay-ms", "300", "--shutdown-grace", "20"}};
+  std::vector<std::string> requests;
+  for (int i = 0; i < 500; ++i)
+    requests.push_back(stream_request("term-" + std::to_string(i),
+                                      "last words " + std::to_string(i)));
+  stream_set streams;
+  REQUIRE(streams.start(srv.port(), requests));
+  // Let every stream get going: 4 deltas 300 ms apart take 1.2 s.
+  std::this_thread::sleep_for(milliseconds(500));
+  auto start = steady_clock::now();
+  ::kill(srv.pid(), SIGTERM);
+  REQUIRE(streams.finish(seconds(30)) == 0);
+  CHECK(steady_clock::now() - start < seconds(20));
+  for (auto& s : streams.streams) {
+    INFO(s.reply.substr(0, 300));
+    auto events = events_of(s.reply);
+    REQUIRE(!events.empty());
+    CHECK(events.back().first == "done");
+    CHECK(events.back().second["turns"] == 2);
+    CHECK_FALSE(events.back().second.contains("interrupted"));
+  }
+  CHECK(srv.stop(SIGTERM) == 0);
+}
