@@ -1,0 +1,650 @@
+#!/usr/bin/env python3
+"""spindle's HTTP throughput beside nginx, measured with wrk.
+
+What it measures
+----------------
+1. GET /healthz on a throwaway nginx and on `spindle serve --data :memory:`,
+   at each connection count one right after the other in the same run. nginx
+   answers the same 33-byte body spindle does
+   (`{"status":"ok","version":"0.1.0"}`, application/json) from a
+   `return 200` in its config, with no file, log or upstream behind it: the
+   fastest an event-loop HTTP/1.1 server on this machine answers a tiny
+   request. The table gives spindle/nginx for requests per second; the
+   target is at least 0.9x at 8 and 64 connections.
+
+2. POST /v1/threads/{id}/messages with the offline provider (instant
+   replies, no delay): each request stores a user turn, generates a reply,
+   stores the assistant turn and hands the exchange to long-term memory.
+   Requests are spread over 64 thread IDs (bench-0 .. bench-63, created by
+   one message each before the first measured point) and carry varied
+   message texts. Two servers are measured at each connection count:
+   durable (a data directory in a temporary directory, the default
+   settings: --sync full, group commit) and --data :memory:. The table puts
+   durable beside :memory: (the cost of durability) and gives the durable
+   store's writes per commit over the point (from /metrics), which shows how
+   well group commit batches.
+
+Every point is `wrk -t2 -cN -dSs --latency --timeout 10s` (-t1 at one
+connection); the tables give requests/sec, latency percentiles and any
+socket errors or non-2xx replies (a point with errors is flagged: its
+figure is not a valid measurement). wrk, nginx and spindle share the
+machine's cores; nginx runs `worker_processes auto` and spindle its default
+of one event-loop thread per core, so both get the same CPUs.
+
+Running it
+----------
+    python3 bench/bench_http.py --quick            # ~1 minute
+    python3 bench/bench_http.py --json out.json    # full run, ~3 minutes
+
+Options:
+    --build-dir DIR   where the spindle executable is (default: build)
+    --quick           2 s per point; /healthz at 8 and 64 connections,
+                      messages at 8 and 64 (the full run: 8 s per point,
+                      both at 1, 8, 64 and 512 connections)
+    --duration S      seconds per point, overriding the above
+    --only WHAT       healthz or messages: run one part only
+    --json PATH       write every figure (and the run's settings) as JSON
+
+Needs /usr/sbin/nginx and wrk (Debian packages nginx-light and wrk;
+.ci/install-deps installs both). nginx runs from a config written into a
+temporary directory (its pid file, error log and temp paths are there too,
+access log off), on a free loopback port, as the current user (workers run
+as root when started by root); the script stops nginx and both spindle
+servers on exit, failure and Ctrl-C, and removes the temporary directory.
+
+Python 3 standard library only.
+"""
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import re
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+NGINX = "/usr/sbin/nginx"
+HEALTH_BODY = '{"status":"ok","version":"0.1.0"}'
+THREADS = 64            # thread IDs the message requests are spread over
+TARGET = 0.9            # spindle/nginx on GET /healthz, at 8 and 64 connections
+TARGET_CONNECTIONS = (8, 64)
+STOP_GRACE = 10.0       # seconds between SIGTERM and SIGKILL
+
+# What people send to an assistant: short and long, questions and
+# instructions, some with quotes and non-ASCII letters.
+MESSAGES = [
+    "Hi! Can you help me plan a three-day trip to Lisbon in early May?",
+    "What's the difference between a mutex and a semaphore?",
+    "Summarise the following in two sentences: the quarterly report shows "
+    "revenue up 12% year over year, driven mostly by the new subscription "
+    "tier, while support costs rose 4% after the migration to the new "
+    "ticketing system.",
+    "Thanks, that works.",
+    "Rewrite this more politely: \"Send me the files by tomorrow or the "
+    "deal is off.\"",
+    "How do I undo the last git commit but keep the changes in my working "
+    "tree?",
+    "Translate to French: the meeting has been moved to Thursday at 3 pm.",
+    "Which is healthier for breakfast, oatmeal or granola?",
+    "Explain why my Python loop `for i in range(len(xs)): xs.pop(i)` skips "
+    "elements.",
+    "Give me five name ideas for a bakery that specialises in sourdough.",
+    "ok",
+    "Can you draft a short email to my landlord saying the heating has been "
+    "broken since Monday and asking when someone can come and look at it?",
+    "What time zone is Auckland in, and how many hours ahead of London is "
+    "it in July?",
+    "Convert 72 degrees Fahrenheit to Celsius.",
+    "Write a haiku about a cat watching rain.",
+    "Was ist der Unterschied zwischen \"seit\" und \"seitdem\"? Grüße!",
+    "My sourdough starter smells like nail polish remover. Is it dead?",
+    "List the planets in order from the sun, with one fact about each.",
+    "How many tablespoons are in a cup?",
+    "I have a job interview for a backend role on Friday. What questions "
+    "should I expect about databases, and how should I prepare in the "
+    "next three evenings?",
+    "Is it safe to run `rm -rf node_modules` and reinstall?",
+    "Could you recommend a few novels like 'Le Petit Prince' for a "
+    "ten-year-old?",
+    "What does HTTP status 429 mean and how should a client react to it?",
+]
+
+
+def fail(msg):
+    raise SystemExit("bench_http: " + msg)
+
+
+def raise_fd_limit():
+    """In a child, before exec: open files up to the hard limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+        except (ValueError, OSError):
+            pass
+
+
+def free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def http_get(url, timeout=2.0):
+    with urllib.request.urlopen(url, timeout=timeout) as r:
+        return r.status, r.read().decode("utf-8", "replace")
+
+
+def http_post(url, body, timeout=10.0):
+    req = urllib.request.Request(
+        url, data=json.dumps(body).encode(), method="POST",
+        headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=timeout) as r:
+        return r.status, r.read().decode("utf-8", "replace")
+
+
+def tail(path, n=20):
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-n:])
+    except OSError:
+        return ""
+
+
+# ---------------------------------------------------------------- processes
+
+class Server:
+    """A child process in a session of its own, stopped with SIGTERM and,
+    after STOP_GRACE seconds, SIGKILL to its whole process group."""
+
+    def __init__(self, name, argv, stdout, stderr, cwd=None):
+        self.name = name
+        self.log = stderr
+        with open(stdout, "wb") as out, open(stderr, "wb") as err:
+            self.proc = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                cwd=cwd, start_new_session=True, preexec_fn=raise_fd_limit)
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def stop(self):
+        if self.proc.poll() is not None:
+            return
+        try:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(timeout=STOP_GRACE)
+        except subprocess.TimeoutExpired:
+            print(f"bench_http: {self.name} did not stop within "
+                  f"{STOP_GRACE:.0f} s of SIGTERM; killing it", file=sys.stderr)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+        except ProcessLookupError:
+            pass
+
+
+def nginx_modules_without():
+    """The modules this nginx was built without (fastcgi, uwsgi, scgi: a
+    temp path directive for a missing module is a config error)."""
+    r = subprocess.run([NGINX, "-V"], capture_output=True, text=True)
+    return set(re.findall(r"--without-http_(\w+)_module", r.stderr + r.stdout))
+
+
+def nginx_conf(tmp, port):
+    without = nginx_modules_without()
+    temp = [("client_body_temp_path", "body"), ("proxy_temp_path", "proxy")]
+    for module, directive in (("fastcgi", "fastcgi_temp_path"),
+                              ("uwsgi", "uwsgi_temp_path"),
+                              ("scgi", "scgi_temp_path")):
+        if module not in without:
+            temp.append((directive, module))
+    temp_lines = "\n".join(f"    {d} {os.path.join(tmp, sub)};"
+                           for d, sub in temp)
+    # Workers switch to `user` only when the master runs as root; the temp
+    # directory is private to its owner, so they stay root then.
+    user = "user root;\n" if os.geteuid() == 0 else ""
+    return f"""# Throwaway nginx for bench/bench_http.py.
+{user}daemon off;
+master_process on;
+worker_processes auto;
+worker_rlimit_nofile 20000;
+pid {os.path.join(tmp, "nginx.pid")};
+error_log {os.path.join(tmp, "nginx-error.log")} warn;
+
+events {{
+    worker_connections 8192;
+}}
+
+http {{
+    access_log off;
+    server_tokens off;
+    keepalive_timeout 60s;
+    keepalive_requests 100000000;
+{temp_lines}
+
+    server {{
+        listen 127.0.0.1:{port};
+        location = /healthz {{
+            default_type application/json;
+            return 200 '{HEALTH_BODY}';
+        }}
+    }}
+}}
+"""
+
+
+def start_nginx(tmp, stack):
+    if not os.access(NGINX, os.X_OK):
+        fail(f"{NGINX} not found: install nginx-light (.ci/install-deps)")
+    for attempt in range(5):
+        port = free_port()
+        conf = os.path.join(tmp, "nginx.conf")
+        with open(conf, "w") as f:
+            f.write(nginx_conf(tmp, port))
+        srv = Server("nginx",
+                     [NGINX, "-p", tmp, "-c", conf,
+                      "-e", os.path.join(tmp, "nginx-error.log")],
+                     os.path.join(tmp, "nginx.out"),
+                     os.path.join(tmp, "nginx.err"))
+        stack.callback(srv.stop)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and srv.alive():
+            try:
+                status, body = http_get(url + "/healthz", timeout=1)
+                if status == 200 and body == HEALTH_BODY:
+                    return srv, url
+                fail(f"nginx answered {status} {body!r} on /healthz")
+            except (urllib.error.URLError, OSError):
+                time.sleep(0.05)
+        srv.stop()
+        log = tail(os.path.join(tmp, "nginx-error.log")) + \
+            tail(os.path.join(tmp, "nginx.err"))
+        if "Address already in use" in log and attempt < 4:
+            continue
+        fail("nginx did not start; its error log:\n" + log)
+    fail("nginx found no free port")
+
+
+def start_spindle(exe, tmp, name, data, stack):
+    out = os.path.join(tmp, name + ".out")
+    err = os.path.join(tmp, name + ".err")
+    srv = Server(f"spindle ({name})",
+                 [exe, "serve", "--port", "0", "--data", data,
+                  "--log-level", "warn"], out, err, cwd=tmp)
+    stack.callback(srv.stop)
+    deadline = time.monotonic() + 30
+    pattern = re.compile(r"serving on (http://[0-9.]+:(\d+))")
+    while time.monotonic() < deadline:
+        try:
+            with open(out, errors="replace") as f:
+                m = pattern.search(f.readline())
+        except OSError:
+            m = None
+        if m:
+            url = m.group(1)
+            status, body = http_get(url + "/healthz")
+            if status != 200:
+                fail(f"spindle ({name}) answered {status} on /healthz")
+            return srv, url, body
+        if not srv.alive():
+            fail(f"spindle ({name}) exited with {srv.proc.returncode}:\n"
+                 + tail(out) + tail(err))
+        time.sleep(0.05)
+    fail(f"spindle ({name}) printed no address in 30 s:\n"
+         + tail(out) + tail(err))
+
+
+# ---------------------------------------------------------------- wrk
+
+MESSAGES_LUA = """-- POST /v1/threads/bench-K/messages, K over {threads} thread IDs,
+-- bodies taken in turn from {count} message texts.
+local bodies = {{
+{bodies}
+}}
+local headers = {{ ["Content-Type"] = "application/json" }}
+local counter = 0
+
+-- Each wrk thread starts at its own place in the sequence.
+local threads = {{}}
+function setup(thread)
+  thread:set("offset", #threads * 7919)
+  table.insert(threads, thread)
+end
+
+function init(args)
+  counter = offset or 0
+end
+
+function request()
+  local path = "/v1/threads/bench-" .. (counter % {threads}) .. "/messages"
+  local body = bodies[(counter % #bodies) + 1]
+  counter = counter + 1
+  return wrk.format("POST", path, headers, body)
+end
+"""
+
+
+def write_messages_lua(tmp):
+    bodies = []
+    for text in MESSAGES:
+        body = json.dumps({"content": text}, ensure_ascii=False)
+        assert "]==]" not in body
+        bodies.append(f"  [==[{body}]==],")
+    path = os.path.join(tmp, "messages.lua")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(MESSAGES_LUA.format(threads=THREADS, count=len(MESSAGES),
+                                    bodies="\n".join(bodies)))
+    return path
+
+
+UNITS_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
+
+
+def to_ms(text):
+    m = re.fullmatch(r"([0-9.]+)(us|ms|s|m|h)", text)
+    if not m:
+        raise ValueError(f"unparsed time {text!r}")
+    return float(m.group(1)) * UNITS_MS[m.group(2)]
+
+
+def parse_wrk(out):
+    r = {}
+    m = re.search(r"Requests/sec:\s+([0-9.]+)", out)
+    if not m:
+        raise ValueError("no Requests/sec in wrk's output:\n" + out)
+    r["requests_per_sec"] = float(m.group(1))
+    m = re.search(r"(\d+) requests in ([0-9.]+\w+), ([0-9.]+\w+) read", out)
+    if m:
+        r["requests"] = int(m.group(1))
+        r["duration_s"] = to_ms(m.group(2)) / 1e3
+        r["read"] = m.group(3)
+    lat = {}
+    m = re.search(r"Latency\s+([0-9.]+\w+)\s+([0-9.]+\w+)\s+([0-9.]+\w+)", out)
+    if m:
+        lat["avg"], lat["stdev"], lat["max"] = (to_ms(g) for g in m.groups())
+    for p, v in re.findall(r"^\s+(\d+)%\s+([0-9.]+\w+)\s*$", out, re.M):
+        lat["p" + p] = to_ms(v)
+    r["latency_ms"] = lat
+    errors = {"connect": 0, "read": 0, "write": 0, "timeout": 0}
+    m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), "
+                  r"timeout (\d+)", out)
+    if m:
+        errors = dict(zip(errors, map(int, m.groups())))
+    r["socket_errors"] = errors
+    m = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    r["non_2xx"] = int(m.group(1)) if m else 0
+    r["errors"] = sum(errors.values()) + r["non_2xx"]
+    return r
+
+
+def run_wrk(url, connections, seconds, script=None):
+    threads = min(2, connections)
+    argv = ["wrk", f"-t{threads}", f"-c{connections}", f"-d{seconds}s",
+            "--latency", "--timeout", "10s"]
+    if script:
+        argv += ["-s", script]
+    argv.append(url)
+    p = subprocess.run(argv, capture_output=True, text=True,
+                       preexec_fn=raise_fd_limit, timeout=seconds + 60)
+    if p.returncode != 0:
+        fail(f"{' '.join(argv)} exited with {p.returncode}:\n"
+             + p.stdout + p.stderr)
+    r = parse_wrk(p.stdout)
+    r["command"] = " ".join(argv[:-1] + ["URL"])
+    return r
+
+
+def metrics(url):
+    """spindle's counters that matter here, from /metrics."""
+    _, text = http_get(url + "/metrics", timeout=10)
+    want = ("spindle_storage_commits", "spindle_storage_writes",
+            "spindle_turns_stored_total")
+    out = {}
+    for line in text.splitlines():
+        m = re.match(r"(\w+)(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", line)
+        if m and m.group(1) in want:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
+
+
+# ---------------------------------------------------------------- tables
+
+def fmt_rps(r):
+    s = f"{r['requests_per_sec']:,.0f}"
+    return s + (f" ({r['errors']} errors)" if r["errors"] else "")
+
+
+def fmt_ms(v):
+    if v is None:
+        return "-"
+    if v < 1:
+        return f"{v * 1000:.0f} µs"
+    if v < 100:
+        return f"{v:.2f} ms"
+    return f"{v:.0f} ms"
+
+
+def lat(r, p):
+    return fmt_ms(r["latency_ms"].get(p))
+
+
+def table(headers, rows):
+    lines = ["| " + " | ".join(headers) + " |",
+             "|" + "---:|" * len(headers)]
+    for row in rows:
+        lines.append("| " + " | ".join(str(c) for c in row) + " |")
+    return "\n".join(lines)
+
+
+def healthz_table(points):
+    rows = []
+    for p in points:
+        n, s = p["nginx"], p["spindle"]
+        verdict = ""
+        if p["connections"] in TARGET_CONNECTIONS:
+            verdict = "yes" if p["ratio"] >= TARGET else "**no**"
+        rows.append([p["connections"], fmt_rps(s), fmt_rps(n),
+                     f"{p['ratio']:.2f}x", verdict,
+                     lat(s, "p50"), lat(n, "p50"),
+                     lat(s, "p99"), lat(n, "p99")])
+    return table(["connections", "spindle req/s", "nginx req/s",
+                  "spindle/nginx", f"≥ {TARGET}x",
+                  "spindle p50", "nginx p50", "spindle p99", "nginx p99"],
+                 rows)
+
+
+def messages_table(points):
+    rows = []
+    for p in points:
+        d, m = p["durable"], p["memory"]
+        wpc = p.get("writes_per_commit")
+        rows.append([p["connections"], fmt_rps(d), fmt_rps(m),
+                     f"{p['ratio']:.2f}x",
+                     lat(d, "p50"), lat(m, "p50"),
+                     lat(d, "p99"), lat(m, "p99"),
+                     f"{wpc:.1f}" if wpc else "-"])
+    return table(["connections", "durable req/s", ":memory: req/s",
+                  "durable/:memory:", "durable p50", ":memory: p50",
+                  "durable p99", ":memory: p99", "writes/commit"], rows)
+
+
+# ---------------------------------------------------------------- main
+
+def bench_healthz(nginx_url, spindle_url, conns, seconds, log):
+    points = []
+    # Warm both up (connections, allocators, caches) before measuring.
+    for url in (nginx_url, spindle_url):
+        run_wrk(url + "/healthz", conns[-1], 1)
+    for c in conns:
+        n = run_wrk(nginx_url + "/healthz", c, seconds)
+        s = run_wrk(spindle_url + "/healthz", c, seconds)
+        p = {"connections": c, "nginx": n, "spindle": s,
+             "ratio": s["requests_per_sec"] / n["requests_per_sec"]}
+        log(f"  healthz c={c}: spindle {s['requests_per_sec']:,.0f}/s, "
+            f"nginx {n['requests_per_sec']:,.0f}/s, {p['ratio']:.2f}x")
+        points.append(p)
+    return points
+
+
+def bench_messages(durable_url, memory_url, lua, conns, seconds, log):
+    for url in (durable_url, memory_url):
+        # One message per thread first: no measured request creates one.
+        for k in range(THREADS):
+            status, _ = http_post(f"{url}/v1/threads/bench-{k}/messages",
+                                  {"content": MESSAGES[k % len(MESSAGES)]})
+            if status != 200:
+                fail(f"POST messages answered {status} at {url}")
+        run_wrk(url, min(8, conns[-1]), 1, lua)   # warm-up
+    points = []
+    for c in conns:
+        before = metrics(durable_url)
+        d = run_wrk(durable_url, c, seconds, lua)
+        after = metrics(durable_url)
+        m = run_wrk(memory_url, c, seconds, lua)
+        p = {"connections": c, "durable": d, "memory": m,
+             "ratio": d["requests_per_sec"] / m["requests_per_sec"]}
+        commits = after.get("spindle_storage_commits", 0) - \
+            before.get("spindle_storage_commits", 0)
+        writes = after.get("spindle_storage_writes", 0) - \
+            before.get("spindle_storage_writes", 0)
+        p["durable_commits"] = commits
+        p["durable_writes"] = writes
+        p["writes_per_commit"] = writes / commits if commits else None
+        log(f"  messages c={c}: durable {d['requests_per_sec']:,.0f}/s, "
+            f":memory: {m['requests_per_sec']:,.0f}/s, {p['ratio']:.2f}x")
+        points.append(p)
+    return points
+
+
+def versions(exe):
+    def first_line(argv):
+        try:
+            p = subprocess.run(argv, capture_output=True, text=True,
+                               timeout=10)
+            return (p.stdout + p.stderr).strip().splitlines()[0]
+        except (OSError, IndexError, subprocess.TimeoutExpired):
+            return None
+    return {"spindle": first_line([exe, "--version"]),
+            "nginx": first_line([NGINX, "-v"]),
+            "wrk": first_line(["wrk", "-v"])}
+
+
+def main():
+    ap = argparse.ArgumentParser(
+        description="spindle's HTTP throughput beside nginx, with wrk "
+                    "(see the module docstring).")
+    ap.add_argument("--build-dir", default="build",
+                    help="directory holding the spindle executable "
+                         "(default: build)")
+    ap.add_argument("--quick", action="store_true",
+                    help="2 s per point, fewer points")
+    ap.add_argument("--duration", type=int, metavar="S",
+                    help="seconds per point (default: 2 with --quick, else 8)")
+    ap.add_argument("--only", choices=("healthz", "messages"),
+                    help="run one part only")
+    ap.add_argument("--json", metavar="PATH",
+                    help="write every figure to this JSON file")
+    args = ap.parse_args()
+
+    exe = os.path.abspath(os.path.join(args.build_dir, "spindle"))
+    if not os.access(exe, os.X_OK):
+        fail(f"{exe} not found: build spindle first, or pass --build-dir")
+    if not shutil.which("wrk"):
+        fail("wrk not found: install it (.ci/install-deps)")
+    seconds = args.duration or (2 if args.quick else 8)
+    if seconds < 1:
+        fail("--duration must be at least 1")
+    health_conns = [8, 64] if args.quick else [1, 8, 64, 512]
+    message_conns = [8, 64] if args.quick else [1, 8, 64, 512]
+    do_health = args.only in (None, "healthz")
+    do_messages = args.only in (None, "messages")
+
+    def log(msg):
+        print(msg, file=sys.stderr, flush=True)
+
+    # SIGTERM unwinds like Ctrl-C does, so every server is stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    result = {
+        "settings": {
+            "quick": args.quick, "seconds_per_point": seconds,
+            "healthz_connections": health_conns if do_health else [],
+            "messages_connections": message_conns if do_messages else [],
+            "message_threads": THREADS, "message_texts": len(MESSAGES),
+            "target": {"healthz_spindle_over_nginx": TARGET,
+                       "at_connections": list(TARGET_CONNECTIONS)},
+        },
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                    "fd_limit": resource.getrlimit(resource.RLIMIT_NOFILE)},
+        "versions": versions(exe),
+    }
+
+    with contextlib.ExitStack() as stack:
+        tmp = stack.enter_context(
+            tempfile.TemporaryDirectory(prefix="bench_http-"))
+        log(f"bench_http: {seconds} s per point, temp dir {tmp}")
+        _, mem_url, _ = start_spindle(exe, tmp, "memory", ":memory:", stack)
+        log(f"  spindle --data :memory: at {mem_url}")
+        if do_health:
+            _, nginx_url = start_nginx(tmp, stack)
+            log(f"  nginx at {nginx_url}")
+            result["healthz"] = bench_healthz(nginx_url, mem_url,
+                                              health_conns, seconds, log)
+        if do_messages:
+            data = os.path.join(tmp, "data")
+            _, dur_url, _ = start_spindle(exe, tmp, "durable", data, stack)
+            log(f"  spindle --data {data} at {dur_url}")
+            lua = write_messages_lua(tmp)
+            result["messages"] = bench_messages(dur_url, mem_url, lua,
+                                                message_conns, seconds, log)
+
+    cpus = os.cpu_count()
+    print(f"\n## spindle's HTTP throughput beside nginx "
+          f"(wrk, {seconds} s per point, {cpus} CPUs shared by client and "
+          f"servers)\n")
+    v = result["versions"]
+    print(f"{v['spindle']}; {v['nginx']}; {v['wrk']}\n")
+    if do_health:
+        print("### GET /healthz: spindle (--data :memory:) beside nginx "
+              "(`return 200` of the same body)\n")
+        print(healthz_table(result["healthz"]))
+        print(f"\nTarget: spindle/nginx ≥ {TARGET}x at "
+              f"{' and '.join(map(str, TARGET_CONNECTIONS))} connections.\n")
+    if do_messages:
+        print(f"### POST /v1/threads/{{id}}/messages (offline provider, "
+              f"{THREADS} threads, {len(MESSAGES)} message texts): durable "
+              f"beside --data :memory:\n")
+        print(messages_table(result["messages"]))
+        print("\ndurable: a data directory with the default settings "
+              "(--sync full); writes/commit: state store writes per "
+              "transaction over the durable point (/metrics).\n")
+    bad = [f"{part} c={p['connections']}"
+           for part in ("healthz", "messages") for p in result.get(part, [])
+           for r in p.values() if isinstance(r, dict) and r.get("errors")]
+    if bad:
+        print("Points with socket errors or non-2xx replies (not valid "
+              "measurements): " + ", ".join(bad) + "\n")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2, ensure_ascii=False)
+            f.write("\n")
+        log(f"bench_http: figures written to {args.json}")
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("bench_http: interrupted; servers stopped", file=sys.stderr)
+        sys.exit(130)
