@@ -506,11 +506,15 @@ TEST_CASE("api: a client that goes away mid-stream leaves the partial reply "
 TEST_CASE("api: the OpenAI provider sees the Trump scenario in order: system, "
           "memory, both earlier turns, then the new message") {
   spindle::test::fake_openai fake;
-  fake.set_replies({"", "Donald Trump is the 45th and 47th US president.",
-                    "", "He has five children: Donald Jr., Ivanka, Eric, "
-                        "Tiffany and Barron."});
+  // The first message has nothing to resolve (no history, no memory that
+  // matches it): no rewrite is asked. The second is rewritten by the
+  // rewrite model (its empty answer falls back to the original).
+  fake.set_replies({"Donald Trump is the 45th and 47th US president.", "",
+                    "He has five children: Donald Jr., Ivanka, Eric, "
+                    "Tiffany and Barron."});
   server_process srv{{"--llm", "openai", "--llm-url", fake.url(),
-                      "--llm-model", "fake-model"},
+                      "--llm-model", "fake-model", "--rewrite-model",
+                      "fake-small"},
                      {{"SPINDLE_LLM_API_KEY", "sk-fake"}}};
   api a{srv.port()};
   REQUIRE(a.post("/v1/memories", json{{"content", "The user is researching "
@@ -531,13 +535,14 @@ TEST_CASE("api: the OpenAI provider sees the Trump scenario in order: system, "
   REQUIRE(s2 == 200);
   CHECK(r2["reply"].get<std::string>().find("Ivanka") != std::string::npos);
 
-  // Requests: rewrite 1, answer 1, rewrite 2, answer 2.
+  // Requests: answer 1, rewrite 2, answer 2.
   auto reqs = fake.requests();
-  REQUIRE(reqs.size() == 4);
-  for (auto& r : reqs)
-    CHECK(r["model"] == "fake-model");
-  CHECK(fake.auth_headers()[3] == "Bearer sk-fake");
-  auto& m = reqs[3]["messages"];
+  REQUIRE(reqs.size() == 3);
+  CHECK(reqs[0]["model"] == "fake-model");
+  CHECK(reqs[1]["model"] == "fake-small");
+  CHECK(reqs[2]["model"] == "fake-model");
+  CHECK(fake.auth_headers()[2] == "Bearer sk-fake");
+  auto& m = reqs[2]["messages"];
   INFO(m.dump(2));
   REQUIRE(m.size() == 5);
   CHECK(m[0]["role"] == "system");

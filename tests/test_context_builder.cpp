@@ -237,6 +237,7 @@ TEST_CASE("context builder: the original message is always in the prompt") {
   }
   SECTION("a differing rewrite is added under the original") {
     runtime rt{with_rewriter(std::make_shared<recording_rewriter>("X"))};
+    seed_trump(rt, "o");
     auto r = rt.build_context("o", "", "orig");
     REQUIRE(r->messages.back().role == "user");
     REQUIRE(r->messages.back().content
@@ -253,6 +254,7 @@ TEST_CASE("context builder: the original message is always in the prompt") {
   SECTION("a failing rewriter falls back to the original") {
     auto provider = std::make_shared<test::failing_provider>();
     runtime rt{with_rewriter(std::make_shared<llm_rewriter>(provider))};
+    seed_trump(rt, "o");
     auto r = rt.build_context("o", "", "orig");
     REQUIRE(r);
     REQUIRE(r->messages.back().content == "orig");
@@ -336,6 +338,33 @@ TEST_CASE("query rewriter: the provider-backed rewriter falls back to the "
     REQUIRE_THAT(body, Catch::Contains("who are his children"));
     REQUIRE(p->timeouts()[0] == 2000ms);
   }
+}
+
+TEST_CASE("query rewriter: nothing to resolve (no history, no memory) asks "
+          "no rewriter - history or a memory snippet does") {
+  auto rw = std::make_shared<recording_rewriter>("X");
+  runtime rt{with_rewriter(rw)};
+  auto first = rt.build_context("fresh", "", "who are his children");
+  REQUIRE(first);
+  CHECK(rw->seen().empty());
+  CHECK(first->rewritten_query == "who are his children");
+  CHECK(first->messages.back().content == "who are his children");
+  CHECK_THAT(first->rewrite_fallback, Catch::StartsWith("skipped"));
+  // A memory snippet alone is something to resolve against.
+  REQUIRE(rt.store_memory("Ada Lovelace had three children.",
+                          memory_tags("ada-fan", "")));
+  auto with_memory = rt.build_context("fresh", "ada-fan",
+                                      "how many children did she have");
+  REQUIRE(with_memory);
+  REQUIRE_FALSE(with_memory->memory_snippet.empty());
+  CHECK(rw->seen().size() == 1);
+  CHECK(with_memory->rewritten_query == "X");
+  // So is history.
+  seed_trump(rt, "fresh");
+  auto with_history = rt.build_context("fresh", "", "who are his children");
+  REQUIRE(with_history);
+  CHECK(rw->seen().size() == 2);
+  CHECK(with_history->rewritten_query == "X");
 }
 
 TEST_CASE("query rewriter: a rewriter that hangs cannot hold up a build "

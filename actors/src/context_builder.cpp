@@ -57,6 +57,15 @@ void rewrite(context_builder_pointer self, const job_ptr& job) {
     finish(self, job);
     return;
   }
+  // Nothing to resolve a reference against (a thread's first message, no
+  // memory): a rewrite could only return the message, so none is asked
+  // and the prompt waits for no model.
+  if (job->out.short_term_history.empty() && job->out.memory_snippet.empty()) {
+    job->out.rewrite_fallback = "skipped: no history or memory to resolve "
+                                "against";
+    finish(self, job);
+    return;
+  }
   rewrite_request req;
   req.message = job->request.message;
   req.memory_snippet = job->out.memory_snippet;

@@ -43,6 +43,8 @@ struct serve_args {
   double header_timeout_s = 10;
   double body_timeout_s = 30;
   double keepalive_timeout_s = 60;
+  std::string rewrite_model;
+  long rewrite_timeout_ms = 2000;
 };
 
 // Every connection and upstream call is a descriptor: take the hard limit.
@@ -110,7 +112,11 @@ int serve(serve_args args) {
     opts.provider = *provider;
     // The query rewriter asks the same provider (falling back to the
     // original message on error, timeout or empty output).
-    opts.conversation.rewriter = std::make_shared<llm_rewriter>(*provider);
+    opts.conversation.rewriter = std::make_shared<llm_rewriter>(
+      *provider, std::chrono::milliseconds(args.rewrite_timeout_ms),
+      args.rewrite_model);
+    opts.conversation.builder.rewrite_timeout
+      = std::chrono::milliseconds(args.rewrite_timeout_ms);
   }
   auto rt = runtime::start(opts);
   if (!rt) {
@@ -193,6 +199,15 @@ void add_serve(CLI::App& app, registry& commands) {
   sub->add_option("--llm-model", args->llm_model,
                   "model name sent to the provider")
     ->envname("SPINDLE_LLM_MODEL");
+  sub->add_option("--rewrite-model", args->rewrite_model,
+                  "model of query rewrites, a small fast one (for --llm "
+                  "openai; default: --llm-model)")
+    ->envname("SPINDLE_REWRITE_MODEL");
+  sub->add_option("--rewrite-timeout-ms", args->rewrite_timeout_ms,
+                  "milliseconds a query rewrite may take before the original "
+                  "message is used (for --llm openai; default 2000)")
+    ->envname("SPINDLE_REWRITE_TIMEOUT_MS")
+    ->check(CLI::Range(1L, 600000L));
   sub->add_option("--llm-delta-delay-ms", args->delta_delay_ms,
                   "offline provider only: wait this long before each piece "
                   "of a reply, to watch streaming (default 0)")

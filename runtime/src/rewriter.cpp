@@ -81,8 +81,10 @@ std::vector<chat_message> rewrite_prompt(const rewrite_request& request) {
 }
 
 llm_rewriter::llm_rewriter(std::shared_ptr<llm_provider> provider,
-                           std::chrono::milliseconds timeout)
-  : provider_(std::move(provider)), timeout_(timeout) {
+                           std::chrono::milliseconds timeout,
+                           std::string model)
+  : provider_(std::move(provider)), timeout_(timeout),
+    model_(std::move(model)) {
 }
 
 std::string llm_rewriter::name() const {
@@ -98,6 +100,7 @@ rewrite_result llm_rewriter::rewrite(const rewrite_request& request) {
     return fallback(request, "error: no provider");
   completion_options options;
   options.timeout = timeout_;
+  options.model = model_;
   options.max_tokens = 256;
   auto start = std::chrono::steady_clock::now();
   caf::expected<completion> out{caf::error{}};

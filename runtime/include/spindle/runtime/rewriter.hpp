@@ -54,9 +54,12 @@ public:
 /// max(2000, 4 x the message) bytes).
 class llm_rewriter : public query_rewriter {
 public:
+  /// `model` names the model of rewrites (a small fast one); empty: the
+  /// provider's own.
   explicit llm_rewriter(std::shared_ptr<llm_provider> provider,
                         std::chrono::milliseconds timeout
-                        = std::chrono::milliseconds{2000});
+                        = std::chrono::milliseconds{2000},
+                        std::string model = {});
 
   std::string name() const override;
   bool blocking() const noexcept override;
@@ -69,6 +72,7 @@ public:
 private:
   std::shared_ptr<llm_provider> provider_;
   std::chrono::milliseconds timeout_;
+  std::string model_;
 };
 
 /// The prompt `llm_rewriter` sends: a system instruction, then one user
