@@ -396,6 +396,8 @@ void spawn_exchange(caf::actor_system& sys, const exchange_services& services,
   st->req = std::move(request);
   st->cb = std::move(callbacks);
   sys.spawn([st](caf::event_based_actor* self) -> caf::behavior {
+    if (st->svc.supervisor)
+      self->link_to(st->svc.supervisor);
     auto x = std::make_shared<exchange>(self, st);
     // An exchange that is stopped (the runtime shuts down) before it ended
     // still reports an end; its lease dies with it (the thread monitors its

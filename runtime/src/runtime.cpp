@@ -101,6 +101,7 @@ std::vector<caf::actor> runtime::core_actors() const {
   // -- orchestration (add here) --
   add(scheduler_);
   // -- threads, memory, builder (add here) --
+  add(exchanges_);
   add(context_builder_);
   add(rewriter_);
   add(memory_);
@@ -121,6 +122,7 @@ void runtime::stop() {
     caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);
   // -- each area resets its handles here --
   context_builder_ = nullptr;
+  exchanges_ = nullptr;
   rewriter_ = nullptr;
   memory_ = nullptr;
   thread_registry_ = nullptr;

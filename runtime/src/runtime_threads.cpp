@@ -40,6 +40,12 @@ caf::error runtime::start_threads() {
     memory_ = std::move(*mem);
   }
   rewriter_ = spawn_query_rewriter(*system_, conv.rewriter);
+  // Every exchange links to this actor: stopping the runtime stops the
+  // exchanges still in flight (their clients are gone by then) at once,
+  // rather than after their own timeouts.
+  exchanges_ = system_->spawn([](caf::event_based_actor*) -> caf::behavior {
+    return {[](caf::ok_atom) {}};
+  });
   auto builder_options = conv.builder;
   builder_options.views = views;
   if (!conv.rewriter->blocking()) {
@@ -162,7 +168,8 @@ void runtime::start_exchange(exchange_request request,
     return;
   }
   exchange_services services{thread_registry_, context_builder_, memory_,
-                             options_.provider, options_.conversation};
+                             options_.provider, options_.conversation,
+                             exchanges_};
   spawn_exchange(*system_, services, std::move(request), std::move(callbacks));
   // Spawning pins this system's logger in a thread-local of the calling
   // thread; ~actor_system waits until every such reference is gone. Drop it,

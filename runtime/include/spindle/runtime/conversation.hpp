@@ -84,6 +84,8 @@ struct exchange_services {
   memory_actor memory;
   std::shared_ptr<llm_provider> provider;
   conversation_options options;
+  /// When set, the exchange links to it and stops with it.
+  caf::actor supervisor;
 };
 
 /// Called once with the outcome of an exchange.
