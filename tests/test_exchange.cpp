@@ -11,6 +11,7 @@
 #include <spdlog/spdlog.h>
 
 #include "llm_doubles.hpp"
+#include "spindle/runtime/io_pool.hpp"
 #include "spindle/runtime/runtime.hpp"
 
 using namespace spindle;
@@ -474,4 +475,68 @@ TEST_CASE("exchange: a live thread that sent messages does not keep the "
   watchdog.join();
   client.join();
   REQUIRE_FALSE(had_to_release);
+}
+
+TEST_CASE("exchange: stopping the runtime ends streaming exchanges at once, "
+          "each answered unavailable") {
+  // An asynchronous provider that takes 30 s per reply: the exchanges hold
+  // no thread while it streams, and a stop must not wait for it.
+  auto loops = net::make_io_pool(1);
+  runtime_options opts;
+  opts.provider = std::make_shared<offline_provider>(10s, loops);
+  auto rt = std::make_unique<runtime>(opts);
+  constexpr int n = 20;
+  std::vector<std::promise<caf::expected<exchange_result>>> results(n);
+  for (int i = 0; i < n; ++i) {
+    exchange_request req;
+    req.thread_id = "halt-" + std::to_string(i);
+    req.content = "a long answer please";
+    rt->send_message_async(std::move(req), {},
+                           [&results, i](caf::expected<exchange_result> r) {
+                             results[i].set_value(std::move(r));
+                           });
+  }
+  // Every exchange reaches the provider (its user turn is stored).
+  for (int i = 0; i < n; ++i) {
+    bool stored = false;
+    for (int k = 0; k < 2000 && !stored; ++k) {
+      auto h = rt->history("halt-" + std::to_string(i));
+      stored = h && h->size() == 1;
+      if (!stored)
+        std::this_thread::sleep_for(1ms);
+    }
+    REQUIRE(stored);
+  }
+  auto start = std::chrono::steady_clock::now();
+  rt->stop();
+  CHECK(std::chrono::steady_clock::now() - start < 2s);
+  for (auto& p : results) {
+    auto r = p.get_future().get();
+    REQUIRE_FALSE(r);
+    CHECK(classify(r.error()) == errc::unavailable);
+  }
+  loops->stop();
+}
+
+TEST_CASE("exchange: a provider that never ends is given up after the reply "
+          "timeout, as a timeout, and the thread is released") {
+  auto loops = net::make_io_pool(1);
+  runtime_options opts;
+  opts.provider = std::make_shared<offline_provider>(60s, loops);
+  opts.conversation.reply_timeout = 200ms;
+  runtime rt{opts};
+  auto start = std::chrono::steady_clock::now();
+  auto r = rt.send_message("never-ends", "hello");
+  REQUIRE_FALSE(r);
+  CHECK(classify(r.error()) == errc::timeout);
+  CHECK(std::chrono::steady_clock::now() - start < 5s);
+  // The user turn stays; the thread takes the next message.
+  auto h = rt.history("never-ends");
+  REQUIRE(h);
+  CHECK(h->size() == 1);
+  auto snap = rt.snapshot("never-ends");
+  REQUIRE(snap);
+  CHECK_FALSE(snap->in_exchange);
+  rt.stop();
+  loops->stop();
 }

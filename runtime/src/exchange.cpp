@@ -42,6 +42,9 @@ struct exchange_state {
   build_request build;
   std::vector<chat_message> prompt;
   std::shared_ptr<completion_box> box = std::make_shared<completion_box>();
+  /// Set by whichever comes first: the provider's end or the watchdog.
+  std::shared_ptr<std::atomic<bool>> ended
+    = std::make_shared<std::atomic<bool>>(false);
   bool replied = false;
   bool finished = false;
 };
@@ -87,6 +90,21 @@ public:
                                      + describe(reply.error())));
     }
     store_assistant(std::move(*reply));
+  }
+
+  // The provider did not end within the reply timeout (plus a grace for
+  // one that reports its own timeout): give up on it.
+  void on_watchdog() {
+    if (st_->ended->exchange(true))
+      return;
+    {
+      std::lock_guard<std::mutex> guard{st_->box->mx};
+      st_->box->result = make_error(
+        errc::timeout, "the reply did not end within "
+                         + std::to_string(opt().reply_timeout.count())
+                         + " ms");
+    }
+    on_completion();
   }
 
 private:
@@ -224,7 +242,9 @@ private:
     };
     auto me = caf::actor_cast<caf::actor>(self_);
     auto box = st->box;
-    auto once = std::make_shared<std::atomic<bool>>(false);
+    auto once = st->ended;
+    self_->delayed_send(self_, opt().reply_timeout + std::chrono::seconds{1},
+                        tick_atom::value);
     completion_done done = [me, box, once](caf::expected<completion> r) {
       if (once->exchange(true))
         return;
@@ -417,6 +437,7 @@ void spawn_exchange(caf::actor_system& sys, const exchange_services& services,
     x->start();
     return {
       [x](exchange_reply_atom) { x->on_completion(); },
+      [x](tick_atom) { x->on_watchdog(); },
     };
   });
 }
