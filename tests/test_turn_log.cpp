@@ -38,10 +38,12 @@ TEST_CASE("turn log: readers on other threads see an exact, growing prefix "
     std::atomic<bool> done{false};
     std::atomic<uint64_t> bad{0};
     std::atomic<uint64_t> reads{0};
+    std::atomic<size_t> running{0};
     std::vector<std::thread> pool;
     for (size_t r = 0; r < readers; ++r)
       pool.emplace_back([&] {
         size_t last = 0;
+        bool first = true;
         while (!done.load()) {
           auto n = log.size();
           if (n < last)
@@ -56,8 +58,15 @@ TEST_CASE("turn log: readers on other threads see an exact, growing prefix "
           if (n > 0 && log[n / 2].content != content_of(n / 2))
             ++bad;
           ++reads;
+          if (first)
+            ++running;
+          first = false;
         }
       });
+    // Every reader is reading before the writer starts: on a loaded
+    // machine a reader scheduled late would otherwise see only the end.
+    while (running.load() < readers)
+      std::this_thread::yield();
     for (size_t i = 0; i < total; ++i) {
       auto t = make_user_turn(content_of(i));
       t.timestamp_ms = static_cast<int64_t>(i);

@@ -295,6 +295,11 @@ public:
     return socket_.get_executor();
   }
 
+  /// True on this connection's loop thread.
+  bool on_loop() const {
+    return srv_->loops.at(loop_).get_executor().running_in_this_thread();
+  }
+
   // -- called on the loop by stream_responder ------------------------------
 
   void send(response res) {
@@ -393,16 +398,20 @@ private:
       return;
     }
     arm(idle);
-    socket_.async_wait(tcp::socket::wait_read,
-                       [self = shared_from_this()](const error_code& ec) {
-                         if (self->closed_ || self->state_ != state::idle)
-                           return;
-                         if (ec) {
-                           self->close();
-                           return;
-                         }
-                         self->read_header();
-                       });
+    // One read for the whole of a small request: it is parsed from the
+    // buffer without another trip through the reactor.
+    socket_.async_read_some(
+      buffer_.prepare(16 * 1024),
+      [self = shared_from_this()](const error_code& ec, size_t n) {
+        if (self->closed_ || self->state_ != state::idle)
+          return;
+        if (ec) {
+          self->close();
+          return;
+        }
+        self->buffer_.commit(n);
+        self->read_header();
+      });
   }
 
   void read_header() {
@@ -412,6 +421,22 @@ private:
     parser_->header_limit(
       static_cast<std::uint32_t>(srv_->lims.header_bytes));
     parser_->body_limit(srv_->lims.body_bytes);
+    if (buffer_.size() > 0) {
+      error_code ec;
+      while (buffer_.size() > 0 && !parser_->is_header_done()) {
+        auto used = parser_->put(buffer_.data(), ec);
+        buffer_.consume(used);
+        if (ec || used == 0)
+          break;
+      }
+      if (ec == beast::http::error::need_more)
+        ec = {};
+      if (ec || parser_->is_header_done()) {
+        disarm();
+        on_header(ec);
+        return;
+      }
+    }
     arm(srv_->lims.header_timeout);
     beast::http::async_read_header(
       socket_, buffer_, *parser_,
@@ -611,6 +636,10 @@ public:
     if (answered_.exchange(true))
       return;
     auto c = conn_;
+    if (c->on_loop()) {
+      c->send(std::move(res)); // answered on the connection's own loop
+      return;
+    }
     asio::post(c->executor(), [c, res = std::move(res)]() mutable {
       c->send(std::move(res));
     });
@@ -712,13 +741,15 @@ void connection::dispatch() {
   auto r = std::make_shared<stream_responder>(shared_from_this(),
                                               srv_->lims.stream_buffer);
   current_ = r;
-  watch();
   if (parser_)
     req_->body = std::move(parser_->get().body());
   auto req = std::move(req_);
   req_.reset();
   parser_.reset();
   srv_->dispatch(std::move(req), std::move(r));
+  // Not answered at once: watch for the client going away meanwhile.
+  if (!closed_ && state_ == state::handling)
+    watch();
 }
 
 void connection::flush() {

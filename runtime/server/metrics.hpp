@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -56,6 +57,12 @@ private:
   prometheus::Family<prometheus::Counter>& evictions_;
   std::mutex mx_;
   std::vector<gauge_source> gauges_;
+  struct series {
+    prometheus::Counter* count;
+    prometheus::Histogram* latency;
+  };
+  std::mutex series_mx_;
+  std::unordered_map<std::string, series> series_;
 };
 
 } // namespace spindle
