@@ -1,0 +1,356 @@
+#!/usr/bin/env python3
+"""Concurrent streamed exchanges through `spindle serve --llm openai`.
+
+What it measures: N clients post to /v1/threads/{id}/messages/stream at once
+(one thread each), against spindle_fake_upstream, an OpenAI-compatible
+upstream on loopback that answers each completion after --first-byte-ms and
+streams its reply over --stream-seconds. Every exchange must complete (a
+`done` event, no `error`); the script reports
+
+- the time from sending the request to the `thread` event and to the first
+  `delta` event, and that first delta minus the upstream's own first byte
+  (--first-byte-ms after the request reached it): what spindle adds in front
+  of the model;
+- spindle's resident memory before the load and at its peak, and the KiB
+  each exchange in flight costs ((peak - idle) / N);
+- the upstream's own counters (max concurrent streams) as a check that the
+  streams really were in flight at once.
+
+The baseline beside spindle's figures is the upstream itself: the same
+client load sent straight to spindle_fake_upstream (first byte after
+--first-byte-ms, no spindle in between), run in the same invocation.
+
+Clients are spread over several processes (--clients-per-process), since a
+process may hold at most 20,000 descriptors; spindle holds two per stream
+(its client's and its upstream's), so one spindle process can hold at most
+about 9,900 streams on this machine.
+
+Usage:
+  python3 bench/bench_streams.py [--build-dir build] [--streams 9500]
+      [--stream-seconds 5] [--first-byte-ms 100] [--quick] [--json PATH]
+--quick: 500 streams over 2 s.
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+
+def raise_nofile():
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+# -- the client side (one worker process) --------------------------------------
+
+async def one_stream(port, path, body, t_start, out):
+    rec = {"ok": False}
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError as e:
+        rec["error"] = "connect: " + str(e)
+        out.append(rec)
+        return
+    req = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+           f"\r\nAccept: text/event-stream\r\nConnection: close\r\n"
+           f"Content-Length: {len(body)}\r\n\r\n").encode() + body
+    t0 = time.monotonic()
+    try:
+        writer.write(req)
+        await writer.drain()
+        head = await reader.readuntil(b"\r\n\r\n")
+        status = int(head.split(b" ", 2)[1])
+        rec["status"] = status
+        if status != 200:
+            rec["error"] = head.decode(errors="replace")[:200]
+            out.append(rec)
+            writer.close()
+            return
+        chunked = b"transfer-encoding: chunked" in head.lower()
+        buf = b""
+        while True:
+            if chunked:
+                line = await reader.readuntil(b"\r\n")
+                size = int(line.strip(), 16)
+                if size == 0:
+                    break
+                data = await reader.readexactly(size + 2)
+                buf += data[:-2]
+            else:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                buf += data
+            while b"\n\n" in buf:
+                block, buf = buf.split(b"\n\n", 1)
+                lines = block.split(b"\n")
+                event = lines[0][7:].decode() if lines[0].startswith(b"event: ") else ""
+                now = time.monotonic() - t0
+                if event == "thread" and "thread" not in rec:
+                    rec["thread"] = now
+                elif event == "delta" and "delta" not in rec:
+                    rec["delta"] = now
+                elif event == "done":
+                    rec["done"] = now
+                    rec["ok"] = True
+                elif event == "error":
+                    rec["error"] = block.decode(errors="replace")[:200]
+    except (OSError, asyncio.IncompleteReadError, ValueError) as e:
+        rec.setdefault("error", type(e).__name__ + ": " + str(e))
+    finally:
+        try:
+            writer.close()
+        except Exception:
+            pass
+    out.append(rec)
+
+
+async def upstream_stream(port, body, out):
+    """The baseline: the same stream straight from the fake upstream."""
+    rec = {"ok": False}
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        payload = json.dumps({"model": "fake", "stream": True,
+                              "messages": [{"role": "user",
+                                            "content": body}]}).encode()
+        t0 = time.monotonic()
+        writer.write((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
+                      f"Content-Type: application/json\r\nConnection: close\r\n"
+                      f"Content-Length: {len(payload)}\r\n\r\n").encode()
+                     + payload)
+        await writer.drain()
+        await reader.readuntil(b"\r\n\r\n")
+        saw_content = False
+        while True:
+            line = await reader.readline()
+            if not line:
+                break
+            if b'"content":"' in line and b'"content":""' not in line and not saw_content:
+                rec["delta"] = time.monotonic() - t0
+                saw_content = True
+            if b"[DONE]" in line:
+                rec["done"] = time.monotonic() - t0
+                rec["ok"] = True
+        writer.close()
+    except (OSError, asyncio.IncompleteReadError) as e:
+        rec["error"] = str(e)
+    out.append(rec)
+
+
+def worker_main(args):
+    raise_nofile()
+    out = []
+
+    async def run():
+        tasks = []
+        for i in range(args.worker_first, args.worker_first + args.worker_count):
+            content = f"stream {i}: tell me about the number {i * 7919 % 1000}"
+            if args.worker_mode == "spindle":
+                body = json.dumps({"content": content}).encode()
+                tasks.append(one_stream(args.worker_port,
+                                        f"/v1/threads/stream-{args.tag}-{i}/messages/stream",
+                                        body, 0, out))
+            else:
+                tasks.append(upstream_stream(args.worker_port, content, out))
+        await asyncio.gather(*tasks)
+
+    asyncio.run(run())
+    json.dump(out, sys.stdout)
+
+
+# -- the driver ----------------------------------------------------------------
+
+def start_announcing(argv, what):
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, start_new_session=True,
+                            preexec_fn=raise_nofile)
+    line = proc.stdout.readline().decode().strip()
+    if not line:
+        proc.kill()
+        raise SystemExit(f"bench_streams: {what} did not start")
+    return proc, line
+
+
+def stop(proc):
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def rss_kib(pid):
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def pct(values, p):
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    k = min(len(values) - 1, max(0, int(round(p / 100.0 * (len(values) - 1)))))
+    return values[k]
+
+
+def run_clients(me, mode, port, streams, per_process, tag, sample=None):
+    procs = []
+    first = 0
+    while first < streams:
+        count = min(per_process, streams - first)
+        procs.append(subprocess.Popen(
+            [sys.executable, me, "--worker-mode", mode, "--worker-port",
+             str(port), "--worker-first", str(first), "--worker-count",
+             str(count), "--tag", tag],
+            stdout=subprocess.PIPE, preexec_fn=raise_nofile))
+        first += count
+    peak = 0
+    while any(p.poll() is None for p in procs):
+        if sample:
+            peak = max(peak, sample())
+        time.sleep(0.05)
+    results = []
+    for p in procs:
+        data = p.stdout.read()
+        try:
+            results.extend(json.loads(data))
+        except json.JSONDecodeError:
+            results.append({"ok": False, "error": "worker output unreadable"})
+    return results, peak
+
+
+def summarize(results, first_byte_ms):
+    ok = [r for r in results if r.get("ok")]
+    errors = [r for r in results if not r.get("ok")]
+    ms = lambda xs: [x * 1000 for x in xs]
+    thread = ms([r["thread"] for r in ok if "thread" in r])
+    delta = ms([r["delta"] for r in ok if "delta" in r])
+    done = ms([r["done"] for r in ok if "done" in r])
+    over = [d - first_byte_ms for d in delta]
+    return {
+        "completed": len(ok), "errors": len(errors),
+        "error_samples": [e.get("error", "") for e in errors[:5]],
+        "thread_p50_ms": pct(thread, 50), "thread_p99_ms": pct(thread, 99),
+        "delta_p50_ms": pct(delta, 50), "delta_p99_ms": pct(delta, 99),
+        "after_upstream_first_byte_p50_ms": pct(over, 50),
+        "after_upstream_first_byte_p99_ms": pct(over, 99),
+        "done_p50_ms": pct(done, 50), "done_max_ms": max(done) if done else float("nan"),
+    }
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--build-dir", default="build")
+    ap.add_argument("--streams", type=int, default=9500)
+    ap.add_argument("--stream-seconds", type=float, default=5)
+    ap.add_argument("--first-byte-ms", type=int, default=100)
+    ap.add_argument("--chunks", type=int, default=10)
+    ap.add_argument("--clients-per-process", type=int, default=2500)
+    ap.add_argument("--data", default=None,
+                    help="spindle's data directory (default: a temporary one)")
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--worker-mode")
+    ap.add_argument("--worker-port", type=int)
+    ap.add_argument("--worker-first", type=int)
+    ap.add_argument("--worker-count", type=int)
+    ap.add_argument("--tag", default="x")
+    args = ap.parse_args()
+    if args.worker_mode:
+        return worker_main(args)
+    raise_nofile()
+    if args.quick:
+        args.streams = min(args.streams, 500)
+        args.stream_seconds = 2
+    me = os.path.abspath(__file__)
+    build = os.path.abspath(args.build_dir)
+    upstream_bin = os.path.join(build, "tests", "spindle_fake_upstream")
+    spindle_bin = os.path.join(build, "spindle")
+    tmp = tempfile.TemporaryDirectory(prefix="bench_streams-")
+    data = args.data or os.path.join(tmp.name, "data")
+    up = spindle = None
+    try:
+        up, line = start_announcing(
+            [upstream_bin, "--port", "0", "--threads", "1",
+             "--stream-seconds", str(args.stream_seconds), "--chunks",
+             str(args.chunks), "--first-byte-ms", str(args.first_byte_ms)],
+            "spindle_fake_upstream")
+        up_port = int(line.split()[-1].rsplit(":", 1)[-1])
+        # Baseline: the upstream alone under the same client load.
+        base_results, _ = run_clients(me, "upstream", up_port, args.streams,
+                                      args.clients_per_process, "base")
+        base = summarize(base_results, args.first_byte_ms)
+        spindle, line = start_announcing(
+            [spindle_bin, "serve", "--port", "0", "--data", data,
+             "--log-level", "warn", "--llm", "openai", "--llm-url",
+             f"http://127.0.0.1:{up_port}", "--llm-model", "fake",
+             "--max-connections", str(args.streams + 100)],
+            "spindle serve")
+        port = int(line.rsplit(":", 1)[-1])
+        time.sleep(0.5)
+        idle = rss_kib(spindle.pid)
+        results, peak = run_clients(me, "spindle", port, args.streams,
+                                    args.clients_per_process, "s",
+                                    sample=lambda: rss_kib(spindle.pid))
+        stats = json.loads(urllib.request.urlopen(
+            f"http://127.0.0.1:{up_port}/stats", timeout=10).read())
+        s = summarize(results, args.first_byte_ms)
+    finally:
+        for p in (spindle, up):
+            if p:
+                stop(p)
+        tmp.cleanup()
+    per = (peak - idle) / max(args.streams, 1)
+    print(f"## {args.streams} concurrent streamed exchanges, upstream streams "
+          f"each reply over {args.stream_seconds:g} s (first byte after "
+          f"{args.first_byte_ms} ms, {args.chunks} pieces)\n")
+    print("| | completed | errors | first event p50 / p99 | first delta p50 / p99 "
+          "| first delta after the upstream's first byte p50 / p99 | last done |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    print(f"| through spindle | {s['completed']} | {s['errors']} | "
+          f"{s['thread_p50_ms']:.0f} / {s['thread_p99_ms']:.0f} ms | "
+          f"{s['delta_p50_ms']:.0f} / {s['delta_p99_ms']:.0f} ms | "
+          f"{s['after_upstream_first_byte_p50_ms']:.0f} / "
+          f"{s['after_upstream_first_byte_p99_ms']:.0f} ms | "
+          f"{s['done_max_ms'] / 1000:.1f} s |")
+    print(f"| upstream alone (baseline) | {base['completed']} | {base['errors']} "
+          f"| | {base['delta_p50_ms']:.0f} / {base['delta_p99_ms']:.0f} ms | "
+          f"{base['after_upstream_first_byte_p50_ms']:.0f} / "
+          f"{base['after_upstream_first_byte_p99_ms']:.0f} ms | "
+          f"{base['done_max_ms'] / 1000:.1f} s |")
+    print(f"\nspindle RSS: {idle / 1024:.0f} MiB idle, {peak / 1024:.0f} MiB at "
+          f"the peak, {per:.1f} KiB per exchange in flight; upstream streams "
+          f"open at once at most: {stats.get('max_open')}")
+    if s["errors"]:
+        print("errors, first few:", s["error_samples"])
+    target = (s["errors"] == 0 and s["completed"] == args.streams
+              and s["after_upstream_first_byte_p99_ms"] <= 250
+              and peak < 1024 * 1024)
+    print(f"target (all complete, 0 errors, first delta p99 <= 250 ms after "
+          f"the upstream's first byte, RSS < 1 GiB): "
+          f"{'met' if target else 'NOT met'}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"streams": args.streams, "spindle": s, "upstream": base,
+                       "rss_idle_kib": idle, "rss_peak_kib": peak,
+                       "kib_per_exchange": per, "upstream_stats": stats,
+                       "target_met": target}, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
