@@ -187,11 +187,11 @@ int child::wait() {
   return decode(status, nullptr);
 }
 
-server_process::server_process(const std::vector<std::string>& extra,
-                               const std::map<std::string, std::string>& env) {
+announcing_process::announcing_process(
+  std::vector<std::string> argv, const std::map<std::string, std::string>& env) {
   static std::atomic<int> serial{0};
   log_path_ = (std::filesystem::temp_directory_path()
-               / ("spindle-server-" + std::to_string(getpid()) + "-"
+               / ("spindle-child-" + std::to_string(getpid()) + "-"
                   + std::to_string(serial++) + ".log"))
                 .string();
   int out_pipe[2];
@@ -203,14 +203,8 @@ server_process::server_process(const std::vector<std::string>& extra,
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
   posix_spawn_file_actions_adddup2(&actions, log_fd, 2);
-  std::vector<std::string> args{spindle_binary(), "serve", "--port", "0"};
-  if (std::find(extra.begin(), extra.end(), "--data") == extra.end()) {
-    args.push_back("--data");
-    args.push_back(":memory:");
-  }
-  args.insert(args.end(), extra.begin(), extra.end());
   auto envs = make_env(env);
-  auto c_args = c_array(args);
+  auto c_args = c_array(argv);
   auto c_env = c_array(envs);
   auto rc = posix_spawn(&pid_, c_args[0], &actions, nullptr, c_args.data(),
                         c_env.data());
@@ -219,10 +213,8 @@ server_process::server_process(const std::vector<std::string>& extra,
   close(log_fd);
   if (rc != 0) {
     close(out_pipe[0]);
-    throw std::runtime_error("cannot start the server");
+    throw std::runtime_error("cannot start " + argv[0]);
   }
-  // The first line on stdout is "spindle X serving on http://HOST:PORT".
-  std::string line;
   char c;
   pollfd pfd{out_pipe[0], POLLIN, 0};
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
@@ -233,25 +225,19 @@ server_process::server_process(const std::vector<std::string>& extra,
       break;
     if (c == '\n')
       break;
-    line += c;
+    first_line_ += c;
   }
   close(out_pipe[0]);
-  auto colon = line.rfind(':');
-  if (line.find("serving on") == std::string::npos
-      || colon == std::string::npos)
-    throw std::runtime_error("the server did not start: '" + line
-                             + "'; log: " + log());
-  port_ = std::stoi(line.substr(colon + 1));
 }
 
-server_process::~server_process() {
+announcing_process::~announcing_process() {
   if (!reaped_)
     stop(SIGKILL);
   std::error_code ec;
   std::filesystem::remove(log_path_, ec);
 }
 
-int server_process::stop(int sig) {
+int announcing_process::stop(int sig) {
   if (reaped_)
     return -1;
   ::kill(pid_, sig);
@@ -269,9 +255,36 @@ int server_process::stop(int sig) {
   return -2; // did not stop within 10 s
 }
 
-std::string server_process::log() const {
+std::string announcing_process::log() const {
   std::ifstream in{log_path_};
   return std::string{std::istreambuf_iterator<char>{in}, {}};
+}
+
+namespace {
+
+std::vector<std::string> serve_args(const std::vector<std::string>& extra) {
+  std::vector<std::string> args{spindle_binary(), "serve", "--port", "0"};
+  if (std::find(extra.begin(), extra.end(), "--data") == extra.end()) {
+    args.push_back("--data");
+    args.push_back(":memory:");
+  }
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+} // namespace
+
+server_process::server_process(const std::vector<std::string>& extra,
+                               const std::map<std::string, std::string>& env)
+  : process_(serve_args(extra), env) {
+  // The first line on stdout is "spindle X serving on http://HOST:PORT".
+  const auto& line = process_.first_line();
+  auto colon = line.rfind(':');
+  if (line.find("serving on") == std::string::npos
+      || colon == std::string::npos)
+    throw std::runtime_error("the server did not start: '" + line
+                             + "'; log: " + log());
+  port_ = std::stoi(line.substr(colon + 1));
 }
 
 std::string spindle_binary() {

@@ -70,6 +70,40 @@ private:
   bool reaped_ = false;
 };
 
+/// A child process that says it is ready with the first line it prints on
+/// its standard output (an address, a port); its standard error goes to a
+/// log file. Stopped (SIGKILL) on destruction.
+class announcing_process {
+public:
+  /// Starts `argv` (argv[0] is a path) and waits up to 30 s for its first
+  /// line; throws when it cannot start.
+  explicit announcing_process(std::vector<std::string> argv,
+                              const std::map<std::string, std::string>& env
+                              = {});
+  ~announcing_process();
+  announcing_process(const announcing_process&) = delete;
+  announcing_process& operator=(const announcing_process&) = delete;
+
+  /// The first line it printed, without the newline; empty when none came.
+  const std::string& first_line() const noexcept {
+    return first_line_;
+  }
+  pid_t pid() const noexcept {
+    return pid_;
+  }
+  /// Sends `sig` and waits for the exit code (-1 if killed by a signal; -2
+  /// when it had to be killed after 10 s).
+  int stop(int sig);
+  /// Everything it wrote to its standard error so far.
+  std::string log() const;
+
+private:
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  std::string log_path_;
+  std::string first_line_;
+};
+
 /// `spindle serve` running as a child on a free loopback port; stopped
 /// (SIGTERM, then SIGKILL after 10 s) on destruction. stderr (the log) is
 /// collected in a file.
@@ -80,7 +114,6 @@ public:
   /// until it prints its address.
   explicit server_process(const std::vector<std::string>& extra = {},
                           const std::map<std::string, std::string>& env = {});
-  ~server_process();
   server_process(const server_process&) = delete;
   server_process& operator=(const server_process&) = delete;
 
@@ -88,18 +121,20 @@ public:
     return port_;
   }
   pid_t pid() const noexcept {
-    return pid_;
+    return process_.pid();
   }
   /// Sends `sig` and waits for the exit code (-1 if killed by a signal).
-  int stop(int sig);
+  int stop(int sig) {
+    return process_.stop(sig);
+  }
   /// Everything the server logged so far.
-  std::string log() const;
+  std::string log() const {
+    return process_.log();
+  }
 
 private:
-  pid_t pid_ = -1;
+  announcing_process process_;
   int port_ = 0;
-  bool reaped_ = false;
-  std::string log_path_;
 };
 
 /// Path of the spindle binary under test.

@@ -1,13 +1,24 @@
-// The OpenAI-compatible provider against a fake server on 127.0.0.1.
+// The OpenAI-compatible provider against fake servers on 127.0.0.1: the
+// httplib one of fake_openai.hpp (requests recorded, scripted replies) and
+// spindle_fake_upstream (many concurrent streams, timing, TLS).
 
 #include <catch2/catch.hpp>
 
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <thread>
+
 #include "fake_openai.hpp"
 #include "spindle/messages/error.hpp"
+#include "spindle/runtime/io_pool.hpp"
 #include "spindle/runtime/openai_provider.hpp"
+#include "support.hpp"
 
 using namespace spindle;
 using namespace std::chrono_literals;
+using std::chrono::steady_clock;
 
 namespace {
 
@@ -25,6 +36,144 @@ std::shared_ptr<llm_provider> provider_for(const test::fake_openai& fake,
   auto p = make_openai_provider(opts);
   REQUIRE(p);
   return *p;
+}
+
+// spindle_fake_upstream on a free loopback port, killed on destruction.
+class fake_upstream {
+public:
+  explicit fake_upstream(std::vector<std::string> flags)
+    : process_(arguments(std::move(flags))) {
+    const auto& line = process_.first_line();
+    if (line.empty()
+        || line.find_first_not_of("0123456789") != std::string::npos)
+      throw std::runtime_error("spindle_fake_upstream did not start: '"
+                               + line + "'; log: " + process_.log());
+    port_ = std::stoi(line);
+  }
+
+  std::string url(const std::string& scheme = "http",
+                  const std::string& host = "127.0.0.1") const {
+    return scheme + "://" + host + ":" + std::to_string(port_);
+  }
+
+  /// Its counters: requests, open, max_open, completed, aborted.
+  nlohmann::json stats() const {
+    httplib::Client cli{"127.0.0.1", port_};
+    auto r = cli.Get("/stats");
+    REQUIRE(r);
+    return nlohmann::json::parse(r->body);
+  }
+
+private:
+  static std::vector<std::string> arguments(std::vector<std::string> flags) {
+    std::vector<std::string> args{SPINDLE_FAKE_UPSTREAM, "--port", "0",
+                                  "--exit-with-parent"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    return args;
+  }
+
+  test::announcing_process process_;
+  int port_ = 0;
+};
+
+std::shared_ptr<llm_provider>
+provider_at(const std::string& url, std::shared_ptr<net::io_pool> loops = {},
+            std::chrono::milliseconds read_timeout = 2s,
+            std::string ca_file = {}) {
+  openai_options opts;
+  opts.base_url = url;
+  opts.model = "test-model";
+  opts.read_timeout = read_timeout;
+  opts.loops = std::move(loops);
+  opts.ca_file = std::move(ca_file);
+  auto p = make_openai_provider(opts);
+  REQUIRE(p);
+  return *p;
+}
+
+std::vector<chat_message> asking(std::string question) {
+  return {{"system", "be brief", ""}, {"user", std::move(question), ""}};
+}
+
+// What the asynchronous calls of a test did: each call's deltas with the
+// time they came, and its end. A call's callbacks run on one loop thread;
+// the test reads a record after waiting for its end.
+class call_log {
+public:
+  struct record {
+    std::vector<std::string> deltas;
+    std::vector<steady_clock::time_point> delta_times;
+    std::optional<caf::expected<completion>> result;
+    steady_clock::time_point started;
+    steady_clock::time_point ended;
+
+    std::string joined() const {
+      std::string out;
+      for (auto& d : deltas)
+        out += d;
+      return out;
+    }
+  };
+
+  explicit call_log(size_t calls) : records_(calls) {
+  }
+
+  /// Starts call `i` on `p`; its delta callback asks to stop after
+  /// `keep` deltas.
+  void start(llm_provider& p, size_t i, std::vector<chat_message> messages,
+             completion_options options = {}, size_t keep = SIZE_MAX) {
+    auto& r = records_[i];
+    r.started = steady_clock::now();
+    auto on_delta = [&r, keep](std::string_view d) {
+      r.deltas.emplace_back(d);
+      r.delta_times.push_back(steady_clock::now());
+      return r.deltas.size() < keep;
+    };
+    auto done = [this, &r](caf::expected<completion> result) {
+      std::lock_guard<std::mutex> guard{mx_};
+      r.result = std::move(result);
+      r.ended = steady_clock::now();
+      ++ended_;
+      cv_.notify_all();
+    };
+    REQUIRE(p.start(std::move(messages), options, on_delta, done));
+  }
+
+  /// Waits until `n` calls ended (all by default).
+  bool wait(std::chrono::milliseconds limit, size_t n = SIZE_MAX) {
+    n = std::min(n, records_.size());
+    std::unique_lock<std::mutex> guard{mx_};
+    return cv_.wait_for(guard, limit, [&] { return ended_ >= n; });
+  }
+
+  size_t ended() {
+    std::lock_guard<std::mutex> guard{mx_};
+    return ended_;
+  }
+
+  const record& operator[](size_t i) const {
+    return records_[i];
+  }
+
+  /// How many deltas of call `i` came strictly between `from` and `to`.
+  size_t deltas_between(size_t i, steady_clock::time_point from,
+                        steady_clock::time_point to) const {
+    size_t n = 0;
+    for (auto t : records_[i].delta_times)
+      n += t > from && t < to;
+    return n;
+  }
+
+private:
+  std::vector<record> records_;
+  std::mutex mx_;
+  std::condition_variable cv_;
+  size_t ended_ = 0;
+};
+
+std::chrono::milliseconds ms_between(steady_clock::time_point a,
+                                     steady_clock::time_point b) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(b - a);
 }
 
 } // namespace
@@ -127,4 +276,248 @@ TEST_CASE("openai provider: bad settings are refused up front") {
   opts.base_url = "http://x";
   opts.model = "";
   CHECK(classify(make_openai_provider(opts).error()) == errc::invalid_argument);
+}
+
+TEST_CASE("openai provider: a CA file that cannot be loaded is refused up "
+          "front") {
+  openai_options opts;
+  opts.base_url = "https://127.0.0.1:1";
+  opts.model = "m";
+  opts.ca_file = "/nonexistent/ca.pem";
+  auto p = make_openai_provider(opts);
+  REQUIRE_FALSE(p);
+  CHECK(classify(p.error()) == errc::invalid_argument);
+  CHECK(describe(p.error()).find("/nonexistent/ca.pem") != std::string::npos);
+}
+
+TEST_CASE("openai provider: 500 concurrent streams on a 2-thread pool each "
+          "get exactly their own reply, whole and in order") {
+  // Each reply lasts 3 s, so all 500 are open at once on the upstream.
+  fake_upstream up{{"--threads", "2", "--stream-seconds", "3", "--chunks",
+                    "10"}};
+  auto loops = net::make_io_pool(2);
+  auto p = provider_at(up.url(), loops);
+  constexpr size_t calls = 500;
+  auto question = [](size_t i) {
+    return "stream " + std::to_string(i) + " wants its own reply";
+  };
+  call_log log{calls};
+  auto began = steady_clock::now();
+  // Started from 4 threads at once.
+  std::vector<std::thread> starters;
+  for (size_t t = 0; t < 4; ++t)
+    starters.emplace_back([&, t] {
+      for (size_t i = t; i < calls; i += 4)
+        log.start(*p, i, asking(question(i)));
+    });
+  for (auto& t : starters)
+    t.join();
+  REQUIRE(log.wait(60s));
+  auto took = ms_between(began, steady_clock::now());
+
+  size_t wrong = 0;
+  for (size_t i = 0; i < calls; ++i) {
+    auto& r = log[i];
+    auto expected = "echo: " + question(i);
+    bool right = r.result && *r.result && (*r.result)->text == expected
+                 && !(*r.result)->interrupted && r.joined() == expected
+                 && r.deltas.size() == 10;
+    if (!right && wrong++ == 0) {
+      INFO("call " << i << ": "
+                   << (r.result && *r.result ? (*r.result)->text
+                       : r.result ? describe(r.result->error())
+                                  : std::string{"no end"})
+                   << ", deltas joined '" << r.joined() << "' ("
+                   << r.deltas.size() << ")");
+      CHECK(right);
+    }
+  }
+  CHECK(wrong == 0);
+  auto stats = up.stats();
+  INFO(stats.dump());
+  CHECK(stats["requests"] == calls);
+  CHECK(stats["completed"] == calls);
+  CHECK(stats["aborted"] == 0);
+  CHECK(stats["max_open"] == calls); // they ran side by side
+  CHECK(took < 20s);
+}
+
+TEST_CASE("openai provider: a delta callback returning false mid-stream ends "
+          "the call at once with the partial text, and the upstream sees the "
+          "connection close") {
+  // A piece every 100 ms for 10 s.
+  fake_upstream up{{"--stream-seconds", "10", "--chunks", "100", "--reply-bytes",
+                    "1000"}};
+  auto p = provider_at(up.url());
+  call_log log{1};
+  log.start(*p, 0, asking("stop me"), {}, 3);
+  REQUIRE(log.wait(5s));
+  auto& r = log[0];
+  REQUIRE(r.result);
+  REQUIRE(*r.result);
+  CHECK((*r.result)->interrupted);
+  CHECK(r.deltas.size() == 3);
+  CHECK((*r.result)->text == r.joined());
+  CHECK((*r.result)->text.size() == 30);
+  CHECK((*r.result)->text.rfind("echo: stop me", 0) == 0);
+  CHECK(ms_between(r.started, r.ended) < 2s);
+  // Long before the stream would have ended, the upstream saw it abandoned.
+  nlohmann::json stats;
+  auto deadline = steady_clock::now() + 3s;
+  do {
+    stats = up.stats();
+    if (stats["aborted"] == 1 && stats["open"] == 0)
+      break;
+    std::this_thread::sleep_for(20ms);
+  } while (steady_clock::now() < deadline);
+  INFO(stats.dump());
+  CHECK(stats["aborted"] == 1);
+  CHECK(stats["open"] == 0);
+  CHECK(stats["completed"] == 0);
+}
+
+TEST_CASE("openai provider: read and overall timeouts end calls with "
+          "timeout on the loop while another stream on the same loop keeps "
+          "flowing") {
+  // One piece, then silence for 10 s.
+  fake_upstream stalling{{"--stream-seconds", "20", "--chunks", "2"}};
+  // No answer for 20 s.
+  fake_upstream silent{{"--first-byte-ms", "20000"}};
+  // A piece every 100 ms for 20 s: never idle, never done in time.
+  fake_upstream endless{{"--stream-seconds", "20", "--chunks", "200",
+                         "--reply-bytes", "1000"}};
+  // A piece every 100 ms for 2.5 s.
+  fake_upstream steady{{"--stream-seconds", "2.5", "--chunks", "25"}};
+
+  auto loop = net::make_io_pool(1); // every call on one thread
+  auto to_stalling = provider_at(stalling.url(), loop, 400ms);
+  auto to_silent = provider_at(silent.url(), loop, 400ms);
+  auto to_endless = provider_at(endless.url(), loop);
+  auto to_steady = provider_at(steady.url(), loop);
+
+  enum { steady_call, stalling_call, silent_call, endless_call };
+  call_log log{4};
+  log.start(*to_steady, steady_call, asking("keep flowing"));
+  std::this_thread::sleep_for(200ms);
+  completion_options short_call;
+  short_call.timeout = 800ms;
+  log.start(*to_stalling, stalling_call, asking("stall"));
+  log.start(*to_silent, silent_call, asking("say nothing"));
+  log.start(*to_endless, endless_call, asking("never end"), short_call);
+  REQUIRE(log.wait(10s));
+
+  auto& flowing = log[steady_call];
+  REQUIRE(flowing.result);
+  REQUIRE(*flowing.result);
+  CHECK((*flowing.result)->text == "echo: keep flowing");
+  CHECK(flowing.deltas.size() == 18); // as many pieces as bytes
+
+  for (int call : {stalling_call, silent_call, endless_call}) {
+    auto& r = log[call];
+    INFO("call " << call);
+    REQUIRE(r.result);
+    REQUIRE_FALSE(*r.result);
+    CHECK(classify(r.result->error()) == errc::timeout);
+    auto waited = ms_between(r.started, r.ended);
+    CHECK(waited >= (call == endless_call ? 750ms : 350ms));
+    CHECK(waited < 2s);
+    // The loop kept serving the steady stream while this call waited.
+    CHECK(r.ended < flowing.ended);
+    CHECK(log.deltas_between(steady_call, r.started, r.ended) >= 2);
+  }
+  CHECK(log[stalling_call].deltas.size() == 1);
+  CHECK(log[silent_call].deltas.empty());
+  CHECK(log[endless_call].deltas.size() >= 4);
+  CHECK(describe(log[silent_call].result->error()).find("sent nothing for 400 ms")
+        != std::string::npos);
+  CHECK(describe(log[endless_call].result->error()).find("within 800 ms")
+        != std::string::npos);
+}
+
+TEST_CASE("openai provider: https verifies the upstream's certificate: "
+          "trusted through the CA option it streams, and untrusted or for "
+          "another host it fails") {
+  test::temp_dir dir;
+  auto cert = dir.str() + "/cert.pem";
+  auto key = dir.str() + "/key.pem";
+  auto made = test::run({"openssl", "req", "-x509", "-newkey", "ec",
+                         "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                         "-keyout", key, "-out", cert, "-days", "1", "-subj",
+                         "/CN=spindle test upstream", "-addext",
+                         "subjectAltName=IP:127.0.0.1"});
+  INFO(made.err);
+  REQUIRE(made.exit_code == 0);
+  fake_upstream up{{"--tls-cert", cert, "--tls-key", key, "--chunks", "4"}};
+
+  std::vector<std::string> deltas;
+  auto trusted = provider_at(up.url("https"), {}, 2s, cert);
+  auto r = trusted->complete(asking("over tls"), {}, [&](std::string_view d) {
+    deltas.emplace_back(d);
+    return true;
+  });
+  REQUIRE(r);
+  CHECK(r->text == "echo: over tls");
+  CHECK(deltas.size() == 4);
+
+  auto untrusted = provider_at(up.url("https"));
+  auto refused = untrusted->complete(asking("over tls"), {}, {});
+  REQUIRE_FALSE(refused);
+  CHECK(classify(refused.error()) == errc::upstream_failure);
+  CHECK(describe(refused.error()).find("self-signed certificate")
+        != std::string::npos);
+  CHECK(describe(refused.error()).find(up.url("https")) != std::string::npos);
+
+  auto by_name = provider_at(up.url("https", "localhost"), {}, 2s, cert);
+  auto mismatch = by_name->complete(asking("over tls"), {}, {});
+  REQUIRE_FALSE(mismatch);
+  CHECK(classify(mismatch.error()) == errc::upstream_failure);
+  CHECK(describe(mismatch.error()).find("hostname mismatch")
+        != std::string::npos);
+}
+
+TEST_CASE("openai provider: destroying a provider with a pool of its own "
+          "ends its calls with unavailable, while on a shared pool they go "
+          "on") {
+  fake_upstream up{{"--stream-seconds", "1", "--chunks", "10"}};
+  call_log log{4};
+  {
+    auto own = provider_at(up.url());
+    log.start(*own, 0, asking("cut short"));
+    log.start(*own, 1, asking("cut short too"));
+    std::this_thread::sleep_for(300ms); // both are streaming
+  }
+  REQUIRE(log.wait(0ms, 2));
+  for (size_t i : {0, 1}) {
+    REQUIRE(log[i].result);
+    REQUIRE_FALSE(*log[i].result);
+    CHECK(classify(log[i].result->error()) == errc::unavailable);
+  }
+
+  auto shared = net::make_io_pool(1);
+  {
+    auto p = provider_at(up.url(), shared);
+    log.start(*p, 2, asking("go on"));
+    log.start(*p, 3, asking("go on too"));
+  }
+  REQUIRE(log.wait(5s));
+  for (size_t i : {2, 3}) {
+    REQUIRE(log[i].result);
+    REQUIRE(*log[i].result);
+    CHECK((*log[i].result)->text.rfind("echo: go on", 0) == 0);
+  }
+}
+
+TEST_CASE("openai provider: complete on a thread of the provider's loop "
+          "fails at once instead of waiting for itself") {
+  fake_upstream up{{"--chunks", "2"}};
+  auto p = provider_at(up.url());
+  std::promise<caf::expected<completion>> nested;
+  p->start(asking("outer"), {}, {}, [&](caf::expected<completion>) {
+    nested.set_value(p->complete(asking("inner"), {}, {}));
+  });
+  auto f = nested.get_future();
+  REQUIRE(f.wait_for(5s) == std::future_status::ready);
+  auto r = f.get();
+  REQUIRE_FALSE(r);
+  CHECK(classify(r.error()) == errc::unavailable);
 }
