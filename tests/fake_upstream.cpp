@@ -342,7 +342,7 @@ private:
     // Otherwise the next request's read is pending already.
   }
 
-  // -- plumbing ----------------------------------------------------------------
+  // -- plumbing ---------------------------------------------------------------
 
   template <class Then>
   void write(Then then) {
@@ -438,7 +438,8 @@ private:
 
 void raise_descriptor_limit() {
   rlimit limit{};
-  if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+  if (getrlimit(RLIMIT_NOFILE, &limit) == 0
+      && limit.rlim_cur < limit.rlim_max) {
     limit.rlim_cur = limit.rlim_max;
     setrlimit(RLIMIT_NOFILE, &limit);
   }

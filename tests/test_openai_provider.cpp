@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <condition_variable>
 #include <future>
 #include <mutex>
@@ -119,8 +120,9 @@ public:
   }
 
   /// Starts call `i` on `p`; its delta callback asks to stop after
-  /// `keep` deltas.
-  void start(llm_provider& p, size_t i, std::vector<chat_message> messages,
+  /// `keep` deltas. Returns what `start` returned. Thread-safe for
+  /// different `i` (and free of Catch assertions, which are not).
+  bool start(llm_provider& p, size_t i, std::vector<chat_message> messages,
              completion_options options = {}, size_t keep = SIZE_MAX) {
     auto& r = records_[i];
     r.started = steady_clock::now();
@@ -136,7 +138,7 @@ public:
       ++ended_;
       cv_.notify_all();
     };
-    REQUIRE(p.start(std::move(messages), options, on_delta, done));
+    return p.start(std::move(messages), options, on_delta, done);
   }
 
   /// Waits until `n` calls ended (all by default).
@@ -304,14 +306,17 @@ TEST_CASE("openai provider: 500 concurrent streams on a 2-thread pool each "
   call_log log{calls};
   auto began = steady_clock::now();
   // Started from 4 threads at once.
+  std::atomic<size_t> refused{0};
   std::vector<std::thread> starters;
   for (size_t t = 0; t < 4; ++t)
     starters.emplace_back([&, t] {
       for (size_t i = t; i < calls; i += 4)
-        log.start(*p, i, asking(question(i)));
+        if (!log.start(*p, i, asking(question(i))))
+          ++refused;
     });
   for (auto& t : starters)
     t.join();
+  REQUIRE(refused == 0);
   REQUIRE(log.wait(60s));
   auto took = ms_between(began, steady_clock::now());
 
@@ -346,11 +351,11 @@ TEST_CASE("openai provider: a delta callback returning false mid-stream ends "
           "the call at once with the partial text, and the upstream sees the "
           "connection close") {
   // A piece every 100 ms for 10 s.
-  fake_upstream up{{"--stream-seconds", "10", "--chunks", "100", "--reply-bytes",
-                    "1000"}};
+  fake_upstream up{{"--stream-seconds", "10", "--chunks", "100",
+                    "--reply-bytes", "1000"}};
   auto p = provider_at(up.url());
   call_log log{1};
-  log.start(*p, 0, asking("stop me"), {}, 3);
+  REQUIRE(log.start(*p, 0, asking("stop me"), {}, 3));
   REQUIRE(log.wait(5s));
   auto& r = log[0];
   REQUIRE(r.result);
@@ -397,13 +402,14 @@ TEST_CASE("openai provider: read and overall timeouts end calls with "
 
   enum { steady_call, stalling_call, silent_call, endless_call };
   call_log log{4};
-  log.start(*to_steady, steady_call, asking("keep flowing"));
+  REQUIRE(log.start(*to_steady, steady_call, asking("keep flowing")));
   std::this_thread::sleep_for(200ms);
   completion_options short_call;
   short_call.timeout = 800ms;
-  log.start(*to_stalling, stalling_call, asking("stall"));
-  log.start(*to_silent, silent_call, asking("say nothing"));
-  log.start(*to_endless, endless_call, asking("never end"), short_call);
+  REQUIRE(log.start(*to_stalling, stalling_call, asking("stall")));
+  REQUIRE(log.start(*to_silent, silent_call, asking("say nothing")));
+  REQUIRE(
+    log.start(*to_endless, endless_call, asking("never end"), short_call));
   REQUIRE(log.wait(10s));
 
   auto& flowing = log[steady_call];
@@ -428,7 +434,8 @@ TEST_CASE("openai provider: read and overall timeouts end calls with "
   CHECK(log[stalling_call].deltas.size() == 1);
   CHECK(log[silent_call].deltas.empty());
   CHECK(log[endless_call].deltas.size() >= 4);
-  CHECK(describe(log[silent_call].result->error()).find("sent nothing for 400 ms")
+  CHECK(describe(log[silent_call].result->error())
+          .find("sent nothing for 400 ms")
         != std::string::npos);
   CHECK(describe(log[endless_call].result->error()).find("within 800 ms")
         != std::string::npos);
@@ -482,8 +489,8 @@ TEST_CASE("openai provider: destroying a provider with a pool of its own "
   call_log log{4};
   {
     auto own = provider_at(up.url());
-    log.start(*own, 0, asking("cut short"));
-    log.start(*own, 1, asking("cut short too"));
+    REQUIRE(log.start(*own, 0, asking("cut short")));
+    REQUIRE(log.start(*own, 1, asking("cut short too")));
     std::this_thread::sleep_for(300ms); // both are streaming
   }
   REQUIRE(log.wait(0ms, 2));
@@ -496,8 +503,8 @@ TEST_CASE("openai provider: destroying a provider with a pool of its own "
   auto shared = net::make_io_pool(1);
   {
     auto p = provider_at(up.url(), shared);
-    log.start(*p, 2, asking("go on"));
-    log.start(*p, 3, asking("go on too"));
+    REQUIRE(log.start(*p, 2, asking("go on")));
+    REQUIRE(log.start(*p, 3, asking("go on too")));
   }
   REQUIRE(log.wait(5s));
   for (size_t i : {2, 3}) {

@@ -365,10 +365,11 @@ public:
           self->fail(errc::upstream_failure, self->unreachable(ec.message()));
           return;
         }
-        asio::async_connect(self->connection_.socket(), found,
-                            [self](const error_code& ec2, const tcp::endpoint&) {
-                              self->on_connected(ec2);
-                            });
+        asio::async_connect(
+          self->connection_.socket(), found,
+          [self](const error_code& ec2, const tcp::endpoint&) {
+            self->on_connected(ec2);
+          });
       });
   }
 
@@ -437,8 +438,9 @@ private:
     if (finished_)
       return;
     if (ec) {
-      fail(errc::upstream_failure, "sending the request to the LLM endpoint at "
-                                     + ep_->origin + " failed: " + ec.message());
+      fail(errc::upstream_failure,
+           "sending the request to the LLM endpoint at " + ep_->origin
+             + " failed: " + ec.message());
       return;
     }
     touch();
@@ -544,7 +546,7 @@ private:
     finish(completion{std::move(text), !more});
   }
 
-  // -- time --------------------------------------------------------------------
+  // -- time -------------------------------------------------------------------
 
   // The watchdog wakes when the current phase's patience has passed since
   // the last progress, and rearms itself while bytes keep moving: one timer
@@ -588,7 +590,7 @@ private:
                             + " sent nothing for " + waited);
   }
 
-  // -- the end -------------------------------------------------------------------
+  // -- the end ----------------------------------------------------------------
 
   std::string unreachable(const std::string& why) const {
     return "cannot reach the LLM endpoint at " + ep_->origin + ": " + why;
