@@ -9,7 +9,7 @@ What it measures
    (`{"status":"ok","version":"0.1.0"}`, application/json) from a
    `return 200` in its config, with no file, log or upstream behind it: the
    fastest an event-loop HTTP/1.1 server on this machine answers a tiny
-   request. The table gives spindle/nginx for requests per second; the
+   request. The table gives spindle / nginx for requests per second; the
    target is at least 0.9x at 8 and 64 connections.
 
 2. POST /v1/threads/{id}/messages with the offline provider (instant
@@ -31,9 +31,9 @@ figure is not a valid measurement). wrk, nginx and spindle share the
 machine's cores; nginx runs `worker_processes auto` and spindle its default
 of one event-loop thread per core, so both get the same CPUs.
 
-Running it
-----------
-    python3 bench/bench_http.py --quick            # ~1 minute
+Usage
+-----
+    python3 bench/bench_http.py --quick            # ~30 seconds
     python3 bench/bench_http.py --json out.json    # full run, ~3 minutes
 
 Options:
@@ -43,7 +43,10 @@ Options:
                       both at 1, 8, 64 and 512 connections)
     --duration S      seconds per point, overriding the above
     --only WHAT       healthz or messages: run one part only
-    --json PATH       write every figure (and the run's settings) as JSON
+    --json PATH       write the tables as JSON in the benchmark report's
+                      format ({"benchmark": "http", "machine", "tables"},
+                      see bench/make_report.py), with every raw figure and
+                      the run's settings beside them under "figures"
 
 Needs /usr/sbin/nginx and wrk (Debian packages nginx-light and wrk;
 .ci/install-deps installs both). nginx runs from a config written into a
@@ -479,6 +482,153 @@ def messages_table(points):
                   "durable p99", ":memory: p99", "writes/commit"], rows)
 
 
+# ------------------------------------------------- the report's JSON format
+
+def machine():
+    """This machine as the C++ benchmarks describe it (bench/report.cpp):
+    CPU model, cores, memory in GiB, kernel."""
+    m = {}
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    m["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    m["cores"] = os.cpu_count()
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    m["memory_gib"] = int(line.split()[1]) / 1024.0 / 1024.0
+                    break
+    u = os.uname()
+    m["kernel"] = f"{u.sysname} {u.release}"
+    return m
+
+
+def ms_cell(r, p):
+    """A latency percentile in milliseconds, as the C++ tables write them
+    (to the microsecond below 10 ms, fewer decimals above)."""
+    v = r["latency_ms"].get(p)
+    if v is None:
+        return "-"
+    return f"{v:.{3 if v < 10 else 2 if v < 100 else 1}f}"
+
+
+def short_versions(v):
+    """'nginx/1.22.1', 'wrk debian/4.1.0-3+b2' from their -v lines."""
+    nginx = re.sub(r"^nginx version:\s*", "", v.get("nginx") or "nginx")
+    wrk = re.sub(r"\s*\[.*$", "", v.get("wrk") or "wrk")
+    return nginx, wrk
+
+
+def errors_note(points, parts):
+    bad = []
+    for p in points:
+        for key, name in parts:
+            if p[key]["errors"]:
+                bad.append(f"{p['connections']} connections ({name}: "
+                           f"{p[key]['errors']})")
+    if not bad:
+        return []
+    return ["Points with socket errors or non-2xx replies, not valid "
+            "measurements: " + ", ".join(bad) + "."]
+
+
+def healthz_report_table(points, seconds, versions_):
+    nginx, wrk = short_versions(versions_)
+    rows = []
+    for p in points:
+        n, s = p["nginx"], p["spindle"]
+        target = "-"
+        if p["connections"] in TARGET_CONNECTIONS:
+            target = "yes" if p["ratio"] >= TARGET else "no"
+        rows.append([p["connections"], round(s["requests_per_sec"]),
+                     round(n["requests_per_sec"]), f"{p['ratio']:.2f}x",
+                     target, ms_cell(s, "p50"), ms_cell(n, "p50"),
+                     ms_cell(s, "p99"), ms_cell(n, "p99"),
+                     s["errors"] + n["errors"]])
+    return {
+        "title": "GET /healthz: spindle serve --data :memory: beside nginx "
+                 "answering the same body, keep-alive connections",
+        "columns": ["connections", "spindle req/s", "nginx req/s",
+                    "spindle / nginx", f"target met (≥ {TARGET}x)",
+                    "spindle p50 ms", "nginx p50 ms", "spindle p99 ms",
+                    "nginx p99 ms", "errors"],
+        "rows": rows,
+        "notes": [
+            f"{wrk} (`wrk -t2 -cN -d{seconds}s --latency --timeout 10s`, "
+            f"-t1 at one connection) against each server in turn at every "
+            f"connection count, after a warm-up of both. nginx ({nginx}, "
+            f"`worker_processes auto`, access log off) answers the same "
+            f"33-byte JSON body as spindle from a `return 200` in its "
+            f"config, with no file, log or upstream behind it: the fastest "
+            f"an event-loop HTTP/1.1 server on this machine answers a tiny "
+            f"request. spindle runs its default of one event-loop thread "
+            f"per core; wrk and both servers share the machine's cores.",
+            "errors: socket errors and non-2xx replies of both servers "
+            "over the point.",
+            *errors_note(points, (("spindle", "spindle"),
+                                  ("nginx", "nginx"))),
+            f"Target: spindle / nginx at least {TARGET}x at "
+            f"{' and '.join(map(str, TARGET_CONNECTIONS))} connections.",
+        ],
+    }
+
+
+def messages_report_table(points, seconds):
+    rows = []
+    for p in points:
+        d, m = p["durable"], p["memory"]
+        wpc = p.get("writes_per_commit")
+        rows.append([p["connections"], round(d["requests_per_sec"]),
+                     round(m["requests_per_sec"]), f"{p['ratio']:.2f}x",
+                     ms_cell(d, "p50"), ms_cell(m, "p50"),
+                     ms_cell(d, "p99"), ms_cell(m, "p99"),
+                     f"{wpc:.1f}" if wpc else "-",
+                     d["errors"] + m["errors"]])
+    return {
+        "title": "POST /v1/threads/{id}/messages (offline provider): "
+                 "spindle serve durable beside --data :memory:, keep-alive "
+                 "connections",
+        "columns": ["connections", "durable req/s", ":memory: req/s",
+                    "durable / :memory:", "durable p50 ms",
+                    ":memory: p50 ms", "durable p99 ms", ":memory: p99 ms",
+                    "writes per commit", "errors"],
+        "rows": rows,
+        "notes": [
+            f"Each request is a whole exchange: user turn stored, offline "
+            f"reply generated (no delay), assistant turn stored, exchange "
+            f"handed to long-term memory. Requests go to {THREADS} thread "
+            f"IDs, each created by one message before the first point, "
+            f"with {len(MESSAGES)} message texts taken in turn; every point "
+            f"is `wrk -cN -d{seconds}s` against each server in turn.",
+            "durable: a data directory with the default settings (--sync "
+            "full, group commit); :memory: is the server of the /healthz "
+            "table. durable / :memory: is the cost of durability. writes "
+            "per commit: the state store's writes per transaction over the "
+            "durable point (from /metrics), how well group commit batches.",
+            "errors: socket errors and non-2xx replies of both servers "
+            "over the point.",
+            *errors_note(points, (("durable", "durable"),
+                                  ("memory", ":memory:"))),
+        ],
+    }
+
+
+def report_document(result, seconds):
+    """{"benchmark", "machine", "tables"} as bench/make_report.py reads
+    it, with every raw figure under "figures"."""
+    tables = []
+    if "healthz" in result:
+        tables.append(healthz_report_table(result["healthz"], seconds,
+                                           result["versions"]))
+    if "messages" in result:
+        tables.append(messages_report_table(result["messages"], seconds))
+    return {"benchmark": "http", "machine": machine(), "tables": tables,
+            "figures": result}
+
+
 # ---------------------------------------------------------------- main
 
 def bench_healthz(nginx_url, spindle_url, conns, seconds, log):
@@ -637,7 +787,8 @@ def main():
               "measurements): " + ", ".join(bad) + "\n")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(result, f, indent=2, ensure_ascii=False)
+            json.dump(report_document(result, seconds), f, indent=2,
+                      ensure_ascii=False)
             f.write("\n")
         log(f"bench_http: figures written to {args.json}")
 

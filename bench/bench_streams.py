@@ -29,6 +29,9 @@ Usage:
   python3 bench/bench_streams.py [--build-dir build] [--streams 9500]
       [--stream-seconds 5] [--first-byte-ms 100] [--quick] [--json PATH]
 --quick: 500 streams over 2 s.
+--json PATH: the tables in the benchmark report's format ({"benchmark":
+"streams", "machine", "tables"}, see bench/make_report.py), every raw figure
+under "figures". The Markdown tables go to stdout.
 """
 
 import argparse
@@ -234,6 +237,142 @@ def run_clients(me, mode, port, streams, per_process, tag, sample=None):
     return results, peak
 
 
+def machine():
+    """This machine as the C++ benchmarks describe it (bench/report.cpp):
+    CPU model, cores, memory in GiB, kernel."""
+    m = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    m["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    m["cores"] = os.cpu_count()
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    m["memory_gib"] = int(line.split()[1]) / 1024.0 / 1024.0
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    u = os.uname()
+    m["kernel"] = f"{u.sysname} {u.release}"
+    return m
+
+
+def ms(v, digits=1):
+    """Milliseconds as the C++ tables write them; "-" when not measured."""
+    return "-" if v != v else f"{v:.{digits}f}"
+
+
+def without_nan(value):
+    """`value` with NaN (a percentile of nothing) as null: strict JSON."""
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, dict):
+        return {k: without_nan(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [without_nan(v) for v in value]
+    return value
+
+
+def report_document(args, procs, s, base, idle, peak, per, stats, target):
+    """{"benchmark", "machine", "tables"} as bench/make_report.py reads
+    it, with every raw figure under "figures"."""
+    n = args.streams
+    latency_met = (s["errors"] == 0 and s["completed"] == n
+                   and s["after_upstream_first_byte_p99_ms"] <= 250)
+    memory_met = peak < 1024 * 1024
+
+    def ratio(a, b):
+        return "-" if a != a or b != b or b <= 0 else f"{a / b:.2f}x"
+
+    def row(name, r, met):
+        return [name, r["completed"], r["errors"],
+                ms(r["thread_p50_ms"]), ms(r["thread_p99_ms"]),
+                ms(r["delta_p50_ms"]), ms(r["delta_p99_ms"]),
+                ms(r["after_upstream_first_byte_p50_ms"]),
+                ms(r["after_upstream_first_byte_p99_ms"]),
+                ms(r["done_max_ms"] / 1000, 2),
+                ratio(r["delta_p99_ms"], base["delta_p99_ms"]), met]
+
+    latency_notes = [
+        f"{n:,} clients ({procs} asyncio "
+        f"process{'es' if procs > 1 else ''}) post to "
+        f"/v1/threads/{{id}}/messages/stream at once, one thread each; "
+        f"spindle serve --llm openai (a data directory with the "
+        f"default settings) calls spindle_fake_upstream, an "
+        f"OpenAI-compatible server on loopback that answers each "
+        f"completion after {args.first_byte_ms} ms and streams its reply "
+        f"in {args.chunks} pieces over {args.stream_seconds:g} s. Every "
+        f"exchange must end with `done` and no `error`.",
+        "first event: from sending the request to the `thread` event; "
+        "first delta: to the first `delta` event; after the upstream's "
+        f"first byte: the first delta minus the {args.first_byte_ms} ms "
+        "the upstream waits before its first byte, what spindle (on the "
+        "baseline row: the client and loopback) adds in front of the "
+        "model. last done: when the last exchange ended.",
+        "upstream alone: the same client load sent straight to "
+        "spindle_fake_upstream's /v1/chat/completions in the same run, no "
+        "spindle in between (it has no `thread` event).",
+    ]
+    for name, r in (("through spindle", s), ("upstream alone", base)):
+        if r["errors"]:
+            latency_notes.append(
+                f"{name}: {r['errors']} exchanges failed; the first "
+                f"errors: "
+                + "; ".join(e for e in r["error_samples"] if e))
+    latency_notes.append(
+        "Target: every exchange completes, no errors, and the first delta "
+        "comes at most 250 ms after the upstream's first byte at p99.")
+    return {
+        "benchmark": "streams",
+        "machine": machine(),
+        "tables": [
+            {"title": f"{n:,} concurrent streamed exchanges: through "
+                      f"spindle serve --llm openai beside "
+                      f"spindle_fake_upstream alone",
+             "columns": ["exchanges", "completed", "errors",
+                         "first event p50 ms", "first event p99 ms",
+                         "first delta p50 ms", "first delta p99 ms",
+                         "after the upstream's first byte p50 ms",
+                         "after the upstream's first byte p99 ms",
+                         "last done s", "first delta p99 vs upstream alone",
+                         "target met"],
+             "rows": [row("through spindle", s,
+                          "yes" if latency_met else "no"),
+                      row("upstream alone (baseline)", base, "-")],
+             "notes": latency_notes},
+            {"title": f"Resident memory of spindle serve with {n:,} "
+                      f"streamed exchanges in flight",
+             "columns": ["exchanges", "RSS idle MiB", "RSS peak MiB",
+                         "KiB per exchange in flight",
+                         "upstream streams open at once",
+                         "target met (peak under 1 GiB)"],
+             "rows": [[n, round(idle / 1024, 1), round(peak / 1024, 1),
+                       round(per, 1), stats.get("max_open", "-"),
+                       "yes" if memory_met else "no"]],
+             "notes": [
+                 "spindle's VmRSS 0.5 s after it started and at its highest "
+                 "while the clients ran (sampled every 50 ms); KiB per "
+                 "exchange in flight = (peak - idle) / exchanges. upstream "
+                 "streams open at once: the upstream's own count of the "
+                 "most streams it held at one time, a check that the "
+                 "exchanges really were in flight together.",
+                 "Target: spindle under 1 GiB at the peak."]},
+        ],
+        "figures": {"streams": n, "stream_seconds": args.stream_seconds,
+                    "first_byte_ms": args.first_byte_ms,
+                    "chunks": args.chunks, "quick": args.quick,
+                    "spindle": s, "upstream": base, "rss_idle_kib": idle,
+                    "rss_peak_kib": peak, "kib_per_exchange": per,
+                    "upstream_stats": stats, "target_met": target},
+    }
+
+
 def summarize(results, first_byte_ms):
     ok = [r for r in results if r.get("ok")]
     errors = [r for r in results if not r.get("ok")]
@@ -281,6 +420,12 @@ def main():
     build = os.path.abspath(args.build_dir)
     upstream_bin = os.path.join(build, "tests", "spindle_fake_upstream")
     spindle_bin = os.path.join(build, "spindle")
+    for exe in (spindle_bin, upstream_bin):
+        if not os.access(exe, os.X_OK):
+            raise SystemExit(f"bench_streams: {exe} not found: build it "
+                             f"first (.ci/build), or pass --build-dir")
+    # SIGTERM unwinds like Ctrl-C does, so both servers are stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     tmp = tempfile.TemporaryDirectory(prefix="bench_streams-")
     data = args.data or os.path.join(tmp.name, "data")
     up = spindle = None
@@ -345,11 +490,12 @@ def main():
           f"the upstream's first byte, RSS < 1 GiB): "
           f"{'met' if target else 'NOT met'}")
     if args.json:
+        procs = -(-args.streams // max(args.clients_per_process, 1))
+        doc = report_document(args, procs, s, base, idle, peak, per, stats,
+                              target)
         with open(args.json, "w") as f:
-            json.dump({"streams": args.streams, "spindle": s, "upstream": base,
-                       "rss_idle_kib": idle, "rss_peak_kib": peak,
-                       "kib_per_exchange": per, "upstream_stats": stats,
-                       "target_met": target}, f, indent=2)
+            json.dump(without_nan(doc), f, indent=2, allow_nan=False)
+            f.write("\n")
 
 
 if __name__ == "__main__":

@@ -2,8 +2,10 @@
 """Renders the benchmark report from one run's raw figures.
 
 Reads a results directory written by bench/run-report:
-  <area>.json     one per benchmark: {"benchmark", "machine", "tables"},
-                  each table {"title", "columns", "rows", "notes"}
+  <area>.json     one per benchmark (build/bench/bench_<area> or
+                  bench/bench_<area>.py): {"benchmark", "machine",
+                  "tables"}, each table {"title", "columns", "rows",
+                  "notes"}; other keys are left alone
   *.json with "baseline": true
                   baseline documents (redis.json); each of their tables
                   names in "beside" the benchmark table it sits next to:
@@ -14,7 +16,10 @@ Reads a results directory written by bench/run-report:
                   when it started
   <area>.log      each benchmark's output (quoted when it failed)
 and writes the markdown report and one SVG chart per chartable table
-(drawn by gnuplot) into the directory named after the report.
+(drawn by gnuplot) into the directory named after the report. A
+benchmark's section starts with the leading comment of
+bench/bench_<area>.cpp, or else the docstring of bench/bench_<area>.py, up
+to "Usage" (underlined headings left out).
 
 Which tables get a chart, and which columns are throughput:
   - a table is charted when its first column is "clients", "connections"
@@ -33,6 +38,7 @@ Python 3 standard library only; gnuplot draws the charts.
 """
 
 import argparse
+import ast
 import glob
 import json
 import math
@@ -132,22 +138,64 @@ def attach_baselines(benchmarks, baselines):
     return unplaced
 
 
-def bench_description(source, area):
-    """The leading comment of bench/bench_<area>.cpp, up to "Usage:", as
-    markdown paragraphs (numbered lines become a list)."""
-    path = os.path.join(source or "", "bench", "bench_%s.cpp" % area)
-    try:
-        with open(path) as f:
-            lines = f.read().splitlines()
-    except OSError:
-        return ""
+def bench_script(source, area):
+    """The path of bench/bench_<area>.py under `source` when the benchmark
+    is a Python script (no bench/bench_<area>.cpp beside it), else None."""
+    bench = os.path.join(source or "", "bench")
+    script = os.path.join(bench, "bench_%s.py" % area)
+    if os.path.exists(os.path.join(bench, "bench_%s.cpp" % area)) or \
+            not os.path.exists(script):
+        return None
+    return script
+
+
+def bench_name(source, area):
+    """How the report names a benchmark: `bench_<area>` for an executable,
+    `bench/bench_<area>.py` for a Python script."""
+    return ("bench/bench_%s.py" % area if bench_script(source, area)
+            else "bench_%s" % area)
+
+
+def comment_lines(path):
+    """The leading // comment of a C++ file, without the slashes."""
     text = []
-    for line in lines:
-        if not line.startswith("//"):
+    with open(path) as f:
+        for line in f.read().splitlines():
+            if not line.startswith("//"):
+                break
+            text.append(line[2:])
+    return text
+
+
+def docstring_lines(path):
+    """The module docstring of a Python file."""
+    with open(path) as f:
+        tree = ast.parse(f.read(), path)
+    return (ast.get_docstring(tree) or "").splitlines()
+
+
+def bench_description(source, area):
+    """The leading comment of bench/bench_<area>.cpp (or the docstring of
+    bench/bench_<area>.py), up to "Usage", as markdown paragraphs: numbered
+    and "- " lines become a list, underlined headings are left out."""
+    script = bench_script(source, area)
+    try:
+        if script:
+            lines = docstring_lines(script)
+        else:
+            lines = comment_lines(os.path.join(source or "", "bench",
+                                               "bench_%s.cpp" % area))
+    except (OSError, SyntaxError, ValueError):
+        return ""
+    lines = [line.strip() for line in lines]
+    text = []
+    for i, line in enumerate(lines):
+        if line.startswith("Usage"):
             break
-        line = line[2:].strip()
-        if line.startswith("Usage:"):
-            break
+        underline = re.compile(r"^[-=]{3,}$")
+        if underline.match(line) or (i + 1 < len(lines) and line and
+                                     underline.match(lines[i + 1])):
+            continue
         text.append(line)
     paragraphs, current = [], []
     for line in text + [""]:
@@ -155,7 +203,7 @@ def bench_description(source, area):
             if current:
                 paragraphs.append(current)
             current = []
-        elif re.match(r"^\d+\. ", line) or not current:
+        elif re.match(r"^(\d+\.|-) ", line) or not current:
             current.append(line)
         else:
             current[-1] += " " + line
@@ -237,8 +285,10 @@ def markdown_table(columns, rows):
     lines = ["| " + " | ".join(cell_text(c) for c in columns) + " |"]
     align = []
     for i in range(len(columns)):
-        numeric = all(number(r[i]) is not None for r in rows if i < len(r))
-        align.append("---:" if numeric and rows else "---")
+        # Numbers, and "-" for what was not measured, align right.
+        cells = [r[i] for r in rows if i < len(r) and r[i] != "-"]
+        numeric = all(number(c) is not None for c in cells)
+        align.append("---:" if numeric and cells else "---")
     lines.append("|" + "|".join(align) + "|")
     for r in rows:
         cells = [cell_text(c) for c in r]
@@ -422,7 +472,8 @@ def render(benchmarks, unplaced, run, runs, results, charts_dir,
     md.append(
         "Figures from one run of every benchmark under `bench/`, each table "
         "beside its baselines measured in the same run: Redis over "
-        "loopback, the seed's bash protocols, and the `std::mutex` "
+        "loopback, nginx answering the same HTTP request, the model "
+        "upstream alone, the seed's bash protocols, and the `std::mutex` "
         "structures a C++ program would otherwise use. Made by `%s`."
         % command)
     if quick:
@@ -458,14 +509,18 @@ def render(benchmarks, unplaced, run, runs, results, charts_dir,
         "`--results DIR` keeps the raw figures (default "
         "`BUILD_DIR/bench-report/`: one JSON and one log per benchmark). "
         "One benchmark alone: `build/bench/bench_ids [--quick] "
-        "[--json PATH]`.\n")
+        "[--json PATH]`, or for a Python one `python3 bench/bench_http.py "
+        "[--quick] [--build-dir build] [--json PATH]`.\n")
 
     md.append("## How the report is made\n")
     md.append(
         "- `bench/run-report` runs every executable `bench_*` of the "
         "build's `bench/` directory (one per `bench/bench_<area>.cpp`, so "
         "a new benchmark is picked up when it is built), from the source "
-        "root, each with `--json`.\n"
+        "root, each with `--json`; then every `bench/bench_*.py` with "
+        "`python3` and `--build-dir` (spindle serve over HTTP beside "
+        "nginx with wrk, streamed exchanges through `--llm openai` "
+        "beside the upstream alone).\n"
         "- It then starts Debian's `redis-server` on a free loopback port "
         "(no persistence), runs `bench/redis_baseline.py` (redis-benchmark "
         "at the client counts the benchmarks used) and stops the server, "
@@ -483,7 +538,8 @@ def render(benchmarks, unplaced, run, runs, results, charts_dir,
         "library does; Redis is a separate server reached over loopback "
         "TCP, as a program using it would. `bench_server` is spindle "
         "over loopback HTTP, beside Redis at the same connection "
-        "counts.\n")
+        "counts; `bench/bench_http.py` puts it beside nginx, both driven by "
+        "wrk.\n")
 
     # Headline: every comparison at its largest shared client count.
     headline = []
@@ -518,8 +574,8 @@ def render(benchmarks, unplaced, run, runs, results, charts_dir,
         if about:
             md.append(about + "\n")
         if info:
-            md.append("_`bench_%s%s` ran in %d s%s._\n"
-                      % (area, " --quick" if quick else "",
+            md.append("_`%s%s` ran in %d s%s._\n"
+                      % (bench_name(source, area), " --quick" if quick else "",
                          info["seconds"],
                          ", load average %s when it started" % info["load"]
                          if info["load"] else ""))
@@ -565,8 +621,8 @@ def render(benchmarks, unplaced, run, runs, results, charts_dir,
             md.append("- Redis baselines: %s\n" % escape(run["redis"]))
         for area in failed:
             info = runs.get(area, {})
-            md.append("- `bench_%s`: exit status %s%s\n" % (
-                area, info.get("exit", "?"),
+            md.append("- `%s`: exit status %s%s\n" % (
+                bench_name(source, area), info.get("exit", "?"),
                 "" if area in benchmarks else ", no figures"))
             tail = log_tail(os.path.join(results, area + ".log"))
             if tail:

@@ -3,12 +3,15 @@
 
   Generator  renders tests/golden/bench-report/ with make_report.py and
              checks the markdown (every table, baselines beside their
-             tables, ratios, the failed benchmark) and the SVG charts;
-             unit checks of the throughput-column rule.
+             tables, ratios, the Python benchmarks' sections, the failed
+             benchmark) and the SVG charts; unit checks of the
+             throughput-column rule and of the sections' descriptions.
   RunReport  runs bench/run-report --quick on a fake build whose bench_*
              executables copy the fixture's figures (one fails), with a
-             real redis-server: the Redis tables are measured, the report
-             is written, the exit status is 1 and Redis is stopped.
+             real redis-server: the Redis tables are measured, the Python
+             benchmarks run on the fake build and fail (it has no
+             spindle), the report is written and says so, the exit status
+             is 1 and Redis is stopped.
 
 Usage: bench_report_test.py [Generator|RunReport ...] (unittest names)
 Python 3 standard library only.
@@ -91,7 +94,7 @@ class Generator(unittest.TestCase):
             self.assertIn(text, md)
 
         # Every table of every benchmark, as a markdown table.
-        for name in ("ids", "server", "threads"):
+        for name in ("http", "ids", "server", "streams", "threads"):
             for table in fixture(name)["tables"]:
                 part = section(md, "### " + make_report.escape(
                     table["title"]))
@@ -123,6 +126,33 @@ class Generator(unittest.TestCase):
         self.assertIn("**id_allocator / Redis INCR:** 1 client: ", ids)
         self.assertIn("8 clients: " + expected, ids)
 
+        # The Python benchmarks: their docstrings up to "Usage", named as
+        # scripts, their own ratio and target columns, no Redis beside.
+        http = section(md, "## http")
+        self.assertTrue(http.startswith(
+            "## http\n\nspindle's HTTP throughput beside nginx, measured "
+            "with wrk.\n\n1. GET /healthz on a throwaway nginx"), http[:300])
+        for text in ("What it measures", "----", "Usage", "--quick"):
+            self.assertNotIn(text, http.split("_`")[0])
+        self.assertIn("_`bench/bench_http.py --quick` ran in 24 s, load "
+                      "average 1.30 when it started._", http)
+        healthz = fixture("http")["tables"][0]
+        self.assertIn("| spindle req/s | nginx req/s | spindle / nginx | "
+                      "target met (≥ 0.9x) |", http)
+        self.assertIn("| 8 | %s | %s | %s | %s |" % (
+            make_report.fmt_number(healthz["rows"][0][1]),
+            make_report.fmt_number(healthz["rows"][0][2]),
+            healthz["rows"][0][3], healthz["rows"][0][4]), http)
+        self.assertIn("Target: spindle / nginx at least 0.9x", http)
+        self.assertNotIn("Baseline", http)
+        streams = section(md, "## streams")
+        self.assertIn("Concurrent streamed exchanges through `spindle serve "
+                      "--llm openai`.", streams)
+        self.assertIn("the script reports\n\n- the time from sending", streams)
+        self.assertIn("_`bench/bench_streams.py --quick` ran in 11 s", streams)
+        self.assertIn("| upstream alone (baseline) |", streams)
+        self.assertIn("_`bench_ids --quick` ran in", md)
+
         # The failed benchmark, with the end of its log.
         failed = section(md, "## What did not run")
         self.assertIn("`bench_broken`: exit status 134, no figures", failed)
@@ -135,7 +165,9 @@ class Generator(unittest.TestCase):
                                              "actors, pipelined",
                                              "Redis RPUSH + LRANGE (pairs)"],
                            "server-1.svg": ["messages req/s", "healthz req/s",
-                                            "Redis PING"]}
+                                            "Redis PING"],
+                           "http-1.svg": ["spindle req/s", "nginx req/s"],
+                           "http-2.svg": ["durable req/s", ":memory: req/s"]}
         self.assertEqual(sorted(os.listdir(self.charts)),
                          sorted(list(expected_charts) + ["diagram.svg"]))
         for name, lines in expected_charts.items():
@@ -148,6 +180,9 @@ class Generator(unittest.TestCase):
         self.assertNotIn("RPUSH alone", texts)
         self.assertNotIn("messages p50 ms",
                          svg_texts(os.path.join(self.charts, "server-1.svg")))
+        texts = svg_texts(os.path.join(self.charts, "http-1.svg"))
+        for column in ("spindle / nginx", "spindle p50 ms", "errors"):
+            self.assertNotIn(column, texts)
 
     def test_a_busy_machine_is_stated(self):
         results = os.path.join(self.dir, "busy")
@@ -189,6 +224,36 @@ class Generator(unittest.TestCase):
         self.assertEqual(make_report.number("12,345.5"), 12345.5)
         self.assertIsNone(make_report.number("1.5x"))
         self.assertIsNone(make_report.number(True))
+
+    def test_descriptions(self):
+        bench = os.path.join(self.dir, "bench")
+        os.makedirs(bench)
+        with open(os.path.join(bench, "bench_py.py"), "w") as f:
+            f.write('#!/usr/bin/env python3\n'
+                    '"""Things & more, measured.\n\n'
+                    'What it measures\n----------------\n'
+                    '1. one thing, over two\n   lines;\n'
+                    '2. another.\n\n'
+                    'It reports\n- a list\n  item\n- another\n\n'
+                    'Usage\n-----\n    python3 bench/bench_py.py\n"""\n')
+        with open(os.path.join(bench, "bench_both.py"), "w") as f:
+            f.write('"""The script."""\n')
+        with open(os.path.join(bench, "bench_both.cpp"), "w") as f:
+            f.write("// The executable:\n// one line.\n//\n"
+                    "// Usage: bench_both\n")
+        self.assertEqual(make_report.bench_description(self.dir, "py"),
+                         "Things &amp; more, measured.\n\n"
+                         "1. one thing, over two lines;\n2. another.\n\n"
+                         "It reports\n- a list item\n- another")
+        self.assertEqual(make_report.bench_name(self.dir, "py"),
+                         "bench/bench_py.py")
+        self.assertEqual(make_report.bench_description(self.dir, "both"),
+                         "The executable: one line.")
+        self.assertEqual(make_report.bench_name(self.dir, "both"),
+                         "bench_both")
+        self.assertEqual(make_report.bench_description(self.dir, "none"), "")
+        self.assertEqual(make_report.bench_name(self.dir, "none"),
+                         "bench_none")
 
 
 def redis_stopped(port):
@@ -250,7 +315,19 @@ class RunReport(unittest.TestCase):
         self.assertIn("`bench_broken`: exit status 3", md)
         self.assertIn("broken on purpose", md)
         with open(os.path.join(results, "runs.tsv")) as f:
-            self.assertNotIn("notes", f.read())
+            runs = f.read()
+        self.assertNotIn("notes", runs)
+        # The Python benchmarks ran after the executables, on the fake
+        # build (--build-dir), and their failures are in the report.
+        areas = [line.split("\t")[0] for line in runs.splitlines()[1:]]
+        self.assertEqual(areas, ["broken", "ids", "server", "threads",
+                                 "http", "streams"])
+        missing = os.path.join(work, "build", "spindle") + " not found"
+        for name in ("http", "streams"):
+            self.assertIn("- `bench/bench_%s.py`: exit status 1, no figures"
+                          % name, md)
+            with open(os.path.join(results, name + ".log")) as f:
+                self.assertIn(missing, f.read())
         # Redis was measured in this run, at the fixture's client counts.
         with open(os.path.join(results, "redis.json")) as f:
             redis = json.load(f)
