@@ -102,6 +102,7 @@ int serve(serve_args args) {
     openai_options llm;
     llm.base_url = args.llm_url;
     llm.model = args.llm_model;
+    llm.loops = loops; // upstream calls share the server's event loops
     if (auto* key = std::getenv("SPINDLE_LLM_API_KEY"))
       llm.api_key = key;
     auto provider = make_openai_provider(llm);

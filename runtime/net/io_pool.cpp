@@ -17,7 +17,8 @@ io_pool::io_pool(size_t threads) {
   loops_.reserve(threads);
   for (size_t i = 0; i < threads; ++i) {
     auto l = std::make_unique<loop>();
-    // One thread per context: Asio may skip its internal locking.
+    // One thread runs each context (a hint to Asio's scheduler; it still
+    // locks, as handlers are posted from other threads).
     l->ctx = std::make_unique<boost::asio::io_context>(1);
     l->work = std::make_unique<boost::asio::executor_work_guard<
       boost::asio::io_context::executor_type>>(l->ctx->get_executor());

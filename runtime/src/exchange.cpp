@@ -304,7 +304,9 @@ private:
           st->replied = true;
           if (st->cb.on_reply)
             guarded([&] { st->cb.on_reply(st->res); });
-          remember();
+          // The thread is free for its next message now: that one reads
+          // this exchange from the history, not from long-term memory.
+          release([this] { remember(); });
         },
         [this, st](caf::error& err) {
           fail(wrap(err, "cannot store the assistant turn in thread '"
@@ -312,8 +314,9 @@ private:
         });
   }
 
-  // 7. Long-term memory, after the reply went out but while the thread is
-  // still held, so the next exchange of this thread can retrieve it.
+  // 7. Long-term memory, after the reply went out and the thread was
+  // released: neither the client nor the thread's next message waits for
+  // it. The exchange ends (`done`) once it is stored.
   void remember() {
     auto st = st_;
     if (!(st->build.options.memory && st->svc.memory
@@ -341,55 +344,51 @@ private:
   }
 
   void finish() {
-    release([st = st_] {
-      if (st->finished)
-        return;
-      st->finished = true;
-      if (st->cb.done)
-        st->cb.done(st->res);
+    release([this, st = st_] {
+      if (!st->finished) {
+        st->finished = true;
+        if (st->cb.done)
+          st->cb.done(st->res);
+      }
+      self_->quit();
     });
   }
 
   // Ends the exchange with an error. The user turn, if stored, stays.
   void fail(caf::error err) {
-    release([st = st_, err = std::move(err)] {
-      if (st->finished)
-        return;
-      st->finished = true;
-      if (st->replied) {
-        // The reply already went out; only the epilogue failed.
-        if (st->cb.done)
-          st->cb.done(st->res);
-        return;
+    release([this, st = st_, err = std::move(err)] {
+      if (!st->finished) {
+        st->finished = true;
+        // After the reply went out only the epilogue can fail: the
+        // exchange itself succeeded.
+        if (st->cb.done) {
+          if (st->replied)
+            st->cb.done(st->res);
+          else
+            st->cb.done(err);
+        }
       }
-      if (st->cb.done)
-        st->cb.done(err);
+      self_->quit();
     });
   }
 
-  // Releases the lease (if held), then runs `then` and quits.
+  // Releases the lease (if held), then runs `then`.
   template <class F>
   void release(F then) {
     auto st = st_;
     if (!st->held) {
       then();
-      self_->quit();
       return;
     }
     st->held = false;
     self_->request(st->thread, opt().step_timeout, exchange_end_atom::value,
                    st->lease)
-      .then(
-        [this, then](uint64_t) mutable {
-          then();
-          self_->quit();
-        },
-        [this, st, then](caf::error& err) mutable {
-          spdlog::warn("exchange lease {} was not released cleanly: {}",
-                       st->lease, describe(err));
-          then();
-          self_->quit();
-        });
+      .then([then](uint64_t) mutable { then(); },
+            [st, then](caf::error& err) mutable {
+              spdlog::warn("exchange lease {} was not released cleanly: {}",
+                           st->lease, describe(err));
+              then();
+            });
   }
 
   template <class F>

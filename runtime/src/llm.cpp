@@ -168,6 +168,18 @@ struct delayed_reply : std::enable_shared_from_this<delayed_reply> {
       done(std::move(end)) {
   }
 
+  // A pool destroyed mid-reply drops the pending timer: the reply still
+  // ends, as unavailable.
+  ~delayed_reply() {
+    if (!ended)
+      done(make_error(errc::unavailable, "the offline provider stopped"));
+  }
+
+  void end(caf::expected<completion> result) {
+    ended = true;
+    done(std::move(result));
+  }
+
   void next() {
     timer.expires_after(delay);
     timer.async_wait(
@@ -178,18 +190,18 @@ struct delayed_reply : std::enable_shared_from_this<delayed_reply> {
 
   void step(const boost::system::error_code& ec) {
     if (ec) {
-      done(make_error(errc::unavailable, "the offline provider stopped"));
+      end(make_error(errc::unavailable, "the offline provider stopped"));
       return;
     }
     auto& piece = parts[index++];
     out.text += piece;
     if (on_delta && !on_delta(piece)) {
       out.interrupted = true;
-      done(std::move(out));
+      end(std::move(out));
       return;
     }
     if (index == parts.size()) {
-      done(std::move(out));
+      end(std::move(out));
       return;
     }
     next();
@@ -202,6 +214,7 @@ struct delayed_reply : std::enable_shared_from_this<delayed_reply> {
   delta_callback on_delta;
   completion_done done;
   completion out;
+  bool ended = false;
 };
 
 } // namespace

@@ -13,7 +13,8 @@
 // io_context. The HTTP server's connections and the OpenAI-compatible
 // provider's upstream calls live on them; nothing on a loop blocks
 // (docs/architecture.md, "Serving"). One io_context per thread means a
-// connection's handlers always run on one thread, without strands.
+// connection's handlers always run on one thread, without strands; the
+// context still locks, since other threads post to it.
 
 namespace spindle::net {
 
