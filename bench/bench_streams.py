@@ -212,15 +212,20 @@ def pct(values, p):
 
 
 def run_clients(me, mode, port, streams, per_process, tag, sample=None):
+    # Each worker writes its results to a file of its own: a pipe would
+    # fill up (and block the worker) while the driver only samples.
     procs = []
+    outs = []
     first = 0
     while first < streams:
         count = min(per_process, streams - first)
+        out = tempfile.NamedTemporaryFile(prefix="bench_streams-", suffix=".json")
+        outs.append(out)
         procs.append(subprocess.Popen(
             [sys.executable, me, "--worker-mode", mode, "--worker-port",
              str(port), "--worker-first", str(first), "--worker-count",
              str(count), "--tag", tag],
-            stdout=subprocess.PIPE, preexec_fn=raise_nofile))
+            stdout=out, preexec_fn=raise_nofile))
         first += count
     peak = 0
     while any(p.poll() is None for p in procs):
@@ -228,12 +233,13 @@ def run_clients(me, mode, port, streams, per_process, tag, sample=None):
             peak = max(peak, sample())
         time.sleep(0.05)
     results = []
-    for p in procs:
-        data = p.stdout.read()
+    for out in outs:
         try:
-            results.extend(json.loads(data))
-        except json.JSONDecodeError:
+            with open(out.name) as f:
+                results.extend(json.load(f))
+        except (OSError, json.JSONDecodeError):
             results.append({"ok": False, "error": "worker output unreadable"})
+        out.close()
     return results, peak
 
 

@@ -408,6 +408,35 @@ private:
 
 } // namespace
 
+void exchange_set::enter(caf::actor x) {
+  std::lock_guard<std::mutex> guard{mx_};
+  auto id = x.id();
+  live_.emplace(id, std::move(x));
+}
+
+void exchange_set::leave(caf::actor_id id) {
+  caf::actor gone;
+  {
+    std::lock_guard<std::mutex> guard{mx_};
+    auto it = live_.find(id);
+    if (it == live_.end())
+      return;
+    gone = std::move(it->second);
+    live_.erase(it);
+  }
+  // `gone` is released outside the lock.
+}
+
+void exchange_set::stop_all() {
+  std::unordered_map<caf::actor_id, caf::actor> all;
+  {
+    std::lock_guard<std::mutex> guard{mx_};
+    all.swap(live_);
+  }
+  for (auto& [id, x] : all)
+    caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
+}
+
 void spawn_exchange(caf::actor_system& sys, const exchange_services& services,
                     exchange_request request, exchange_callbacks callbacks) {
   auto st = std::make_shared<exchange_state>();
@@ -415,13 +444,15 @@ void spawn_exchange(caf::actor_system& sys, const exchange_services& services,
   st->req = std::move(request);
   st->cb = std::move(callbacks);
   sys.spawn([st](caf::event_based_actor* self) -> caf::behavior {
-    if (st->svc.supervisor)
-      self->link_to(st->svc.supervisor);
+    if (st->svc.live)
+      st->svc.live->enter(caf::actor_cast<caf::actor>(self));
     auto x = std::make_shared<exchange>(self, st);
     // An exchange that is stopped (the runtime shuts down) before it ended
     // still reports an end; its lease dies with it (the thread monitors its
     // holder).
-    self->attach_functor([st] {
+    self->attach_functor([st, id = self->id()] {
+      if (st->svc.live)
+        st->svc.live->leave(id);
       if (st->finished)
         return;
       st->finished = true;

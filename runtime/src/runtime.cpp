@@ -101,7 +101,6 @@ std::vector<caf::actor> runtime::core_actors() const {
   // -- orchestration (add here) --
   add(scheduler_);
   // -- threads, memory, builder (add here) --
-  add(exchanges_);
   add(context_builder_);
   add(rewriter_);
   add(memory_);
@@ -118,6 +117,8 @@ void runtime::stop() {
   if (!system_)
     return;
   running_ = false;
+  if (exchanges_)
+    exchanges_->stop_all();
   for (auto& handle : core_actors())
     caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);
   // -- each area resets its handles here --

@@ -40,12 +40,10 @@ caf::error runtime::start_threads() {
     memory_ = std::move(*mem);
   }
   rewriter_ = spawn_query_rewriter(*system_, conv.rewriter);
-  // Every exchange links to this actor: stopping the runtime stops the
-  // exchanges still in flight (their clients are gone by then) at once,
-  // rather than after their own timeouts.
-  exchanges_ = system_->spawn([](caf::event_based_actor*) -> caf::behavior {
-    return {[](caf::ok_atom) {}};
-  });
+  // Running exchanges enter this set: stopping the runtime stops those
+  // still in flight (their clients are gone by then) at once, rather than
+  // after their own timeouts.
+  exchanges_ = std::make_shared<exchange_set>();
   auto builder_options = conv.builder;
   builder_options.views = views;
   if (!conv.rewriter->blocking()) {

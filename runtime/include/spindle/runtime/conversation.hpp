@@ -4,6 +4,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <string>
 
 #include <caf/actor_system.hpp>
@@ -84,8 +86,24 @@ struct exchange_services {
   memory_actor memory;
   std::shared_ptr<llm_provider> provider;
   conversation_options options;
-  /// When set, the exchange links to it and stops with it.
-  caf::actor supervisor;
+  /// When set, the exchange enters itself here while it runs, so that a
+  /// stopping runtime can stop it.
+  std::shared_ptr<class exchange_set> live;
+};
+
+/// The exchanges running now: entered and left in O(1) (a link or a
+/// monitor per exchange would make every exit scan all of them).
+/// Thread-safe.
+class exchange_set {
+public:
+  void enter(caf::actor x);
+  void leave(caf::actor_id id);
+  /// Stops every exchange still running (they report `unavailable`).
+  void stop_all();
+
+private:
+  std::mutex mx_;
+  std::unordered_map<caf::actor_id, caf::actor> live_;
 };
 
 /// Called once with the outcome of an exchange.

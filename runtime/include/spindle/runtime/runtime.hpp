@@ -508,8 +508,8 @@ private:
   memory_actor memory_;
   query_rewriter_actor rewriter_;
   context_builder_actor context_builder_;
-  /// Exchanges link to it; stopped first, it stops them.
-  caf::actor exchanges_;
+  /// The exchanges running now; stopped first.
+  std::shared_ptr<exchange_set> exchanges_;
   // orchestration:
   caf::error start_orchestration();
   scheduler_actor scheduler_;
