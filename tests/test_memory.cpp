@@ -90,6 +90,51 @@ TEST_CASE("memory match expression: topic words only, quoted, OR-ed") {
   REQUIRE(std::count(expr.begin(), expr.end(), '"') == 64); // 32 words
 }
 
+TEST_CASE("memory query terms: topic words only, lowercased, deduplicated, "
+          "at most 32") {
+  using terms = std::vector<std::string>;
+  REQUIRE(memory_query_terms("Who are HIS children?") == terms{"children"});
+  REQUIRE(memory_query_terms("the the THE").empty());
+  REQUIRE(memory_query_terms("Trump's kids, kids \"quoted\"")
+          == terms{"trump", "kids", "quoted"});
+  REQUIRE(memory_query_terms("café crème") == terms{"café", "crème"});
+  std::string many;
+  for (int i = 0; i < 100; ++i)
+    many += "w" + std::to_string(i) + " ";
+  auto got = memory_query_terms(many);
+  REQUIRE(got.size() == max_memory_query_terms);
+  REQUIRE(got.back() == "w31");
+  // Entries are indexed by the same words, repeats kept.
+  REQUIRE(memory_words("Rivers, rivers and the sea.")
+          == terms{"rivers", "rivers", "sea"});
+  // A long word is cut to 64 bytes, never inside a UTF-8 sequence.
+  auto long_word = std::string(63, 'a') + "é";
+  REQUIRE(memory_words(long_word) == terms{std::string(63, 'a')});
+  REQUIRE(memory_words(std::string(80, 'b'))
+          == terms{std::string(max_memory_word, 'b')});
+}
+
+TEST_CASE("memory shortest cut: up to the first sentence end, else the "
+          "whole entry, whitespace normalised") {
+  REQUIRE(memory_shortest_cut("One.  Two.") == 4);
+  REQUIRE(memory_shortest_cut("  no end at all  ") == 13);
+  REQUIRE(memory_shortest_cut("v1.2 is out! Yes.") == 12);
+  REQUIRE(memory_shortest_cut(" \n ") == 0);
+  // An entry can be in a snippet exactly when its shortest cut fits.
+  for (size_t budget = 0; budget < 40; ++budget) {
+    for (std::string e : {"Alpha beta. Gamma delta epsilon.", "no end here",
+                          "Short! And a longer second sentence."}) {
+      memory_snippet_builder b{budget + 2}; // the bullet takes 2
+      REQUIRE(b.room() == budget);
+      b.add(e);
+      auto s = std::move(b).finish(1);
+      CAPTURE(budget, e);
+      REQUIRE((s.entries == 1)
+              == (budget > 0 && memory_shortest_cut(e) <= budget));
+    }
+  }
+}
+
 TEST_CASE("memory tags: one form for storing and retrieving") {
   REQUIRE(memory_tags("u1", "t1") == std::vector<std::string>{"user:u1",
                                                               "thread:t1"});
