@@ -111,6 +111,42 @@ const char* const migrations[] = {
   "  tool_call_id TEXT NOT NULL DEFAULT '',"
   "  interrupted INTEGER NOT NULL DEFAULT 0"
   ");",
+  // 4 -> 5: long-term memory retrieval with a bounded cost
+  // (docs/memory.md, "Retrieval"). The FTS5 index ranked every entry of a
+  // scope that matched a word; it goes, with its scope token. Instead each
+  // scope (a user's entries, or a thread's anonymous ones; the exact IDs,
+  // '' for none) counts its entries and words, and keeps per term the
+  // number of its entries holding it (`df`) and the newest
+  // memory_recent_per_term of them (`recent`: encoded postings, newest
+  // first). The memory writer maintains them in the transaction that
+  // stores an entry; entries above `indexed_through` (all of them, after
+  // this upgrade) are indexed when the memory opens.
+  "DROP TRIGGER memories_ai;"
+  "DROP TRIGGER memories_ad;"
+  "DROP TABLE memories_fts;"
+  "DROP INDEX memories_by_user;"
+  "DROP INDEX memories_by_thread;"
+  "ALTER TABLE memories DROP COLUMN scope;"
+  "CREATE TABLE memory_scopes ("
+  "  id INTEGER PRIMARY KEY,"
+  "  user_id TEXT NOT NULL,"
+  "  thread_id TEXT NOT NULL,"
+  "  entries INTEGER NOT NULL DEFAULT 0,"
+  "  words INTEGER NOT NULL DEFAULT 0,"
+  "  UNIQUE (user_id, thread_id)"
+  ");"
+  "CREATE TABLE memory_terms ("
+  "  scope INTEGER NOT NULL,"
+  "  term TEXT NOT NULL,"
+  "  df INTEGER NOT NULL,"
+  "  recent BLOB NOT NULL,"
+  "  PRIMARY KEY (scope, term)"
+  ") WITHOUT ROWID;"
+  "CREATE TABLE memory_index_state ("
+  "  id INTEGER PRIMARY KEY CHECK (id = 0),"
+  "  indexed_through INTEGER NOT NULL"
+  ");"
+  "INSERT INTO memory_index_state(id, indexed_through) VALUES (0, 0);",
 };
 
 static_assert(sizeof(migrations) / sizeof(migrations[0])

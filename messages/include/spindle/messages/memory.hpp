@@ -154,21 +154,6 @@ std::vector<std::string> memory_words(std::string_view text);
 /// This function is thread-safe.
 std::vector<std::string> memory_query_terms(std::string_view message);
 
-/// The full-text scope token of an entry or a request: "su" + 16 hex digits
-/// of a 64-bit FNV-1a hash of the user ID, or for anonymous ones "sa" +
-/// the hash of the thread ID. It lets the full-text index narrow candidates
-/// to one scope before ranking; the exact user and thread columns remain
-/// the authority (a hash collision costs time, never privacy).
-/// This function is thread-safe.
-std::string memory_scope_token(const std::string& user_id,
-                               const std::string& thread_id);
-
-/// The full-text query for `text`: its words (letters, digits and non-ASCII
-/// runs, lowercased), minus common English stop words, deduplicated, at
-/// most 32, each quoted, joined with OR. Empty when no word is left.
-/// This function is thread-safe.
-std::string memory_match_expression(std::string_view text);
-
 /// The long-term memory.
 ///
 /// - `(put, memory, content, tags)` stores an entry and replies with its

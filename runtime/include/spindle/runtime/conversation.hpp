@@ -28,6 +28,10 @@ struct conversation_options {
   std::shared_ptr<query_rewriter> rewriter;
   /// Long-term memory: retrieved into prompts and fed by exchanges.
   bool memory = true;
+  /// Readers of a durable long-term memory, each an actor with its own
+  /// connection serving retrievals beside the one writer (docs/memory.md);
+  /// 0: one per core. In-memory mode has one actor for both.
+  size_t memory_readers = 0;
   /// System prompt and timeouts of the context builder.
   context_builder_options builder;
   /// Timeouts of the thread registry.
