@@ -45,13 +45,11 @@ constexpr std::array<std::string_view, 96> stop_words{{
 }};
 
 bool is_stop_word(std::string_view w) {
-  // Every stored entry and every retrieval asks, word by word.
-  static const auto sorted = [] {
-    auto copy = stop_words;
-    std::sort(copy.begin(), copy.end());
-    return copy;
-  }();
-  return std::binary_search(sorted.begin(), sorted.end(), w);
+  // Every stored entry and every retrieval asks, word by word; no stop
+  // word is longer than 6 bytes.
+  static const std::unordered_set<std::string_view> set{stop_words.begin(),
+                                                        stop_words.end()};
+  return w.size() <= 6 && set.count(w) > 0;
 }
 
 // Collapses every whitespace run to one space and trims both ends. Copies
@@ -200,14 +198,18 @@ void memory_snippet_builder::add(std::string_view raw) {
 }
 
 void memory_snippet_builder::add_normalized(std::string_view entry) {
+  add_normalized(entry, std::hash<std::string_view>{}(entry));
+}
+
+void memory_snippet_builder::add_normalized(std::string_view entry,
+                                            size_t hash) {
   auto budget = room();
   if (budget == 0 || entry.empty())
     return;
   if (out_.text.empty())
     out_.text.reserve(max_chars_);
   // Equal 64-bit hashes of equal-sized entries count as equal entries.
-  std::pair<uint64_t, size_t> key{std::hash<std::string_view>{}(entry),
-                                  entry.size()};
+  std::pair<uint64_t, size_t> key{hash, entry.size()};
   if (std::find(seen_.begin(), seen_.end(), key) != seen_.end())
     return;
   seen_.push_back(key);
@@ -254,31 +256,38 @@ size_t memory_shortest_cut(std::string_view entry) {
 }
 
 std::vector<std::string> memory_words(std::string_view text) {
+  auto in_word = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+           || (c >= '0' && c <= '9') || static_cast<unsigned char>(c) >= 0x80;
+  };
   std::vector<std::string> words;
   std::string word;
-  auto flush = [&] {
-    if (word.size() > max_memory_word) {
-      auto end = max_memory_word;
+  size_t i = 0;
+  while (i < text.size()) {
+    while (i < text.size() && !in_word(text[i]))
+      ++i;
+    auto start = i;
+    while (i < text.size() && in_word(text[i]))
+      ++i;
+    auto size = i - start;
+    if (size == 0)
+      break;
+    if (size > max_memory_word) {
+      size = max_memory_word;
       // Never keep half of a UTF-8 sequence: back off its continuation
       // bytes and its lead byte.
-      while (end > 0 && (static_cast<unsigned char>(word[end]) & 0xc0) == 0x80)
-        --end;
-      word.resize(end);
+      while (size > 0
+             && (static_cast<unsigned char>(text[start + size]) & 0xc0)
+                  == 0x80)
+        --size;
     }
+    word.assign(text.data() + start, size);
+    for (auto& c : word)
+      if (c >= 'A' && c <= 'Z')
+        c = static_cast<char>(c - 'A' + 'a');
     if (!word.empty() && !is_stop_word(word))
       words.push_back(word);
-    word.clear();
-  };
-  for (char c : text) {
-    auto u = static_cast<unsigned char>(c);
-    if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || u >= 0x80)
-      word += c;
-    else if (c >= 'A' && c <= 'Z')
-      word += static_cast<char>(c - 'A' + 'a');
-    else
-      flush();
   }
-  flush();
   return words;
 }
 

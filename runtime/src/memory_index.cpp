@@ -472,12 +472,14 @@ private:
   std::unordered_map<Key, typename node_list::iterator> index_;
 };
 
-// An entry as a reader read it: its scope columns and its content,
-// whitespace normalised.
+// An entry as a reader read it: its scope columns, its content
+// whitespace normalised, and the content's hash (for the snippet's
+// duplicate check).
 struct cached_entry {
   std::string user_id;
   std::string thread_id;
   std::string content;
+  size_t hash = 0;
 };
 
 size_t cost(const cached_entry& e) {
@@ -721,7 +723,7 @@ struct memory_reader::impl {
         --matched;
         continue;
       }
-      snippet.add_normalized(entry->content);
+      snippet.add_normalized(entry->content, entry->hash);
     }
     return std::move(snippet).finish(matched);
   }
@@ -739,7 +741,8 @@ struct memory_reader::impl {
       return nullptr;
     // Kept as the snippet shows it: normalised once, not per retrieval.
     cached_entry e{read_entry.column_text(0), read_entry.column_text(1),
-                   memory_normalized(read_entry.column_view(2))};
+                   memory_normalized(read_entry.column_view(2)), 0};
+    e.hash = std::hash<std::string_view>{}(e.content);
     if (auto kept = keep.entries.put(id, std::move(e)))
       return kept;
     uncached_entry = std::move(e);

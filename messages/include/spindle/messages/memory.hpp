@@ -106,6 +106,10 @@ public:
   /// As `add`, for an entry as `memory_normalized` returns it.
   void add_normalized(std::string_view entry);
 
+  /// As `add_normalized`, with the entry's `std::hash<std::string_view>`
+  /// (for callers that keep it with the entry).
+  void add_normalized(std::string_view entry, size_t hash);
+
   /// The snippet, with `matched` as its count of matching entries.
   memory_snippet finish(uint64_t matched) &&;
 
