@@ -370,7 +370,7 @@ runtime_options durable_memory(const test::temp_dir& dir, size_t readers = 0) {
   runtime_options opts;
   opts.storage.data_dir = dir.str();
   opts.storage.sync = sync_mode::normal;
-  opts.conversation.memory_readers = readers;
+  opts.conversation.memory_serving.readers = readers;
   return opts;
 }
 

@@ -1,6 +1,7 @@
 #include "spindle/runtime/memory.hpp"
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 
 #include <caf/all.hpp>
@@ -22,14 +23,32 @@ struct memory_connection {
 struct memory_state {
   static inline const char* name = "spindle.memory";
   memory_connection conn;
+  std::chrono::microseconds linger{0};
 };
 
+using memory_pointer = memory_actor::stateful_pointer<memory_state>;
+
+// After answering a retrieval an actor polls its mailbox for up to
+// `linger` before its thread sleeps, yielding the core to any thread that
+// wants it meanwhile: under load the next retrieval arrives within
+// microseconds, and waking a sleeping thread costs more than that
+// (docs/memory.md, "Readers and the writer").
+void linger(memory_pointer self) {
+  auto& st = self->state;
+  if (st.linger.count() <= 0)
+    return;
+  auto deadline = std::chrono::steady_clock::now() + st.linger;
+  while (self->mailbox().empty() && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+}
+
 memory_actor::behavior_type
-memory_server(memory_actor::stateful_pointer<memory_state> self,
-              std::shared_ptr<memory_connection> conn) {
+memory_server(memory_pointer self, std::shared_ptr<memory_connection> conn,
+              std::chrono::microseconds linger_time) {
   // CAF copies spawn arguments: the connection travels in a shared_ptr and
   // is moved out once here.
   self->state.conn = std::move(*conn);
+  self->state.linger = linger_time;
   return {
     [self](caf::put_atom, memory_atom, const std::string& content,
            const std::vector<std::string>& tags) -> caf::result<int64_t> {
@@ -41,7 +60,15 @@ memory_server(memory_actor::stateful_pointer<memory_state> self,
     },
     [self](caf::get_atom, memory_atom,
            const memory_query& q) -> caf::result<memory_snippet> {
-      return self->state.conn.reader->retrieve(q);
+      // Answered before the linger, not after it.
+      auto rp = self->make_response_promise<memory_snippet>();
+      auto got = self->state.conn.reader->retrieve(q);
+      if (got)
+        rp.deliver(std::move(*got));
+      else
+        rp.deliver(std::move(got.error()));
+      linger(self);
+      return rp;
     },
   };
 }
@@ -110,7 +137,7 @@ struct memory_routing {
 
 caf::expected<memory_actor> spawn_memory(caf::actor_system& sys,
                                          const storage_options& options,
-                                         size_t readers) {
+                                         const memory_options& serving) {
   if (auto err = create_data_dir(options))
     return err;
   // The writer tells the readers which scopes changed, so they keep what
@@ -125,8 +152,10 @@ caf::expected<memory_actor> spawn_memory(caf::actor_system& sys,
   if (options.in_memory()) {
     // A private ":memory:" database lives in its one connection: one actor
     // serves stores and retrievals in turn.
-    return sys.spawn<caf::detached>(memory_server, std::move(*writing));
+    return sys.spawn<caf::detached>(memory_server, std::move(*writing),
+                                    serving.linger);
   }
+  auto readers = serving.readers;
   if (readers == 0)
     readers = std::max<size_t>(1, std::thread::hardware_concurrency());
   std::vector<std::shared_ptr<memory_connection>> reading;
@@ -136,8 +165,10 @@ caf::expected<memory_actor> spawn_memory(caf::actor_system& sys,
       return conn.error();
     reading.push_back(std::move(*conn));
   }
+  // The writer does not linger: stores come one per exchange.
   auto writer = caf::actor_cast<caf::actor>(
-    sys.spawn<caf::detached>(memory_server, std::move(*writing)));
+    sys.spawn<caf::detached>(memory_server, std::move(*writing),
+                             std::chrono::microseconds{0}));
   // The pool's workers: the writer first, then the readers; an exit sent
   // to the pool reaches all of them.
   size_t spawned = 0;
@@ -145,7 +176,8 @@ caf::expected<memory_actor> spawn_memory(caf::actor_system& sys,
     if (spawned++ == 0)
       return writer;
     return caf::actor_cast<caf::actor>(
-      sys.spawn<caf::detached>(memory_server, reading[spawned - 2]));
+      sys.spawn<caf::detached>(memory_server, reading[spawned - 2],
+                               serving.linger));
   };
   auto pool = caf::actor_pool::make(sys.dummy_execution_unit(), readers + 1,
                                     make_worker, memory_routing{writer});

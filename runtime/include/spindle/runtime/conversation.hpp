@@ -15,6 +15,7 @@
 #include "spindle/messages/memory.hpp"
 #include "spindle/messages/threads.hpp"
 #include "spindle/runtime/llm.hpp"
+#include "spindle/runtime/memory.hpp"
 #include "spindle/runtime/rewriter.hpp"
 
 // The exchange: one user message in, one assistant reply out, with the
@@ -28,10 +29,10 @@ struct conversation_options {
   std::shared_ptr<query_rewriter> rewriter;
   /// Long-term memory: retrieved into prompts and fed by exchanges.
   bool memory = true;
-  /// Readers of a durable long-term memory, each an actor with its own
-  /// connection serving retrievals beside the one writer (docs/memory.md);
-  /// 0: one per core. In-memory mode has one actor for both.
-  size_t memory_readers = 0;
+  /// How long-term memory is served: readers of a durable memory (each
+  /// an actor with its own connection, beside the one writer; in-memory
+  /// mode has one actor for both) and their linger (docs/memory.md).
+  memory_options memory_serving;
   /// System prompt and timeouts of the context builder.
   context_builder_options builder;
   /// Timeouts of the thread registry.

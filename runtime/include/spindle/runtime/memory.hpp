@@ -2,6 +2,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string_view>
@@ -28,19 +29,28 @@ inline constexpr size_t memory_recent_per_term = 64;
 /// counts as `matched`).
 inline constexpr size_t memory_max_ranked = 64;
 
+/// How the memory actors serve (docs/memory.md, "Readers and the writer").
+struct memory_options {
+  /// Readers beside the writer, with a data directory; 0: one per core.
+  size_t readers = 0;
+  /// How long an actor polls its mailbox after answering a retrieval
+  /// before its thread sleeps; 0: never.
+  std::chrono::microseconds linger{20};
+};
+
 /// Opens the long-term memory (D8) and spawns the actors behind one
 /// `memory_actor` handle (detached: SQLite blocks). A durable
-/// configuration gets one writer for stores and `readers` readers for
-/// retrievals (0: one per core), each on its own connection to
-/// `database_path(options)`, so stores and retrievals never queue behind
-/// each other (WAL lets readers read while the writer commits). An
-/// in-memory configuration opens one private ":memory:" database served by
-/// one actor (separate connections could not share it). Entries stored
-/// before the index existed are indexed here, before the handle is
-/// returned. Errors: `storage_failure` naming the file and the cause.
+/// configuration gets one writer for stores and `serving.readers` readers
+/// for retrievals, each on its own connection to `database_path(options)`,
+/// so stores and retrievals never queue behind each other (WAL lets
+/// readers read while the writer commits). An in-memory configuration
+/// opens one private ":memory:" database served by one actor (separate
+/// connections could not share it). Entries stored before the index
+/// existed are indexed here, before the handle is returned.
+/// Errors: `storage_failure` naming the file and the cause.
 caf::expected<memory_actor> spawn_memory(caf::actor_system& sys,
                                          const storage_options& options,
-                                         size_t readers = 0);
+                                         const memory_options& serving = {});
 
 /// An entry to store: its content and its scope (as `parse_memory_tags`
 /// makes it).
