@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <thread>
 
 #include <caf/all.hpp>
@@ -20,35 +21,66 @@ struct memory_connection {
   std::unique_ptr<memory_reader> reader;
 };
 
+// How many retrievals each reader has been handed and not yet answered,
+// and which reader was handed the last one: the routing's picture of the
+// readers, kept without locks (a stale picture costs balance, nothing
+// else).
+struct reader_loads {
+  explicit reader_loads(size_t n)
+    : pending(new std::atomic<uint32_t>[n]()), size(n) {
+  }
+  std::unique_ptr<std::atomic<uint32_t>[]> pending;
+  size_t size;
+  std::atomic<size_t> last{0};
+};
+
 struct memory_state {
   static inline const char* name = "spindle.memory";
   memory_connection conn;
   std::chrono::microseconds linger{0};
+  bool loaded = false; // see linger()
+  // A reader's entry in the routing's picture (none for the writer and
+  // the in-memory actor).
+  std::shared_ptr<reader_loads> loads;
+  size_t index = 0;
 };
 
 using memory_pointer = memory_actor::stateful_pointer<memory_state>;
 
-// After answering a retrieval an actor polls its mailbox for up to
-// `linger` before its thread sleeps, yielding the core to any thread that
-// wants it meanwhile: under load the next retrieval arrives within
+// After answering a retrieval under load an actor polls its mailbox for up
+// to `linger` before its thread sleeps, yielding the core to any thread
+// that wants it meanwhile: the next retrieval arrives within
 // microseconds, and waking a sleeping thread costs more than that
-// (docs/memory.md, "Readers and the writer").
+// (docs/memory.md, "Readers and the writer"). Under load means that a
+// retrieval was waiting when one was answered, or arrived during the last
+// linger; a lone caller's retrievals never find one, and the actor does
+// not linger for them (the polling would take a core from the caller's
+// own next steps).
 void linger(memory_pointer self) {
   auto& st = self->state;
-  if (st.linger.count() <= 0)
+  if (!self->mailbox().empty()) {
+    st.loaded = true;
+    return;
+  }
+  if (!st.loaded || st.linger.count() <= 0)
     return;
   auto deadline = std::chrono::steady_clock::now() + st.linger;
-  while (self->mailbox().empty() && std::chrono::steady_clock::now() < deadline)
+  while (self->mailbox().empty()
+         && std::chrono::steady_clock::now() < deadline)
     std::this_thread::yield();
+  st.loaded = !self->mailbox().empty();
 }
 
 memory_actor::behavior_type
 memory_server(memory_pointer self, std::shared_ptr<memory_connection> conn,
-              std::chrono::microseconds linger_time) {
+              std::chrono::microseconds linger_time,
+              std::shared_ptr<reader_loads> loads, size_t index) {
   // CAF copies spawn arguments: the connection travels in a shared_ptr and
   // is moved out once here.
   self->state.conn = std::move(*conn);
   self->state.linger = linger_time;
+  self->state.loads = std::move(loads);
+  self->state.index = index;
   return {
     [self](caf::put_atom, memory_atom, const std::string& content,
            const std::vector<std::string>& tags) -> caf::result<int64_t> {
@@ -67,6 +99,9 @@ memory_server(memory_pointer self, std::shared_ptr<memory_connection> conn,
         rp.deliver(std::move(*got));
       else
         rp.deliver(std::move(got.error()));
+      if (auto& picture = self->state.loads)
+        picture->pending[self->state.index].fetch_sub(
+          1, std::memory_order_relaxed);
       linger(self);
       return rp;
     },
@@ -103,32 +138,47 @@ connect(const storage_options& options, bool writes,
   return conn;
 }
 
-// Routes stores to the writer and retrievals to the readers in turn, inside
-// the sender's enqueue (no extra hop). Retrievals go to the writer only
-// when no reader is left.
+// Routes stores to the writer and retrievals to a reader, inside the
+// sender's enqueue (no extra hop). A retrieval goes to the reader that had
+// the last one if it has nothing left to answer (it is lingering, or just
+// fell asleep: a lone caller keeps one reader awake instead of waking each
+// in turn), else to the reader with the fewest unanswered retrievals.
 struct memory_routing {
   caf::actor writer;
-  std::shared_ptr<std::atomic<size_t>> next
-    = std::make_shared<std::atomic<size_t>>(0);
+  std::vector<caf::actor> readers;
+  std::shared_ptr<reader_loads> loads;
+
+  size_t pick() {
+    auto& pending = loads->pending;
+    auto last = loads->last.load(std::memory_order_relaxed);
+    auto chosen = last;
+    if (pending[last].load(std::memory_order_relaxed) > 0) {
+      auto least = std::numeric_limits<uint32_t>::max();
+      for (size_t k = 1; k <= loads->size && least > 0; ++k) {
+        auto i = (last + k) % loads->size;
+        auto n = pending[i].load(std::memory_order_relaxed);
+        if (n < least) {
+          least = n;
+          chosen = i;
+        }
+      }
+    }
+    pending[chosen].fetch_add(1, std::memory_order_relaxed);
+    loads->last.store(chosen, std::memory_order_relaxed);
+    return chosen;
+  }
 
   void operator()(caf::actor_system&, caf::actor_pool::uplock& guard,
-                  const caf::actor_pool::actor_vec& workers,
+                  const caf::actor_pool::actor_vec&,
                   caf::mailbox_element_ptr& ptr, caf::execution_unit* host) {
     auto& content = ptr->content();
     bool store = content.match_element<caf::atom_value>(0)
                  && content.get_as<caf::atom_value>(0)
                       == caf::put_atom::value;
-    caf::actor target;
-    for (size_t tries = 0; !store && !target && tries < workers.size();
-         ++tries) {
-      auto& worker = workers[next->fetch_add(1, std::memory_order_relaxed)
-                             % workers.size()];
-      if (worker != writer)
-        target = worker;
-    }
-    if (!target)
-      target = writer;
+    auto target = store ? writer : readers[pick()];
     guard.unlock();
+    // A reader that died is avoided from then on: its count of
+    // unanswered retrievals only grows.
     target->enqueue(std::move(ptr), host);
   }
 };
@@ -153,7 +203,7 @@ caf::expected<memory_actor> spawn_memory(caf::actor_system& sys,
     // A private ":memory:" database lives in its one connection: one actor
     // serves stores and retrievals in turn.
     return sys.spawn<caf::detached>(memory_server, std::move(*writing),
-                                    serving.linger);
+                                    serving.linger, nullptr, size_t{0});
   }
   auto readers = serving.readers;
   if (readers == 0)
@@ -168,19 +218,25 @@ caf::expected<memory_actor> spawn_memory(caf::actor_system& sys,
   // The writer does not linger: stores come one per exchange.
   auto writer = caf::actor_cast<caf::actor>(
     sys.spawn<caf::detached>(memory_server, std::move(*writing),
-                             std::chrono::microseconds{0}));
-  // The pool's workers: the writer first, then the readers; an exit sent
-  // to the pool reaches all of them.
-  size_t spawned = 0;
-  auto make_worker = [&]() -> caf::actor {
-    if (spawned++ == 0)
-      return writer;
-    return caf::actor_cast<caf::actor>(
-      sys.spawn<caf::detached>(memory_server, reading[spawned - 2],
-                               serving.linger));
+                             std::chrono::microseconds{0}, nullptr,
+                             size_t{0}));
+  auto loads = std::make_shared<reader_loads>(readers);
+  std::vector<caf::actor> reader_handles;
+  for (size_t i = 0; i < readers; ++i)
+    reader_handles.push_back(caf::actor_cast<caf::actor>(
+      sys.spawn<caf::detached>(memory_server, reading[i], serving.linger,
+                               loads, i)));
+  // The pool's workers: the writer, then the readers; an exit sent to the
+  // pool reaches all of them.
+  size_t next = 0;
+  auto workers = [&]() -> caf::actor {
+    auto i = next++;
+    return i == 0 ? writer : reader_handles[i - 1];
   };
   auto pool = caf::actor_pool::make(sys.dummy_execution_unit(), readers + 1,
-                                    make_worker, memory_routing{writer});
+                                    workers,
+                                    memory_routing{writer, reader_handles,
+                                                   loads});
   return caf::actor_cast<memory_actor>(pool);
 }
 
