@@ -506,7 +506,8 @@ TEST_CASE("memory: a retrieval considers the 64 newest entries holding each "
 }
 
 TEST_CASE("memory: what a retrieval reads is bounded by constants, not by "
-          "the number of stored entries") {
+          "the number of stored entries, and what a reader keeps changes "
+          "no answer") {
   test::temp_dir dir;
   seed_owned(dir, 100000);
   auto db = database::open(database_path(durable_memory(dir).storage),
@@ -515,6 +516,10 @@ TEST_CASE("memory: what a retrieval reads is bounded by constants, not by "
   // Nothing kept between retrievals: each reads all it uses.
   auto reader = memory_reader::open(**db, nullptr, 0);
   REQUIRE(reader);
+  // Keeping what it read changes a reader's cost, never its answers.
+  auto keeping = memory_reader::open(**db,
+                                     std::make_shared<memory_changes>());
+  REQUIRE(keeping);
   std::mt19937 gen{9};
   uint64_t most_postings = 0;
   for (int q = 0; q < 200; ++q) {
@@ -522,9 +527,15 @@ TEST_CASE("memory: what a retrieval reads is bounded by constants, not by "
     auto words = 1 + gen() % 40;
     for (size_t k = 0; k < words; ++k)
       query += vocabulary_word(gen) + " ";
-    auto s = (*reader)->retrieve({"u" + std::to_string(gen() % 6), "th1",
-                                  query});
+    memory_query request{"u" + std::to_string(gen() % 6), "th1", query};
+    auto s = (*reader)->retrieve(request);
     REQUIRE(s);
+    for (int twice = 0; twice < 2; ++twice) {
+      auto kept = (*keeping)->retrieve(request);
+      REQUIRE(kept);
+      CHECK(kept->text == s->text);
+      CHECK(kept->matched == s->matched);
+    }
     auto& cost = (*reader)->last_cost();
     CAPTURE(query);
     CHECK(cost.lists_read <= max_memory_query_terms);
