@@ -13,6 +13,7 @@
 #include <catch2/catch.hpp>
 #include <sqlite3.h>
 
+#include "spindle/runtime/memory.hpp"
 #include "spindle/runtime/runtime.hpp"
 #include "support.hpp"
 
@@ -77,17 +78,49 @@ TEST_CASE("memory snippet: never exceeds max_chars - a long entry is cut at "
   }
 }
 
-TEST_CASE("memory match expression: topic words only, quoted, OR-ed") {
-  REQUIRE(memory_match_expression("Who are HIS children?") == "\"children\"");
-  REQUIRE(memory_match_expression("the the THE") == "");
-  REQUIRE(memory_match_expression("Trump's kids, kids \"quoted\"")
-          == "\"trump\" OR \"kids\" OR \"quoted\"");
-  REQUIRE(memory_match_expression("café crème") == "\"café\" OR \"crème\"");
+TEST_CASE("memory query terms: topic words only, lowercased, deduplicated, "
+          "at most 32") {
+  using terms = std::vector<std::string>;
+  REQUIRE(memory_query_terms("Who are HIS children?") == terms{"children"});
+  REQUIRE(memory_query_terms("the the THE").empty());
+  REQUIRE(memory_query_terms("Trump's kids, kids \"quoted\"")
+          == terms{"trump", "kids", "quoted"});
+  REQUIRE(memory_query_terms("café crème") == terms{"café", "crème"});
   std::string many;
   for (int i = 0; i < 100; ++i)
     many += "w" + std::to_string(i) + " ";
-  auto expr = memory_match_expression(many);
-  REQUIRE(std::count(expr.begin(), expr.end(), '"') == 64); // 32 words
+  auto got = memory_query_terms(many);
+  REQUIRE(got.size() == max_memory_query_terms);
+  REQUIRE(got.back() == "w31");
+  // Entries are indexed by the same words, repeats kept.
+  REQUIRE(memory_words("Rivers, rivers and the sea.")
+          == terms{"rivers", "rivers", "sea"});
+  // A long word is cut to 64 bytes, never inside a UTF-8 sequence.
+  auto long_word = std::string(63, 'a') + "é";
+  REQUIRE(memory_words(long_word) == terms{std::string(63, 'a')});
+  REQUIRE(memory_words(std::string(80, 'b'))
+          == terms{std::string(max_memory_word, 'b')});
+}
+
+TEST_CASE("memory shortest cut: up to the first sentence end, else the "
+          "whole entry, whitespace normalised") {
+  REQUIRE(memory_shortest_cut("One.  Two.") == 4);
+  REQUIRE(memory_shortest_cut("  no end at all  ") == 13);
+  REQUIRE(memory_shortest_cut("v1.2 is out! Yes.") == 12);
+  REQUIRE(memory_shortest_cut(" \n ") == 0);
+  // An entry can be in a snippet exactly when its shortest cut fits.
+  for (size_t budget = 0; budget < 40; ++budget) {
+    for (std::string e : {"Alpha beta. Gamma delta epsilon.", "no end here",
+                          "Short! And a longer second sentence."}) {
+      memory_snippet_builder b{budget + 2}; // the bullet takes 2
+      REQUIRE(b.room() == budget);
+      b.add(e);
+      auto s = std::move(b).finish(1);
+      CAPTURE(budget, e);
+      REQUIRE((s.entries == 1)
+              == (budget > 0 && memory_shortest_cut(e) <= budget));
+    }
+  }
 }
 
 TEST_CASE("memory tags: one form for storing and retrieving") {
@@ -279,33 +312,40 @@ TEST_CASE("memory: entries survive a restart of a durable runtime") {
   sqlite3_close(db);
 }
 
-TEST_CASE("memory: the user and thread columns, not the index's scope "
-          "token, decide what a request sees") {
+TEST_CASE("memory: the user and thread columns, not the index, decide what "
+          "a request sees") {
   test::temp_dir dir;
   runtime_options opts;
   opts.storage.data_dir = dir.str();
   {
     runtime rt{opts};
     REQUIRE(rt.store_memory("Alice keeps bees.", memory_tags("alice", "t")));
+    REQUIRE(rt.store_memory("The bees swarm in May.",
+                            memory_tags("alice", "t")));
+    REQUIRE(rt.store_memory("Bees in the garden.", memory_tags("", "t")));
   }
-  // Simulate a hash collision: a row of mallory's carrying alice's token.
+  // The index files two entries under alice's scope and one under thread
+  // t's anonymous scope; now the columns of one say it is mallory's, and
+  // of another that it is in thread u.
   sqlite3* db = nullptr;
   REQUIRE(sqlite3_open((dir.path() / "spindle.db").c_str(), &db) == SQLITE_OK);
-  auto sql = "INSERT INTO memories(user_id, thread_id, scope, content, "
-             "created_ms) VALUES('mallory', 't', '"
-             + memory_scope_token("alice", "t")
-             + "', 'Mallory keeps bees too.', 1);";
-  REQUIRE(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr)
+  REQUIRE(sqlite3_exec(db,
+                       "UPDATE memories SET user_id = 'mallory' "
+                       "WHERE content LIKE '%swarm%';"
+                       "UPDATE memories SET thread_id = 'u' "
+                       "WHERE content LIKE '%garden%';",
+                       nullptr, nullptr, nullptr)
           == SQLITE_OK);
   sqlite3_close(db);
   runtime rt{opts};
-  auto s = rt.retrieve_memory("alice", "t", "who keeps bees");
+  auto s = rt.retrieve_memory("alice", "t", "where do the bees swarm");
   REQUIRE(s);
-  REQUIRE_THAT(s->text, Catch::Contains("Alice"));
-  REQUIRE_THAT(s->text, !Catch::Contains("Mallory"));
-  REQUIRE(memory_scope_token("alice", "t") == memory_scope_token("alice", "x"));
-  REQUIRE(memory_scope_token("", "t") != memory_scope_token("", "x"));
-  REQUIRE(memory_scope_token("t", "") != memory_scope_token("", "t"));
+  REQUIRE(s->text == "- Alice keeps bees.");
+  REQUIRE(s->matched == 1);
+  auto anonymous = rt.retrieve_memory("", "t", "bees in the garden");
+  REQUIRE(anonymous);
+  REQUIRE(anonymous->text.empty());
+  REQUIRE(anonymous->matched == 0);
 }
 
 TEST_CASE("memory: switched off, prompts are built without it and the "
@@ -320,4 +360,276 @@ TEST_CASE("memory: switched off, prompts are built without it and the "
   auto r = rt.send_message("t", "hello", "u");
   REQUIRE(r);
   REQUIRE_THAT(r->reply, Catch::Contains("long-term memory no"));
+}
+
+// -- bounded retrieval, readers ----------------------------------------------
+
+namespace {
+
+runtime_options durable_memory(const test::temp_dir& dir, size_t readers = 0) {
+  runtime_options opts;
+  opts.storage.data_dir = dir.str();
+  opts.storage.sync = sync_mode::normal;
+  opts.conversation.memory_serving.readers = readers;
+  return opts;
+}
+
+// A word of a small skewed vocabulary: a few words in many entries, most
+// in few.
+std::string vocabulary_word(std::mt19937& gen) {
+  auto u = std::uniform_real_distribution<double>{0, 1}(gen);
+  return "word" + std::to_string(static_cast<int>(u * u * 400));
+}
+
+struct owner_of {
+  std::string user;   // empty: anonymous
+  std::string thread; // the entry's thread; the scope of anonymous ones
+  std::string name() const {
+    return user.empty() ? "anon-" + thread : user;
+  }
+};
+
+// Seeds `dir`'s database with `n` entries through the memory writer: six
+// users (each writing in several threads) and ten threads' anonymous
+// entries, each entry starting with "Owner {owner}." and then words of
+// the vocabulary.
+void seed_owned(const test::temp_dir& dir, size_t n) {
+  auto db = database::open(database_path(durable_memory(dir).storage),
+                           sync_mode::normal);
+  REQUIRE(db);
+  auto writer = memory_writer::open(**db);
+  REQUIRE(writer);
+  std::mt19937 gen{42};
+  std::vector<memory_entry> batch;
+  for (size_t i = 0; i < n; ++i) {
+    auto thread = "th" + std::to_string(gen() % 10);
+    owner_of o{gen() % 10 < 7 ? "u" + std::to_string(gen() % 6) : "", thread};
+    std::string content = "Owner " + o.name() + ".";
+    for (int k = 0; k < 4 + static_cast<int>(gen() % 5); ++k)
+      content += " " + vocabulary_word(gen);
+    batch.push_back({content + ".", {o.user, o.thread}});
+    if (batch.size() == 10000 || i + 1 == n) {
+      REQUIRE((*writer)->store_all(batch));
+      batch.clear();
+    }
+  }
+}
+
+} // namespace
+
+TEST_CASE("memory: with 100k entries over many users' and threads' scopes, "
+          "concurrent retrievals return only the requester's entries") {
+  test::temp_dir dir;
+  seed_owned(dir, 100000);
+  // More readers than cores: retrievals run on several connections at
+  // once.
+  runtime rt{durable_memory(dir, 4)};
+  constexpr size_t clients = 8, per_client = 300;
+  std::atomic<size_t> violations{0}, errors{0}, nonempty{0}, lines{0};
+  std::vector<std::thread> pool;
+  for (size_t c = 0; c < clients; ++c)
+    pool.emplace_back([&, c] {
+      std::mt19937 gen{static_cast<unsigned>(c + 1)};
+      for (size_t q = 0; q < per_client; ++q) {
+        owner_of o{gen() % 3 == 0 ? "" : "u" + std::to_string(gen() % 7),
+                   "th" + std::to_string(gen() % 11)};
+        auto query = "what about " + vocabulary_word(gen) + " and "
+                     + vocabulary_word(gen) + "?";
+        auto s = rt.retrieve_memory(o.user, o.thread, query);
+        if (!s) {
+          ++errors;
+          continue;
+        }
+        if (!s->text.empty())
+          ++nonempty;
+        for (auto& line : lines_of(s->text)) {
+          ++lines;
+          if (line.rfind("- Owner " + o.name() + ".", 0) != 0)
+            ++violations;
+        }
+        if (s->matched > memory_max_ranked)
+          ++violations;
+      }
+    });
+  for (auto& t : pool)
+    t.join();
+  CHECK(errors == 0);
+  CHECK(violations == 0);
+  // u6 and th10 own nothing; every other scope holds thousands of entries,
+  // so nearly every one of their retrievals finds some.
+  CHECK(nonempty > clients * per_client / 2);
+  CHECK(lines > clients * per_client * 5);
+}
+
+TEST_CASE("memory: a retrieval considers the 64 newest entries holding each "
+          "term: a recent relevant entry is found among many, a rare term "
+          "finds an old entry, an old entry with only common words is not") {
+  auto store_notes = [](runtime& rt, int from, int to) {
+    for (int i = from; i < to; ++i)
+      REQUIRE(rt.store_memory("Note " + std::to_string(1000 + i)
+                                + ": the mill.",
+                              memory_tags("u", "t")));
+  };
+  auto shows_old = [](const memory_snippet& s) {
+    return s.text.find("Old note") != std::string::npos;
+  };
+  runtime rt;
+  REQUIRE(memory_recent_per_term == 64);
+  REQUIRE(rt.store_memory("Old note: the mill by the river.",
+                          memory_tags("u", "t")));
+  // 63 newer entries with "mill": the old one is the 64th newest.
+  store_notes(rt, 0, 63);
+  auto mill = rt.retrieve_memory("u", "t", "the mill");
+  REQUIRE(mill);
+  CHECK(shows_old(*mill));
+  CHECK(mill->matched == 64);
+  // One more: it is the 65th, out of every list but that of "river".
+  store_notes(rt, 63, 64);
+  mill = rt.retrieve_memory("u", "t", "the mill");
+  REQUIRE(mill);
+  CHECK_FALSE(shows_old(*mill));
+  CHECK(mill->matched == 64);
+  store_notes(rt, 64, 2000);
+  mill = rt.retrieve_memory("u", "t", "the mill");
+  REQUIRE(mill);
+  // The newest first (equal scores: the newest wins), the old one absent.
+  CHECK_THAT(mill->text, Catch::StartsWith("- Note 2999: the mill."));
+  CHECK_FALSE(shows_old(*mill));
+  // A rare term finds it, however old, and it ranks first.
+  auto river = rt.retrieve_memory("u", "t", "the river");
+  REQUIRE(river);
+  CHECK(river->text == "- Old note: the mill by the river.");
+  auto both = rt.retrieve_memory("u", "t", "mill and river");
+  REQUIRE(both);
+  CHECK_THAT(both->text, Catch::StartsWith("- Old note: the mill by the "
+                                           "river.\n- Note 2999"));
+}
+
+TEST_CASE("memory: what a retrieval reads is bounded by constants, not by "
+          "the number of stored entries, and what a reader keeps changes "
+          "no answer") {
+  test::temp_dir dir;
+  seed_owned(dir, 100000);
+  auto db = database::open(database_path(durable_memory(dir).storage),
+                           sync_mode::normal);
+  REQUIRE(db);
+  // Nothing kept between retrievals: each reads all it uses.
+  auto reader = memory_reader::open(**db, nullptr, 0);
+  REQUIRE(reader);
+  // Keeping what it read changes a reader's cost, never its answers.
+  auto keeping = memory_reader::open(**db,
+                                     std::make_shared<memory_changes>());
+  REQUIRE(keeping);
+  std::mt19937 gen{9};
+  uint64_t most_postings = 0;
+  for (int q = 0; q < 200; ++q) {
+    std::string query;
+    auto words = 1 + gen() % 40;
+    for (size_t k = 0; k < words; ++k)
+      query += vocabulary_word(gen) + " ";
+    memory_query request{"u" + std::to_string(gen() % 6), "th1", query};
+    auto s = (*reader)->retrieve(request);
+    REQUIRE(s);
+    for (int twice = 0; twice < 2; ++twice) {
+      auto kept = (*keeping)->retrieve(request);
+      REQUIRE(kept);
+      CHECK(kept->text == s->text);
+      CHECK(kept->matched == s->matched);
+    }
+    auto& cost = (*reader)->last_cost();
+    CAPTURE(query);
+    CHECK(cost.lists_read <= max_memory_query_terms);
+    CHECK(cost.terms <= cost.lists_read);
+    CHECK(cost.postings <= cost.terms * memory_recent_per_term);
+    CHECK(cost.candidates <= cost.postings);
+    CHECK(cost.contents <= memory_max_ranked);
+    CHECK(cost.statements <= 1 + cost.lists_read + cost.contents);
+    CHECK(s->matched <= memory_max_ranked);
+    most_postings = std::max(most_postings, cost.postings);
+  }
+  // The common words' lists are full: the bound is reached, not avoided.
+  CHECK(most_postings >= 10 * memory_recent_per_term);
+}
+
+TEST_CASE("memory: a retrieval right after an acknowledged store sees it, "
+          "whichever reader serves it, while other clients store and "
+          "retrieve") {
+  test::temp_dir dir;
+  runtime rt{durable_memory(dir, 3)};
+  constexpr size_t clients = 6, rounds = 60;
+  std::atomic<size_t> misses{0}, errors{0};
+  std::vector<std::thread> pool;
+  for (size_t c = 0; c < clients; ++c)
+    pool.emplace_back([&, c] {
+      // Two clients per user: each sees the other's entries appear.
+      auto user = "u" + std::to_string(c % 3);
+      for (size_t r = 0; r < rounds; ++r) {
+        auto marker = "marker" + std::to_string(c) + "x" + std::to_string(r);
+        if (!rt.store_memory("Client " + std::to_string(c) + " noted "
+                               + marker + " about the garden.",
+                             memory_tags(user, "t" + std::to_string(r % 4)))) {
+          ++errors;
+          continue;
+        }
+        // The readers have kept this user's counts and the "garden" list
+        // from earlier rounds; the store must be visible all the same (it
+        // is among the newest "garden" entries of the user: at most five
+        // other clients stored since).
+        auto s = rt.retrieve_memory(user, "t", "the garden");
+        if (!s)
+          ++errors;
+        else if (s->text.find(marker) == std::string::npos)
+          ++misses;
+      }
+    });
+  for (auto& t : pool)
+    t.join();
+  CHECK(errors == 0);
+  CHECK(misses == 0);
+}
+
+TEST_CASE("memory: a database of schema version 4 is upgraded, and its "
+          "entries are indexed and retrieved within their scopes") {
+  test::temp_dir dir;
+  auto path = database_path(durable_memory(dir).storage);
+  {
+    auto db = database::open(path, sync_mode::normal, 4);
+    REQUIRE(db);
+    REQUIRE((*db)->user_version() == 4);
+    // Rows as version 4 wrote them: with a scope token, into FTS5.
+    REQUIRE_FALSE((*db)->exec(
+      "INSERT INTO memories(user_id, thread_id, scope, content, created_ms) "
+      "VALUES ('alice', 't1', 'su1', 'Alice keeps bees in Lyon.', 1),"
+      "       ('bob', '', 'su2', 'Bob keeps bees in Oslo.', 2),"
+      "       ('', 't1', 'sa3', 'Someone keeps bees in Porto.', 3);"));
+  }
+  runtime rt{durable_memory(dir)};
+  auto alice = rt.retrieve_memory("alice", "t9", "who keeps bees");
+  REQUIRE(alice);
+  CHECK(alice->text == "- Alice keeps bees in Lyon.");
+  auto anonymous = rt.retrieve_memory("", "t1", "bees");
+  REQUIRE(anonymous);
+  CHECK(anonymous->text == "- Someone keeps bees in Porto.");
+  // New entries go on from there.
+  REQUIRE(rt.store_memory("Alice sold the bees.", memory_tags("alice", "")));
+  alice = rt.retrieve_memory("alice", "t9", "bees");
+  REQUIRE(alice);
+  CHECK(lines_of(alice->text).size() == 2);
+  sqlite3* db = nullptr;
+  REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
+  auto count = [&](const std::string& sql) {
+    sqlite3_stmt* stmt = nullptr;
+    REQUIRE(sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr)
+            == SQLITE_OK);
+    REQUIRE(sqlite3_step(stmt) == SQLITE_ROW);
+    auto n = sqlite3_column_int64(stmt, 0);
+    sqlite3_finalize(stmt);
+    return n;
+  };
+  CHECK(count("PRAGMA user_version;") == database::schema_version);
+  CHECK(count("SELECT count(*) FROM sqlite_master "
+              "WHERE name LIKE 'memories_fts%';")
+        == 0);
+  CHECK(count("SELECT indexed_through FROM memory_index_state;") == 4);
+  sqlite3_close(db);
 }

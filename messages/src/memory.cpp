@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
 #include <unordered_set>
+#include <utility>
 
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/ids.hpp"
@@ -43,31 +45,49 @@ constexpr std::array<std::string_view, 96> stop_words{{
 }};
 
 bool is_stop_word(std::string_view w) {
-  return std::find(stop_words.begin(), stop_words.end(), w)
-         != stop_words.end();
+  // Every stored entry and every retrieval asks, word by word; no stop
+  // word is longer than 6 bytes.
+  static const std::unordered_set<std::string_view> set{stop_words.begin(),
+                                                        stop_words.end()};
+  return w.size() <= 6 && set.count(w) > 0;
 }
 
-// Collapses every whitespace run to one space and trims both ends.
+// Collapses every whitespace run to one space and trims both ends. Copies
+// the runs between whitespace whole: snippets are built per retrieval.
 std::string normalize_space(std::string_view text) {
   std::string out;
   out.reserve(text.size());
-  bool pending = false;
-  for (char c : text) {
-    if (is_space(c)) {
-      pending = !out.empty();
-      continue;
-    }
-    if (pending)
+  size_t i = 0;
+  while (i < text.size()) {
+    while (i < text.size() && is_space(text[i]))
+      ++i;
+    auto start = i;
+    while (i < text.size() && !is_space(text[i]))
+      ++i;
+    if (i == start)
+      break;
+    if (!out.empty())
       out += ' ';
-    pending = false;
-    out += c;
+    out.append(text.data() + start, i - start);
   }
   return out;
 }
 
+// True if `text` is as normalize_space leaves it: no whitespace but single
+// spaces between words.
+bool is_normalized(std::string_view text) {
+  if (!text.empty() && (text.front() == ' ' || text.back() == ' '))
+    return false;
+  for (size_t i = 0; i < text.size(); ++i)
+    if (is_space(text[i])
+        && (text[i] != ' ' || (i + 1 < text.size() && text[i + 1] == ' ')))
+      return false;
+  return true;
+}
+
 // The longest prefix of `entry` ending at a sentence end (. ! ?, followed by
 // a space or the end) with at most `budget` bytes; 0 if none.
-size_t sentence_cut(const std::string& entry, size_t budget) {
+size_t sentence_cut(std::string_view entry, size_t budget) {
   size_t best = 0;
   auto limit = std::min(entry.size(), budget);
   for (size_t i = 0; i < limit; ++i) {
@@ -162,80 +182,125 @@ caf::error validate_memory_query(const memory_query& q) {
   return caf::none;
 }
 
+size_t memory_snippet_builder::room() const noexcept {
+  constexpr size_t bullet = 2; // "- "
+  auto used = out_.text.size() + (out_.text.empty() ? 0 : 1) + bullet;
+  return used >= max_chars_ ? 0 : max_chars_ - used;
+}
+
+void memory_snippet_builder::add(std::string_view raw) {
+  if (room() == 0)
+    return;
+  if (is_normalized(raw))
+    add_normalized(raw);
+  else
+    add_normalized(normalize_space(raw));
+}
+
+void memory_snippet_builder::add_normalized(std::string_view entry) {
+  add_normalized(entry, std::hash<std::string_view>{}(entry));
+}
+
+void memory_snippet_builder::add_normalized(std::string_view entry,
+                                            size_t hash) {
+  auto budget = room();
+  if (budget == 0 || entry.empty())
+    return;
+  if (out_.text.empty())
+    out_.text.reserve(max_chars_);
+  // Equal 64-bit hashes of equal-sized entries count as equal entries.
+  std::pair<uint64_t, size_t> key{hash, entry.size()};
+  if (std::find(seen_.begin(), seen_.end(), key) != seen_.end())
+    return;
+  seen_.push_back(key);
+  size_t take = entry.size() <= budget ? entry.size()
+                                       : sentence_cut(entry, budget);
+  if (take == 0)
+    return; // no sentence of this entry fits; a later one may
+  if (!out_.text.empty())
+    out_.text += '\n';
+  out_.text += "- ";
+  out_.text.append(entry.data(), take);
+  ++out_.entries;
+}
+
+memory_snippet memory_snippet_builder::finish(uint64_t matched) && {
+  out_.matched = matched;
+  return std::move(out_);
+}
+
 memory_snippet build_memory_snippet(const std::vector<std::string>& ranked,
                                     size_t max_chars) {
-  memory_snippet out;
-  out.matched = ranked.size();
-  std::unordered_set<std::string> seen;
-  constexpr std::string_view bullet = "- ";
-  for (auto& raw : ranked) {
-    auto entry = normalize_space(raw);
-    if (entry.empty() || !seen.insert(entry).second)
-      continue;
-    auto used = out.text.size() + (out.text.empty() ? 0 : 1) + bullet.size();
-    if (used >= max_chars)
+  memory_snippet_builder builder{max_chars};
+  for (auto& entry : ranked) {
+    if (builder.room() == 0)
       break; // not even a cut entry fits any more
-    auto budget = max_chars - used;
-    size_t take = entry.size() <= budget ? entry.size()
-                                         : sentence_cut(entry, budget);
-    if (take == 0)
-      continue; // no sentence of this entry fits; a later one may
-    if (!out.text.empty())
-      out.text += '\n';
-    out.text += bullet;
-    out.text.append(entry, 0, take);
-    ++out.entries;
+    builder.add(entry);
   }
-  return out;
+  return std::move(builder).finish(ranked.size());
 }
 
-std::string memory_scope_token(const std::string& user_id,
-                               const std::string& thread_id) {
-  uint64_t h = 14695981039346656037ULL;
-  auto mix = [&](std::string_view s) {
-    for (char c : s) {
-      h ^= static_cast<unsigned char>(c);
-      h *= 1099511628211ULL;
-    }
+std::string memory_normalized(std::string_view entry) {
+  return normalize_space(entry);
+}
+
+size_t memory_shortest_cut(std::string_view entry) {
+  auto text = normalize_space(entry);
+  for (size_t i = 0; i < text.size(); ++i) {
+    auto c = text[i];
+    if ((c == '.' || c == '!' || c == '?')
+        && (i + 1 == text.size() || text[i + 1] == ' '))
+      return i + 1;
+  }
+  return text.size();
+}
+
+std::vector<std::string> memory_words(std::string_view text) {
+  auto in_word = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+           || (c >= '0' && c <= '9') || static_cast<unsigned char>(c) >= 0x80;
   };
-  std::string out = user_id.empty() ? "sa" : "su";
-  mix(user_id.empty() ? "thread:" : "user:");
-  mix(user_id.empty() ? thread_id : user_id);
-  static constexpr char digits[] = "0123456789abcdef";
-  for (int shift = 60; shift >= 0; shift -= 4)
-    out += digits[(h >> shift) & 0xf];
-  return out;
-}
-
-std::string memory_match_expression(std::string_view text) {
   std::vector<std::string> words;
-  std::unordered_set<std::string> seen;
   std::string word;
-  auto flush = [&] {
-    if (!word.empty() && !is_stop_word(word) && seen.insert(word).second
-        && words.size() < 32)
+  size_t i = 0;
+  while (i < text.size()) {
+    while (i < text.size() && !in_word(text[i]))
+      ++i;
+    auto start = i;
+    while (i < text.size() && in_word(text[i]))
+      ++i;
+    auto size = i - start;
+    if (size == 0)
+      break;
+    if (size > max_memory_word) {
+      size = max_memory_word;
+      // Never keep half of a UTF-8 sequence: back off its continuation
+      // bytes and its lead byte.
+      while (size > 0
+             && (static_cast<unsigned char>(text[start + size]) & 0xc0)
+                  == 0x80)
+        --size;
+    }
+    word.assign(text.data() + start, size);
+    for (auto& c : word)
+      if (c >= 'A' && c <= 'Z')
+        c = static_cast<char>(c - 'A' + 'a');
+    if (!word.empty() && !is_stop_word(word))
       words.push_back(word);
-    word.clear();
-  };
-  for (char c : text) {
-    auto u = static_cast<unsigned char>(c);
-    if ((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || u >= 0x80)
-      word += c;
-    else if (c >= 'A' && c <= 'Z')
-      word += static_cast<char>(c - 'A' + 'a');
-    else
-      flush();
   }
-  flush();
-  std::string out;
-  for (auto& w : words) {
-    if (!out.empty())
-      out += " OR ";
-    out += '"';
-    out += w; // words hold no '"': it is a separator above
-    out += '"';
+  return words;
+}
+
+std::vector<std::string> memory_query_terms(std::string_view message) {
+  std::vector<std::string> terms;
+  for (auto& w : memory_words(message)) {
+    if (terms.size() == max_memory_query_terms)
+      break;
+    // At most 32 terms: a linear search is the cheapest set.
+    if (std::find(terms.begin(), terms.end(), w) == terms.end())
+      terms.push_back(std::move(w));
   }
-  return out;
+  return terms;
 }
 
 } // namespace spindle

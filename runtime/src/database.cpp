@@ -1,5 +1,7 @@
 #include "spindle/runtime/database.hpp"
 
+#include <algorithm>
+
 #include <sqlite3.h>
 
 #include "spindle/messages/error.hpp"
@@ -109,6 +111,42 @@ const char* const migrations[] = {
   "  tool_call_id TEXT NOT NULL DEFAULT '',"
   "  interrupted INTEGER NOT NULL DEFAULT 0"
   ");",
+  // 4 -> 5: long-term memory retrieval with a bounded cost
+  // (docs/memory.md, "Retrieval"). The FTS5 index ranked every entry of a
+  // scope that matched a word; it goes, with its scope token. Instead each
+  // scope (a user's entries, or a thread's anonymous ones; the exact IDs,
+  // '' for none) counts its entries and words, and keeps per term the
+  // number of its entries holding it (`df`) and the newest
+  // memory_recent_per_term of them (`recent`: encoded postings, newest
+  // first). The memory writer maintains them in the transaction that
+  // stores an entry; entries above `indexed_through` (all of them, after
+  // this upgrade) are indexed when the memory opens.
+  "DROP TRIGGER memories_ai;"
+  "DROP TRIGGER memories_ad;"
+  "DROP TABLE memories_fts;"
+  "DROP INDEX memories_by_user;"
+  "DROP INDEX memories_by_thread;"
+  "ALTER TABLE memories DROP COLUMN scope;"
+  "CREATE TABLE memory_scopes ("
+  "  id INTEGER PRIMARY KEY,"
+  "  user_id TEXT NOT NULL,"
+  "  thread_id TEXT NOT NULL,"
+  "  entries INTEGER NOT NULL DEFAULT 0,"
+  "  words INTEGER NOT NULL DEFAULT 0,"
+  "  UNIQUE (user_id, thread_id)"
+  ");"
+  "CREATE TABLE memory_terms ("
+  "  scope INTEGER NOT NULL,"
+  "  term TEXT NOT NULL,"
+  "  df INTEGER NOT NULL,"
+  "  recent BLOB NOT NULL,"
+  "  PRIMARY KEY (scope, term)"
+  ") WITHOUT ROWID;"
+  "CREATE TABLE memory_index_state ("
+  "  id INTEGER PRIMARY KEY CHECK (id = 0),"
+  "  indexed_through INTEGER NOT NULL"
+  ");"
+  "INSERT INTO memory_index_state(id, indexed_through) VALUES (0, 0);",
 };
 
 static_assert(sizeof(migrations) / sizeof(migrations[0])
@@ -144,8 +182,15 @@ statement& statement::bind(int index, int64_t value) {
 }
 
 statement& statement::bind(int index, std::string_view value) {
-  sqlite3_bind_text(stmt_, index, value.data(), static_cast<int>(value.size()),
-                    SQLITE_TRANSIENT);
+  // A default string_view has no data; SQLite would bind NULL for it.
+  sqlite3_bind_text(stmt_, index, value.data() != nullptr ? value.data() : "",
+                    static_cast<int>(value.size()), SQLITE_TRANSIENT);
+  return *this;
+}
+
+statement& statement::bind_blob(int index, std::string_view bytes) {
+  sqlite3_bind_blob(stmt_, index, bytes.data() != nullptr ? bytes.data() : "",
+                    static_cast<int>(bytes.size()), SQLITE_TRANSIENT);
   return *this;
 }
 
@@ -182,6 +227,16 @@ std::string statement::column_text(int index) const {
     return {};
   return std::string{reinterpret_cast<const char*>(text),
                      static_cast<size_t>(size)};
+}
+
+std::string_view statement::column_view(int index) const {
+  // sqlite3_column_blob before sqlite3_column_bytes: the size is then that
+  // of the bytes returned, without a conversion in between.
+  auto* data = sqlite3_column_blob(stmt_, index);
+  auto size = sqlite3_column_bytes(stmt_, index);
+  if (data == nullptr)
+    return {};
+  return {static_cast<const char*>(data), static_cast<size_t>(size)};
 }
 
 statement& statement::bind(int index, const sql_value& value) {
@@ -223,7 +278,7 @@ void statement::reset() {
 // -- database ---------------------------------------------------------------------
 
 caf::expected<std::unique_ptr<database>>
-database::open(const std::string& path, sync_mode sync) {
+database::open(const std::string& path, sync_mode sync, int version) {
   sqlite3* db = nullptr;
   auto flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE
                | SQLITE_OPEN_NOMUTEX;
@@ -261,7 +316,7 @@ database::open(const std::string& path, sync_mode sync) {
                                 ? "PRAGMA synchronous=FULL;"
                                 : "PRAGMA synchronous=NORMAL;"))
     return err;
-  if (auto err = result->migrate())
+  if (auto err = result->migrate(version))
     return err;
   return result;
 }
@@ -305,7 +360,7 @@ int database::user_version() {
   return static_cast<int>(stmt->column_int64(0));
 }
 
-caf::error database::migrate() {
+caf::error database::migrate(int target) {
   auto version = user_version();
   if (version < 0)
     return sqlite_error(db_, "cannot read the schema version of '" + path_
@@ -316,7 +371,7 @@ caf::error database::migrate() {
                         + std::to_string(version) + ", newer than this "
                         + "build's " + std::to_string(schema_version)
                         + "; upgrade spindle or use another --data");
-  for (auto v = version; v < schema_version; ++v) {
+  for (auto v = version; v < std::min(target, schema_version); ++v) {
     std::string sql = "BEGIN IMMEDIATE;";
     sql += migrations[v];
     sql += "PRAGMA user_version = " + std::to_string(v + 1) + ";COMMIT;";

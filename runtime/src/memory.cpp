@@ -1,145 +1,243 @@
 #include "spindle/runtime/memory.hpp"
 
+#include <atomic>
 #include <chrono>
-#include <filesystem>
-#include <system_error>
+#include <limits>
+#include <thread>
 
 #include <caf/all.hpp>
-#include <sqlite3.h>
 
-#include "spindle/messages/clock.hpp"
 #include "spindle/messages/error.hpp"
-#include "spindle/runtime/database.hpp"
 
 namespace spindle {
 
 namespace {
 
-// Candidates read per retrieval: more than any 2000-character snippet can
-// hold, so the budget, not this limit, decides what is shown.
-constexpr int64_t max_candidates = 64;
+// What one memory actor serves with: its own connection, a writer if it
+// serves stores, a reader for retrievals.
+struct memory_connection {
+  std::unique_ptr<database> db;
+  std::unique_ptr<memory_writer> writer;
+  std::unique_ptr<memory_reader> reader;
+};
+
+// How many retrievals each reader has been handed and not yet answered,
+// and which reader was handed the last one: the routing's picture of the
+// readers, kept without locks (a stale picture costs balance, nothing
+// else).
+struct reader_loads {
+  explicit reader_loads(size_t n)
+    : pending(new std::atomic<uint32_t>[n]()), size(n) {
+  }
+  std::unique_ptr<std::atomic<uint32_t>[]> pending;
+  size_t size;
+  std::atomic<size_t> last{0};
+};
 
 struct memory_state {
   static inline const char* name = "spindle.memory";
-  std::unique_ptr<database> db;
-  statement insert;
-  statement by_user;
-  statement by_thread;
-  caf::error broken; // set when a statement could not be prepared
+  memory_connection conn;
+  std::chrono::microseconds linger{0};
+  bool loaded = false; // see linger()
+  // A reader's entry in the routing's picture (none for the writer and
+  // the in-memory actor).
+  std::shared_ptr<reader_loads> loads;
+  size_t index = 0;
 };
 
-caf::error prepare(memory_state& st, statement& out, std::string_view sql) {
-  auto stmt = st.db->prepare(sql);
-  if (!stmt)
-    return stmt.error();
-  out = std::move(*stmt);
-  return caf::none;
+using memory_pointer = memory_actor::stateful_pointer<memory_state>;
+
+// After answering a retrieval under load an actor polls its mailbox for up
+// to `linger` before its thread sleeps, yielding the core to any thread
+// that wants it meanwhile: the next retrieval arrives within
+// microseconds, and waking a sleeping thread costs more than that
+// (docs/memory.md, "Readers and the writer"). Under load means that a
+// retrieval was waiting when one was answered, or arrived during the last
+// linger; a lone caller's retrievals never find one, and the actor does
+// not linger for them (the polling would take a core from the caller's
+// own next steps).
+void linger(memory_pointer self) {
+  auto& st = self->state;
+  if (!self->mailbox().empty()) {
+    st.loaded = true;
+    return;
+  }
+  if (!st.loaded || st.linger.count() <= 0)
+    return;
+  auto deadline = std::chrono::steady_clock::now() + st.linger;
+  while (self->mailbox().empty()
+         && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::yield();
+  st.loaded = !self->mailbox().empty();
 }
 
 memory_actor::behavior_type
-memory(memory_actor::stateful_pointer<memory_state> self,
-       std::shared_ptr<std::unique_ptr<database>> db) {
-  auto& st = self->state;
-  st.db = std::move(*db);
-  auto failed = prepare(st, st.insert,
-                     "INSERT INTO memories(user_id, thread_id, scope, "
-                     "content, created_ms) VALUES(?1, ?2, ?3, ?4, ?5);");
-  if (!failed)
-    failed = prepare(st, st.by_user,
-                  "SELECT m.content FROM memories_fts JOIN memories m "
-                  "ON m.id = memories_fts.rowid "
-                  "WHERE memories_fts MATCH ?1 AND m.user_id = ?2 "
-                  "ORDER BY bm25(memories_fts, 1.0, 0.0), m.id DESC "
-                  "LIMIT ?3;");
-  if (!failed)
-    failed = prepare(st, st.by_thread,
-                  "SELECT m.content FROM memories_fts JOIN memories m "
-                  "ON m.id = memories_fts.rowid "
-                  "WHERE memories_fts MATCH ?1 AND m.user_id = '' "
-                  "AND m.thread_id = ?2 "
-                  "ORDER BY bm25(memories_fts, 1.0, 0.0), m.id DESC "
-                  "LIMIT ?3;");
-  st.broken = std::move(failed);
+memory_server(memory_pointer self, std::shared_ptr<memory_connection> conn,
+              std::chrono::microseconds linger_time,
+              std::shared_ptr<reader_loads> loads, size_t index) {
+  // CAF copies spawn arguments: the connection travels in a shared_ptr and
+  // is moved out once here.
+  self->state.conn = std::move(*conn);
+  self->state.linger = linger_time;
+  self->state.loads = std::move(loads);
+  self->state.index = index;
   return {
     [self](caf::put_atom, memory_atom, const std::string& content,
            const std::vector<std::string>& tags) -> caf::result<int64_t> {
-      auto& s = self->state;
-      if (s.broken)
-        return s.broken;
-      if (content.empty())
-        return make_error(errc::invalid_argument,
-                          "content of a memory must not be empty");
-      if (content.size() > max_memory_content)
-        return make_error(errc::too_large,
-                          "content has " + std::to_string(content.size())
-                            + " bytes; a memory holds at most "
-                            + std::to_string(max_memory_content));
-      auto scope = parse_memory_tags(tags);
-      if (!scope)
-        return scope.error();
-      s.insert.bind(1, std::string_view{scope->user_id})
-        .bind(2, std::string_view{scope->thread_id})
-        .bind(3, memory_scope_token(scope->user_id, scope->thread_id))
-        .bind(4, std::string_view{content})
-        .bind(5, unix_time_ms());
-      if (auto err = s.insert.run())
-        return err;
-      return static_cast<int64_t>(sqlite3_last_insert_rowid(s.db->handle()));
+      auto& writer = self->state.conn.writer;
+      if (!writer)
+        return make_error(errc::unavailable,
+                          "this memory connection only reads");
+      return writer->store(content, tags);
     },
     [self](caf::get_atom, memory_atom,
            const memory_query& q) -> caf::result<memory_snippet> {
-      auto& s = self->state;
-      if (s.broken)
-        return s.broken;
-      if (auto err = validate_memory_query(q))
-        return err;
-      auto terms = memory_match_expression(q.query);
-      if (terms.empty() || q.max_chars == 0)
-        return memory_snippet{};
-      // Narrow to the requester's scope inside the index, then rank.
-      auto match = "scope : \"" + memory_scope_token(q.user_id, q.thread_id)
-                   + "\" AND content : (" + terms + ")";
-      auto& stmt = q.user_id.empty() ? s.by_thread : s.by_user;
-      stmt.bind(1, std::string_view{match});
-      stmt.bind(2, std::string_view{q.user_id.empty() ? q.thread_id
-                                                      : q.user_id});
-      stmt.bind(3, max_candidates);
-      std::vector<std::string> ranked;
-      for (;;) {
-        auto row = stmt.step();
-        if (!row) {
-          stmt.reset();
-          return row.error();
-        }
-        if (!*row)
-          break;
-        ranked.push_back(stmt.column_text(0));
-      }
-      stmt.reset();
-      return build_memory_snippet(ranked, static_cast<size_t>(q.max_chars));
+      // Answered before the linger, not after it.
+      auto rp = self->make_response_promise<memory_snippet>();
+      auto got = self->state.conn.reader->retrieve(q);
+      if (got)
+        rp.deliver(std::move(*got));
+      else
+        rp.deliver(std::move(got.error()));
+      if (auto& picture = self->state.loads)
+        picture->pending[self->state.index].fetch_sub(
+          1, std::memory_order_relaxed);
+      linger(self);
+      return rp;
     },
   };
 }
 
-} // namespace
-
-caf::expected<memory_actor> spawn_memory(caf::actor_system& sys,
-                                         const storage_options& options) {
-  if (!options.in_memory()) {
-    std::error_code ec;
-    std::filesystem::create_directories(options.data_dir, ec);
-    if (ec)
-      return make_error(errc::storage_failure,
-                        "cannot create data directory '" + options.data_dir
-                          + "': " + ec.message());
-  }
+caf::expected<std::shared_ptr<memory_connection>>
+connect(const storage_options& options, bool writes,
+        const std::shared_ptr<memory_changes>& changes) {
   auto db = database::open(database_path(options), options.sync);
   if (!db)
     return db.error();
-  // The handle travels as a spawn argument; CAF copies arguments, so it is
-  // wrapped in a shared_ptr and moved out once in the actor.
-  auto shared = std::make_shared<std::unique_ptr<database>>(std::move(*db));
-  return sys.spawn<caf::detached>(memory, std::move(shared));
+  if (!options.in_memory()) {
+    // A reader never writes; mapping the file spares it a read() per page
+    // it does not have cached.
+    auto settings = writes ? "PRAGMA mmap_size = 268435456;"
+                           : "PRAGMA query_only = 1;"
+                             "PRAGMA mmap_size = 268435456;";
+    if (auto err = (*db)->exec(settings))
+      return err;
+  }
+  auto conn = std::make_shared<memory_connection>();
+  conn->db = std::move(*db);
+  if (writes) {
+    auto writer = memory_writer::open(*conn->db, changes);
+    if (!writer)
+      return writer.error();
+    conn->writer = std::move(*writer);
+  }
+  auto reader = memory_reader::open(*conn->db, changes);
+  if (!reader)
+    return reader.error();
+  conn->reader = std::move(*reader);
+  return conn;
+}
+
+// Routes stores to the writer and retrievals to a reader, inside the
+// sender's enqueue (no extra hop). A retrieval goes to the reader that had
+// the last one if it has nothing left to answer (it is lingering, or just
+// fell asleep: a lone caller keeps one reader awake instead of waking each
+// in turn), else to the reader with the fewest unanswered retrievals.
+struct memory_routing {
+  caf::actor writer;
+  std::vector<caf::actor> readers;
+  std::shared_ptr<reader_loads> loads;
+
+  size_t pick() {
+    auto& pending = loads->pending;
+    auto last = loads->last.load(std::memory_order_relaxed);
+    auto chosen = last;
+    if (pending[last].load(std::memory_order_relaxed) > 0) {
+      auto least = std::numeric_limits<uint32_t>::max();
+      for (size_t k = 1; k <= loads->size && least > 0; ++k) {
+        auto i = (last + k) % loads->size;
+        auto n = pending[i].load(std::memory_order_relaxed);
+        if (n < least) {
+          least = n;
+          chosen = i;
+        }
+      }
+    }
+    pending[chosen].fetch_add(1, std::memory_order_relaxed);
+    loads->last.store(chosen, std::memory_order_relaxed);
+    return chosen;
+  }
+
+  void operator()(caf::actor_system&, caf::actor_pool::uplock& guard,
+                  const caf::actor_pool::actor_vec&,
+                  caf::mailbox_element_ptr& ptr, caf::execution_unit* host) {
+    auto& content = ptr->content();
+    bool store = content.match_element<caf::atom_value>(0)
+                 && content.get_as<caf::atom_value>(0)
+                      == caf::put_atom::value;
+    auto target = store ? writer : readers[pick()];
+    guard.unlock();
+    // A reader that died is avoided from then on: its count of
+    // unanswered retrievals only grows.
+    target->enqueue(std::move(ptr), host);
+  }
+};
+
+} // namespace
+
+caf::expected<memory_actor> spawn_memory(caf::actor_system& sys,
+                                         const storage_options& options,
+                                         const memory_options& serving) {
+  if (auto err = create_data_dir(options))
+    return err;
+  // The writer tells the readers which scopes changed, so they keep what
+  // they read of the others.
+  auto changes = std::make_shared<memory_changes>();
+  auto writing = connect(options, true, changes);
+  if (!writing)
+    return writing.error();
+  // Entries stored before the index existed (an upgraded database).
+  if (auto indexed = (*writing)->writer->catch_up(); !indexed)
+    return indexed.error();
+  if (options.in_memory()) {
+    // A private ":memory:" database lives in its one connection: one actor
+    // serves stores and retrievals in turn.
+    return sys.spawn<caf::detached>(memory_server, std::move(*writing),
+                                    serving.linger, nullptr, size_t{0});
+  }
+  auto readers = serving.readers;
+  if (readers == 0)
+    readers = std::max<size_t>(1, std::thread::hardware_concurrency());
+  std::vector<std::shared_ptr<memory_connection>> reading;
+  for (size_t i = 0; i < readers; ++i) {
+    auto conn = connect(options, false, changes);
+    if (!conn)
+      return conn.error();
+    reading.push_back(std::move(*conn));
+  }
+  // The writer does not linger: stores come one per exchange.
+  auto writer = caf::actor_cast<caf::actor>(
+    sys.spawn<caf::detached>(memory_server, std::move(*writing),
+                             std::chrono::microseconds{0}, nullptr,
+                             size_t{0}));
+  auto loads = std::make_shared<reader_loads>(readers);
+  std::vector<caf::actor> reader_handles;
+  for (size_t i = 0; i < readers; ++i)
+    reader_handles.push_back(caf::actor_cast<caf::actor>(
+      sys.spawn<caf::detached>(memory_server, reading[i], serving.linger,
+                               loads, i)));
+  // The pool's workers: the writer, then the readers; an exit sent to the
+  // pool reaches all of them.
+  size_t next = 0;
+  auto workers = [&]() -> caf::actor {
+    auto i = next++;
+    return i == 0 ? writer : reader_handles[i - 1];
+  };
+  auto pool = caf::actor_pool::make(sys.dummy_execution_unit(), readers + 1,
+                                    workers,
+                                    memory_routing{writer, reader_handles,
+                                                   loads});
+  return caf::actor_cast<memory_actor>(pool);
 }
 
 } // namespace spindle

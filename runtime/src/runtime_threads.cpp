@@ -34,7 +34,7 @@ caf::error runtime::start_threads() {
   thread_registry_ = system_->spawn(spindle::thread_registry,
                                     std::move(registry_options), state_store_);
   if (conv.memory) {
-    auto mem = spawn_memory(*system_, options_.storage);
+    auto mem = spawn_memory(*system_, options_.storage, conv.memory_serving);
     if (!mem)
       return mem.error();
     memory_ = std::move(*mem);

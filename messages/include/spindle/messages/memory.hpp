@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <caf/error.hpp>
@@ -85,6 +86,40 @@ typename Inspector::result_type inspect(Inspector& f, memory_snippet& x) {
            x.matched);
 }
 
+/// Builds a snippet one entry at a time, best-ranked first, by the rules
+/// of `build_memory_snippet`, so a caller can stop reading entries once
+/// none can be added. Not thread-safe: one owner.
+class memory_snippet_builder {
+public:
+  explicit memory_snippet_builder(size_t max_chars) : max_chars_(max_chars) {
+  }
+
+  /// The most bytes the next entry may take (after its bullet); 0 once the
+  /// snippet is full. An entry whose `memory_shortest_cut` exceeds it
+  /// cannot be added.
+  size_t room() const noexcept;
+
+  /// Adds an entry: whole, cut after its last sentence end that fits, or
+  /// not at all (empty, a duplicate, or no sentence fits).
+  void add(std::string_view entry);
+
+  /// As `add`, for an entry as `memory_normalized` returns it.
+  void add_normalized(std::string_view entry);
+
+  /// As `add_normalized`, with the entry's `std::hash<std::string_view>`
+  /// (for callers that keep it with the entry).
+  void add_normalized(std::string_view entry, size_t hash);
+
+  /// The snippet, with `matched` as its count of matching entries.
+  memory_snippet finish(uint64_t matched) &&;
+
+private:
+  size_t max_chars_;
+  memory_snippet out_;
+  /// Hash and size of each entry tried, to drop duplicates.
+  std::vector<std::pair<uint64_t, size_t>> seen_;
+};
+
 /// Builds a snippet from entries ranked best first: whitespace runs become
 /// one space, duplicates are dropped, each entry becomes a line "- ...".
 /// An entry that does not fit whole is cut after its last sentence end
@@ -95,20 +130,33 @@ typename Inspector::result_type inspect(Inspector& f, memory_snippet& x) {
 memory_snippet build_memory_snippet(const std::vector<std::string>& ranked,
                                     size_t max_chars);
 
-/// The full-text scope token of an entry or a request: "su" + 16 hex digits
-/// of a 64-bit FNV-1a hash of the user ID, or for anonymous ones "sa" +
-/// the hash of the thread ID. It lets the full-text index narrow candidates
-/// to one scope before ranking; the exact user and thread columns remain
-/// the authority (a hash collision costs time, never privacy).
-/// This function is thread-safe.
-std::string memory_scope_token(const std::string& user_id,
-                               const std::string& thread_id);
+/// `entry` as a snippet shows it: every whitespace run one space, both
+/// ends trimmed. This function is thread-safe.
+std::string memory_normalized(std::string_view entry);
 
-/// The full-text query for `text`: its words (letters, digits and non-ASCII
-/// runs, lowercased), minus common English stop words, deduplicated, at
-/// most 32, each quoted, joined with OR. Empty when no word is left.
+/// The fewest bytes of `entry` a snippet can show, whitespace normalised:
+/// up to its first sentence end, or the whole entry if it has none; 0 for
+/// an entry of whitespace only. This function is thread-safe.
+size_t memory_shortest_cut(std::string_view entry);
+
+/// The longest word the memory indexes; longer words are cut to it.
+inline constexpr size_t max_memory_word = 64;
+
+/// The most terms a retrieval looks up.
+inline constexpr size_t max_memory_query_terms = 32;
+
+/// The words long-term memory indexes an entry by and looks a message up
+/// with: runs of ASCII letters and digits (lowercased) and of non-ASCII
+/// bytes, minus ~90 common English stop words, each cut to at most
+/// `max_memory_word` bytes (at a UTF-8 boundary); in text order, repeats
+/// kept. This function is thread-safe.
+std::vector<std::string> memory_words(std::string_view text);
+
+/// The terms a retrieval looks up for `message`: its `memory_words`,
+/// deduplicated, at most `max_memory_query_terms` (the first ones). Empty
+/// when no word is left: such a message retrieves nothing.
 /// This function is thread-safe.
-std::string memory_match_expression(std::string_view text);
+std::vector<std::string> memory_query_terms(std::string_view message);
 
 /// The long-term memory.
 ///

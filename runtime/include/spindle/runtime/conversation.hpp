@@ -17,6 +17,7 @@
 #include "spindle/messages/memory.hpp"
 #include "spindle/messages/threads.hpp"
 #include "spindle/runtime/llm.hpp"
+#include "spindle/runtime/memory.hpp"
 #include "spindle/runtime/rewriter.hpp"
 
 // The exchange: one user message in, one assistant reply out, with the
@@ -30,6 +31,10 @@ struct conversation_options {
   std::shared_ptr<query_rewriter> rewriter;
   /// Long-term memory: retrieved into prompts and fed by exchanges.
   bool memory = true;
+  /// How long-term memory is served: readers of a durable memory (each
+  /// an actor with its own connection, beside the one writer; in-memory
+  /// mode has one actor for both) and their linger (docs/memory.md).
+  memory_options memory_serving;
   /// System prompt and timeouts of the context builder.
   context_builder_options builder;
   /// Timeouts of the thread registry.

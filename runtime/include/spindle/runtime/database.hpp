@@ -37,6 +37,8 @@ public:
   statement& bind(int index, int64_t value);
   statement& bind(int index, std::string_view value);
   statement& bind_null(int index);
+  /// Binds bytes as a BLOB.
+  statement& bind_blob(int index, std::string_view bytes);
   /// Binds an integer, a text or NULL.
   statement& bind(int index, const sql_value& value);
 
@@ -49,6 +51,8 @@ public:
 
   int64_t column_int64(int index) const;
   std::string column_text(int index) const;
+  /// A TEXT or BLOB column's bytes, valid until the next step or reset.
+  std::string_view column_view(int index) const;
   bool column_is_null(int index) const;
   /// How many columns a row has.
   int column_count() const;
@@ -69,15 +73,16 @@ class database {
 public:
   /// The schema version this build writes. A database of a newer version
   /// is refused at open, never touched.
-  static constexpr int schema_version = 4;
+  static constexpr int schema_version = 5;
 
   /// Opens (creating if missing) the database at `path`, or a private
   /// in-memory one for ":memory:". Turns on WAL, sets `sync`, and applies
-  /// pending migrations in one transaction each.
-  /// Errors: `storage_failure` naming the file and the cause (unwritable
-  /// directory, corrupt file, newer schema).
-  static caf::expected<std::unique_ptr<database>> open(const std::string& path,
-                                                       sync_mode sync);
+  /// pending migrations in one transaction each, up to `version` (an
+  /// older one only where tests build a database as an older build left
+  /// it). Errors: `storage_failure` naming the file and the cause
+  /// (unwritable directory, corrupt file, newer schema).
+  static caf::expected<std::unique_ptr<database>>
+  open(const std::string& path, sync_mode sync, int version = schema_version);
 
   ~database();
   database(const database&) = delete;
@@ -105,7 +110,7 @@ public:
 
 private:
   database(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
-  caf::error migrate();
+  caf::error migrate(int target);
 
   sqlite3* db_;
   std::string path_;

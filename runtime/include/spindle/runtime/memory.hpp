@@ -1,20 +1,171 @@
 #pragma once
 
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string_view>
+#include <string>
+#include <vector>
+
 #include <caf/actor_system.hpp>
 #include <caf/expected.hpp>
 
 #include "spindle/messages/memory.hpp"
+#include "spindle/runtime/database.hpp"
 #include "spindle/runtime/storage.hpp"
+
+// Long-term memory's storage: the entries, the bounded retrieval index over
+// them (docs/memory.md, "Retrieval"), and the actors serving both.
 
 namespace spindle {
 
-/// Opens the long-term memory (D8) and spawns its actor (detached: SQLite
-/// blocks). An in-memory configuration opens a private ":memory:" database;
-/// a durable one opens its own connection to `database_path(options)`
-/// (WAL lets it share the file with the other stores). Entries are ranked
-/// with SQLite FTS5's bm25 against the current message; see docs/memory.md.
+/// How many entries of a scope, at most, each term's list keeps: the
+/// newest ones containing the term. A retrieval considers no other entry.
+inline constexpr size_t memory_recent_per_term = 64;
+
+/// How many candidates, at most, a retrieval ranks into its result (and
+/// counts as `matched`).
+inline constexpr size_t memory_max_ranked = 64;
+
+/// How the memory actors serve (docs/memory.md, "Readers and the writer").
+struct memory_options {
+  /// Readers beside the writer, with a data directory; 0: one per core.
+  size_t readers = 0;
+  /// How long an actor polls its mailbox after answering a retrieval
+  /// before its thread sleeps; 0: never.
+  std::chrono::microseconds linger{20};
+};
+
+/// Opens the long-term memory (D8) and spawns the actors behind one
+/// `memory_actor` handle (detached: SQLite blocks). A durable
+/// configuration gets one writer for stores and `serving.readers` readers
+/// for retrievals, each on its own connection to `database_path(options)`,
+/// so stores and retrievals never queue behind each other (WAL lets
+/// readers read while the writer commits). An in-memory configuration
+/// opens one private ":memory:" database served by one actor (separate
+/// connections could not share it). Entries stored before the index
+/// existed are indexed here, before the handle is returned.
 /// Errors: `storage_failure` naming the file and the cause.
 caf::expected<memory_actor> spawn_memory(caf::actor_system& sys,
-                                         const storage_options& options);
+                                         const storage_options& options,
+                                         const memory_options& serving = {});
+
+/// An entry to store: its content and its scope (as `parse_memory_tags`
+/// makes it).
+struct memory_entry {
+  std::string content;
+  memory_scope scope;
+};
+
+/// How the memory writer tells the readers of its process that a scope
+/// gained entries: one counter per slot of scopes (a scope's slot is a
+/// hash of its user and thread IDs), raised after every commit that
+/// stored into the scope. A reader keeps what it read of a scope while
+/// the scope's counter stands still (docs/memory.md, "Readers").
+/// This class is thread-safe.
+class memory_changes {
+public:
+  static constexpr size_t slots = 1024;
+
+  /// The counter of a scope (as `memory_scope` names it); a read after it
+  /// sees every commit it counts.
+  uint64_t seen(std::string_view user_id,
+                std::string_view thread_id) const noexcept;
+
+  /// Raises the counter of a scope, after a commit that stored into it.
+  void changed(std::string_view user_id, std::string_view thread_id) noexcept;
+
+private:
+  std::array<std::atomic<uint64_t>, slots> counters_{};
+};
+
+/// Stores entries and keeps the retrieval index over them, on a database
+/// it does not own. Not thread-safe: one owner (the memory writer actor,
+/// or a program seeding a database before a runtime opens it).
+class memory_writer {
+public:
+  /// Prepares the statements; after each commit the writer raises the
+  /// counters of the scopes it stored into in `changes` (if given).
+  /// Errors: `storage_failure`.
+  static caf::expected<std::unique_ptr<memory_writer>>
+  open(database& db, std::shared_ptr<memory_changes> changes = nullptr);
+
+  /// Stores one entry with its container tags in one transaction and
+  /// returns its ID. Errors: `invalid_argument` (empty content, bad tags),
+  /// `invalid_id`, `too_large`, `storage_failure` (nothing is stored).
+  caf::expected<int64_t> store(const std::string& content,
+                               const std::vector<std::string>& tags);
+
+  /// Stores entries in one transaction, indexing them together: the path
+  /// of `store`, with each term's list written once per call. Returns
+  /// their IDs in order. Errors as `store`; one bad entry stores none.
+  caf::expected<std::vector<int64_t>>
+  store_all(const std::vector<memory_entry>& entries);
+
+  /// Indexes the entries the index does not hold yet (those of a database
+  /// upgraded from schema version 4, or inserted by other means), in
+  /// transactions of at most `batch` entries. Returns how many.
+  caf::expected<uint64_t> catch_up(size_t batch = 4096);
+
+  ~memory_writer();
+
+private:
+  struct impl;
+  explicit memory_writer(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
+
+/// What one retrieval read, for tests and benchmarks: each is bounded by
+/// a constant, whatever the number of stored entries.
+struct memory_retrieval_cost {
+  /// Term lists with entries used (at most `max_memory_query_terms`).
+  uint64_t terms = 0;
+  /// Entries in those lists (at most `memory_recent_per_term` each).
+  uint64_t postings = 0;
+  /// Term lists read from the database (at most
+  /// `max_memory_query_terms`); a reader keeps the lists it read while
+  /// their scope gains no entry.
+  uint64_t lists_read = 0;
+  /// Statements run (scope counts, term lists, entries).
+  uint64_t statements = 0;
+  /// Distinct entries scored.
+  uint64_t candidates = 0;
+  /// Entries read from the database (at most `memory_max_ranked`); an
+  /// entry the reader has read before comes from its cache instead.
+  uint64_t contents = 0;
+};
+
+/// Answers retrievals from a database it does not own, keeping the
+/// entries and term lists it has read (docs/memory.md, "Readers"). Not
+/// thread-safe: one owner (a memory reader actor).
+class memory_reader {
+public:
+  /// Bytes of entries and term lists a reader keeps by default.
+  static constexpr size_t default_cache_bytes = size_t{12} << 20;
+
+  /// Prepares the statements. The reader keeps entries and term lists it
+  /// has read, up to `cache_bytes` (0: none; every retrieval reads all it
+  /// needs from the database); a scope's counts too, if `changes` is the
+  /// writer's. Errors: `storage_failure`.
+  static caf::expected<std::unique_ptr<memory_reader>>
+  open(database& db, std::shared_ptr<const memory_changes> changes = nullptr,
+       size_t cache_bytes = default_cache_bytes);
+
+  /// The snippet for `q` (D8 scoping; ranking as docs/memory.md says).
+  /// Errors: as `validate_memory_query`, `storage_failure`.
+  caf::expected<memory_snippet> retrieve(const memory_query& q);
+
+  /// What the last `retrieve` read.
+  const memory_retrieval_cost& last_cost() const noexcept;
+
+  ~memory_reader();
+
+private:
+  struct impl;
+  explicit memory_reader(std::unique_ptr<impl> p);
+  std::unique_ptr<impl> impl_;
+};
 
 } // namespace spindle

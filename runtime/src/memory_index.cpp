@@ -1,0 +1,796 @@
+// Long-term memory's bounded retrieval index (docs/memory.md, "Retrieval"):
+// per scope and term, the document frequency and the newest
+// memory_recent_per_term entries holding the term; a retrieval reads one
+// such list per query term and ranks the entries in them with BM25.
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <list>
+#include <map>
+#include <unordered_map>
+
+#include <sqlite3.h>
+
+#include "spindle/messages/clock.hpp"
+#include "spindle/messages/error.hpp"
+#include "spindle/messages/ids.hpp"
+#include "spindle/runtime/memory.hpp"
+
+namespace spindle {
+
+namespace {
+
+// One entry in a term's list.
+struct posting {
+  int64_t id = 0;
+  uint64_t tf = 0;       // occurrences of the term in the entry
+  uint64_t words = 0;    // the entry's length in indexed words
+  uint64_t shortest = 0; // memory_shortest_cut of the entry
+};
+
+void put_varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out += static_cast<char>((v & 0x7f) | 0x80);
+    v >>= 7;
+  }
+  out += static_cast<char>(v);
+}
+
+inline bool get_varint(std::string_view& in, uint64_t& v) {
+  if (!in.empty() && (static_cast<unsigned char>(in.front()) & 0x80) == 0) {
+    v = static_cast<unsigned char>(in.front()); // most values: one byte
+    in.remove_prefix(1);
+    return true;
+  }
+  v = 0;
+  for (int shift = 0; shift < 64 && !in.empty(); shift += 7) {
+    auto byte = static_cast<unsigned char>(in.front());
+    in.remove_prefix(1);
+    v |= static_cast<uint64_t>(byte & 0x7f) << shift;
+    if ((byte & 0x80) == 0)
+      return true;
+  }
+  return false;
+}
+
+// A list is encoded newest first: the first ID whole, then each ID as its
+// distance below the previous one, each followed by tf, words, shortest.
+std::string encode(const std::vector<posting>& list) {
+  std::string out;
+  out.reserve(list.size() * 6);
+  int64_t prev = 0;
+  for (size_t i = 0; i < list.size(); ++i) {
+    put_varint(out, static_cast<uint64_t>(i == 0 ? list[i].id
+                                                 : prev - list[i].id));
+    put_varint(out, list[i].tf);
+    put_varint(out, list[i].words);
+    put_varint(out, list[i].shortest);
+    prev = list[i].id;
+  }
+  return out;
+}
+
+// Decodes into `out` (appending); a damaged tail is dropped.
+void decode(std::string_view in, std::vector<posting>& out) {
+  int64_t prev = 0;
+  bool first = true;
+  while (!in.empty()) {
+    uint64_t id = 0;
+    posting p;
+    if (!get_varint(in, id) || !get_varint(in, p.tf)
+        || !get_varint(in, p.words) || !get_varint(in, p.shortest))
+      return;
+    p.id = first ? static_cast<int64_t>(id) : prev - static_cast<int64_t>(id);
+    first = false;
+    prev = p.id;
+    out.push_back(p);
+  }
+}
+
+// The scope an entry is indexed in, and a request looks in: a user's
+// entries (of any thread), or the anonymous entries of one thread (D8).
+std::pair<std::string_view, std::string_view>
+scope_key(std::string_view user_id, std::string_view thread_id) {
+  if (!user_id.empty())
+    return {user_id, std::string_view{}};
+  return {std::string_view{}, thread_id};
+}
+
+size_t change_slot(std::string_view user_id, std::string_view thread_id) {
+  auto [user, thread] = scope_key(user_id, thread_id);
+  std::hash<std::string_view> hash;
+  return (hash(user) * 31 + hash(thread)) % memory_changes::slots;
+}
+
+caf::error prepare_all(database& db,
+                       std::initializer_list<std::pair<statement*,
+                                                       std::string_view>>
+                         statements) {
+  for (auto& [out, sql] : statements) {
+    auto stmt = db.prepare(sql);
+    if (!stmt)
+      return stmt.error();
+    *out = std::move(*stmt);
+  }
+  return caf::none;
+}
+
+// Resets a statement when a scope ends, however it ends.
+struct resetting {
+  statement& stmt;
+  ~resetting() {
+    stmt.reset();
+  }
+};
+
+// An entry as the index sees it.
+struct entry_row {
+  int64_t id;
+  std::string user_id;
+  std::string thread_id;
+  std::string content;
+};
+
+} // namespace
+
+// -- change counters ------------------------------------------------------------
+
+uint64_t memory_changes::seen(std::string_view user_id,
+                              std::string_view thread_id) const noexcept {
+  return counters_[change_slot(user_id, thread_id)].load(
+    std::memory_order_acquire);
+}
+
+void memory_changes::changed(std::string_view user_id,
+                             std::string_view thread_id) noexcept {
+  counters_[change_slot(user_id, thread_id)].fetch_add(
+    1, std::memory_order_release);
+}
+
+// -- the writer -------------------------------------------------------------
+
+struct memory_writer::impl {
+  database* db;
+  std::shared_ptr<memory_changes> changes;
+  // Scopes the current transaction stores into: their counters are
+  // raised once it commits.
+  std::vector<std::pair<std::string, std::string>> touched;
+  statement begin, commit, rollback;
+  statement insert_entry, find_scope, add_scope, grow_scope;
+  statement read_term, write_term, set_indexed, read_indexed, unindexed;
+
+  // The scope's ID, created if missing.
+  caf::expected<int64_t> scope_id(const std::string& user_id,
+                                  const std::string& thread_id) {
+    auto [user, thread] = scope_key(user_id, thread_id);
+    {
+      resetting r{find_scope};
+      find_scope.bind(1, user).bind(2, thread);
+      auto row = find_scope.step();
+      if (!row)
+        return row.error();
+      if (*row)
+        return find_scope.column_int64(0);
+    }
+    add_scope.bind(1, user).bind(2, thread);
+    if (auto err = add_scope.run())
+      return err;
+    return static_cast<int64_t>(sqlite3_last_insert_rowid(db->handle()));
+  }
+
+  // Adds entries (already in `memories`, in ascending ID order) to the
+  // index: each scope's counts, and each term's frequency and list, read
+  // and written once for all of them. Runs inside the caller's
+  // transaction.
+  caf::error index(const std::vector<entry_row>& rows) {
+    std::map<std::pair<int64_t, std::string>, std::vector<posting>> lists;
+    std::map<int64_t, std::pair<int64_t, int64_t>> grown; // entries, words
+    std::map<std::pair<std::string, std::string>, int64_t> scopes;
+    int64_t highest = 0;
+    for (auto& row : rows) {
+      auto key = scope_key(row.user_id, row.thread_id);
+      auto [it, added] = scopes.emplace(std::pair<std::string, std::string>{
+                                          key.first, key.second},
+                                        0);
+      if (added) {
+        auto id = scope_id(row.user_id, row.thread_id);
+        if (!id)
+          return id.error();
+        it->second = *id;
+        touched.emplace_back(key.first, key.second);
+      }
+      auto scope = it->second;
+      auto words = memory_words(row.content);
+      std::unordered_map<std::string, uint64_t> tf;
+      for (auto& w : words)
+        ++tf[w];
+      auto shortest = memory_shortest_cut(row.content);
+      auto& g = grown[scope];
+      g.first += 1;
+      g.second += static_cast<int64_t>(words.size());
+      for (auto& [term, n] : tf)
+        lists[{scope, term}].push_back(
+          posting{row.id, n, words.size(), shortest});
+      highest = std::max(highest, row.id);
+    }
+    std::vector<posting> list;
+    for (auto& [key, added] : lists) {
+      int64_t df = 0;
+      list.clear();
+      // Newest first: the added entries (ascending IDs) reversed, then
+      // the list as it was, cut to its bound.
+      list.assign(added.rbegin(), added.rend());
+      {
+        resetting r{read_term};
+        read_term.bind(1, key.first).bind(2, std::string_view{key.second});
+        auto row = read_term.step();
+        if (!row)
+          return row.error();
+        if (*row) {
+          df = read_term.column_int64(0);
+          decode(read_term.column_view(1), list);
+        }
+      }
+      if (list.size() > memory_recent_per_term)
+        list.resize(memory_recent_per_term);
+      write_term.bind(1, key.first)
+        .bind(2, std::string_view{key.second})
+        .bind(3, df + static_cast<int64_t>(added.size()))
+        .bind_blob(4, encode(list));
+      if (auto err = write_term.run())
+        return err;
+    }
+    for (auto& [scope, g] : grown) {
+      grow_scope.bind(1, scope).bind(2, g.first).bind(3, g.second);
+      if (auto err = grow_scope.run())
+        return err;
+    }
+    set_indexed.bind(1, highest);
+    return set_indexed.run();
+  }
+
+  // Runs `body` in a write transaction: committed if it succeeds, rolled
+  // back (nothing stored) if it fails.
+  template <class F>
+  caf::error transaction(F body) {
+    touched.clear();
+    if (auto err = begin.run())
+      return err;
+    auto err = body();
+    if (!err)
+      err = commit.run();
+    if (err) {
+      rollback.run(); // undoes everything; its own failure adds nothing
+      return err;
+    }
+    if (changes)
+      for (auto& [user, thread] : touched)
+        changes->changed(user, thread);
+    return caf::none;
+  }
+};
+
+memory_writer::memory_writer(std::unique_ptr<impl> p) : impl_(std::move(p)) {
+}
+
+memory_writer::~memory_writer() = default;
+
+caf::expected<std::unique_ptr<memory_writer>>
+memory_writer::open(database& db, std::shared_ptr<memory_changes> changes) {
+  auto p = std::make_unique<impl>();
+  p->db = &db;
+  p->changes = std::move(changes);
+  auto err = prepare_all(
+    db,
+    {{&p->begin, "BEGIN IMMEDIATE;"},
+     {&p->commit, "COMMIT;"},
+     {&p->rollback, "ROLLBACK;"},
+     {&p->insert_entry, "INSERT INTO memories(user_id, thread_id, content, "
+                        "created_ms) VALUES(?1, ?2, ?3, ?4);"},
+     {&p->find_scope, "SELECT id FROM memory_scopes "
+                      "WHERE user_id = ?1 AND thread_id = ?2;"},
+     {&p->add_scope, "INSERT INTO memory_scopes(user_id, thread_id) "
+                     "VALUES(?1, ?2);"},
+     {&p->grow_scope, "UPDATE memory_scopes SET entries = entries + ?2, "
+                      "words = words + ?3 WHERE id = ?1;"},
+     {&p->read_term, "SELECT df, recent FROM memory_terms "
+                     "WHERE scope = ?1 AND term = ?2;"},
+     {&p->write_term, "INSERT OR REPLACE INTO memory_terms(scope, term, df, "
+                      "recent) VALUES(?1, ?2, ?3, ?4);"},
+     {&p->set_indexed, "UPDATE memory_index_state SET indexed_through = "
+                       "max(indexed_through, ?1) WHERE id = 0;"},
+     {&p->read_indexed, "SELECT indexed_through FROM memory_index_state "
+                        "WHERE id = 0;"},
+     {&p->unindexed, "SELECT id, user_id, thread_id, content FROM memories "
+                     "WHERE id > ?1 ORDER BY id LIMIT ?2;"}});
+  if (err)
+    return err;
+  return std::unique_ptr<memory_writer>{new memory_writer(std::move(p))};
+}
+
+caf::expected<int64_t> memory_writer::store(const std::string& content,
+                                            const std::vector<std::string>&
+                                              tags) {
+  auto scope = parse_memory_tags(tags);
+  if (!scope)
+    return scope.error();
+  auto ids = store_all({memory_entry{content, std::move(*scope)}});
+  if (!ids)
+    return ids.error();
+  return ids->front();
+}
+
+caf::expected<std::vector<int64_t>>
+memory_writer::store_all(const std::vector<memory_entry>& entries) {
+  for (auto& e : entries) {
+    if (e.content.empty())
+      return make_error(errc::invalid_argument,
+                        "content of a memory must not be empty");
+    if (e.content.size() > max_memory_content)
+      return make_error(errc::too_large,
+                        "content has " + std::to_string(e.content.size())
+                          + " bytes; a memory holds at most "
+                          + std::to_string(max_memory_content));
+    if (e.scope.user_id.empty() && e.scope.thread_id.empty())
+      return make_error(errc::invalid_argument,
+                        "a memory belongs to a user or a thread");
+    if (!e.scope.user_id.empty())
+      if (auto err = validate_user_id(e.scope.user_id))
+        return err;
+    if (!e.scope.thread_id.empty())
+      if (auto err = validate_thread_id(e.scope.thread_id))
+        return err;
+  }
+  auto& p = *impl_;
+  std::vector<int64_t> ids;
+  auto err = p.transaction([&]() -> caf::error {
+    std::vector<entry_row> rows;
+    rows.reserve(entries.size());
+    auto now = unix_time_ms();
+    for (auto& e : entries) {
+      p.insert_entry.bind(1, std::string_view{e.scope.user_id})
+        .bind(2, std::string_view{e.scope.thread_id})
+        .bind(3, std::string_view{e.content})
+        .bind(4, now);
+      if (auto failed = p.insert_entry.run())
+        return failed;
+      auto id = static_cast<int64_t>(sqlite3_last_insert_rowid(p.db->handle()));
+      ids.push_back(id);
+      rows.push_back(entry_row{id, e.scope.user_id, e.scope.thread_id,
+                               e.content});
+    }
+    return p.index(rows);
+  });
+  if (err)
+    return err;
+  return ids;
+}
+
+caf::expected<uint64_t> memory_writer::catch_up(size_t batch) {
+  auto& p = *impl_;
+  uint64_t total = 0;
+  for (;;) {
+    size_t got = 0;
+    auto err = p.transaction([&]() -> caf::error {
+      int64_t through = 0;
+      {
+        resetting r{p.read_indexed};
+        auto row = p.read_indexed.step();
+        if (!row)
+          return row.error();
+        if (*row)
+          through = p.read_indexed.column_int64(0);
+      }
+      std::vector<entry_row> rows;
+      {
+        resetting r{p.unindexed};
+        p.unindexed.bind(1, through).bind(2, static_cast<int64_t>(batch));
+        for (;;) {
+          auto row = p.unindexed.step();
+          if (!row)
+            return row.error();
+          if (!*row)
+            break;
+          rows.push_back(entry_row{p.unindexed.column_int64(0),
+                                   p.unindexed.column_text(1),
+                                   p.unindexed.column_text(2),
+                                   p.unindexed.column_text(3)});
+        }
+      }
+      got = rows.size();
+      return rows.empty() ? caf::none : p.index(rows);
+    });
+    if (err)
+      return err;
+    total += got;
+    if (got < batch)
+      return total;
+  }
+}
+
+// -- the reader -------------------------------------------------------------
+
+namespace {
+
+// BM25's usual parameters: term frequency saturation and length
+// normalisation.
+constexpr double bm25_k1 = 1.2;
+constexpr double bm25_b = 0.75;
+
+struct scored {
+  int64_t id;
+  double score;
+  uint64_t shortest;
+};
+
+// The values a reader has read, the least recently used dropped first
+// past a byte budget.
+template <class Key, class Value>
+class lru_cache {
+public:
+  explicit lru_cache(size_t budget) : budget_(budget) {
+  }
+
+  Value* find(const Key& key) {
+    auto i = index_.find(key);
+    if (i == index_.end())
+      return nullptr;
+    order_.splice(order_.begin(), order_, i->second);
+    return &i->second->second;
+  }
+
+  // Keeps `value` (moved from) unless its `cost` exceeds the whole budget
+  // (then null, and `value` is left as it was). May drop any other value,
+  // so a pointer from `find` or `put` is valid until the next `put`.
+  Value* put(const Key& key, Value&& value) {
+    auto size = cost(value);
+    if (size > budget_)
+      return nullptr;
+    if (auto i = index_.find(key); i != index_.end()) {
+      bytes_ -= cost(i->second->second);
+      order_.erase(i->second);
+      index_.erase(i);
+    }
+    while (bytes_ + size > budget_ && !order_.empty()) {
+      bytes_ -= cost(order_.back().second);
+      index_.erase(order_.back().first);
+      order_.pop_back();
+    }
+    order_.emplace_front(key, std::move(value));
+    index_[key] = order_.begin();
+    bytes_ += size;
+    return &order_.front().second;
+  }
+
+private:
+  using node_list = std::list<std::pair<Key, Value>>;
+  size_t budget_;
+  size_t bytes_ = 0;
+  node_list order_;
+  std::unordered_map<Key, typename node_list::iterator> index_;
+};
+
+// An entry as a reader read it: its scope columns, its content
+// whitespace normalised, and the content's hash (for the snippet's
+// duplicate check).
+struct cached_entry {
+  std::string user_id;
+  std::string thread_id;
+  std::string content;
+  size_t hash = 0;
+};
+
+size_t cost(const cached_entry& e) {
+  return e.user_id.size() + e.thread_id.size() + e.content.size() + 128;
+}
+
+// A term's list in one scope as a reader read it, scored: valid while the
+// scope holds `entries` entries (every store in a scope adds one, in the
+// transaction that changes its lists). Empty: the scope has no entry with
+// the term.
+struct cached_list {
+  int64_t entries = 0;
+  std::vector<scored> hits; // newest first
+};
+
+size_t cost(const cached_list& l) {
+  return l.hits.size() * sizeof(scored) + 128;
+}
+
+// A scope's row as a reader read it, valid while the scope's counter in
+// memory_changes stands where it stood before the read.
+struct cached_scope {
+  uint64_t seen = 0;
+  bool exists = false;
+  int64_t id = 0;
+  int64_t entries = 0;
+  double average_words = 1.0;
+};
+
+size_t cost(const cached_scope&) {
+  return 160;
+}
+
+// What a reader keeps. An entry never changes once stored (spindle
+// neither updates nor deletes one, and one process owns a database), so a
+// kept entry is never stale; a kept list is checked against its scope's
+// count of entries, and a kept scope against its change counter, on every
+// use. Retrievals only ever read the newest entries of each term, which
+// keeps the set they need small.
+struct reader_caches {
+  explicit reader_caches(size_t bytes)
+    : entries(bytes / 3 * 2), lists(bytes / 3), scopes(bytes / 24) {
+  }
+  lru_cache<int64_t, cached_entry> entries;
+  lru_cache<std::string, cached_list> lists;
+  lru_cache<std::string, cached_scope> scopes;
+};
+
+} // namespace
+
+struct memory_reader::impl {
+  impl(std::shared_ptr<const memory_changes> c, size_t bytes)
+    : changes(std::move(c)), keep(bytes) {
+  }
+
+  statement find_scope, read_term, read_entry;
+  std::shared_ptr<const memory_changes> changes;
+  memory_retrieval_cost cost;
+  reader_caches keep;
+  // Where a value too large for its cache (or with no cache) is kept for
+  // the retrieval that read it.
+  cached_entry uncached_entry;
+  cached_list uncached_list;
+  // Reused between retrievals: no allocation once they have grown.
+  std::vector<posting> list;
+  std::string key;
+  std::vector<scored> hits;       // every list's entries, list after list
+  std::vector<size_t> starts;     // where each list begins in `hits`
+  std::vector<size_t> next;       // each list's next entry while merging
+  std::vector<scored> candidates; // one per entry, newest first
+  std::vector<uint64_t> order;    // the ranking
+
+  // The scope of a request: kept, or read (and kept).
+  caf::expected<cached_scope> scope_of(const memory_query& q) {
+    auto [user, thread] = scope_key(q.user_id, q.thread_id);
+    uint64_t seen = 0;
+    if (changes) {
+      key.assign(user);
+      key += '\0';
+      key += thread;
+      seen = changes->seen(user, thread);
+      if (auto kept = keep.scopes.find(key); kept && kept->seen == seen)
+        return *kept;
+    }
+    cached_scope out;
+    out.seen = seen;
+    resetting r{find_scope};
+    find_scope.bind(1, user).bind(2, thread);
+    auto row = find_scope.step();
+    ++cost.statements;
+    if (!row)
+      return row.error();
+    if (*row) {
+      out.exists = true;
+      out.id = find_scope.column_int64(0);
+      out.entries = find_scope.column_int64(1);
+      auto words = find_scope.column_int64(2);
+      if (out.entries > 0 && words > 0)
+        out.average_words = static_cast<double>(words)
+                            / static_cast<double>(out.entries);
+    }
+    if (changes)
+      keep.scopes.put(key, cached_scope{out});
+    return out;
+  }
+
+  // Reads a term's list of a scope and scores its entries.
+  caf::expected<cached_list> read_list(int64_t scope, const std::string& term,
+                                       int64_t scope_entries,
+                                       double average_words) {
+    cached_list out;
+    out.entries = scope_entries;
+    resetting r{read_term};
+    read_term.bind(1, scope).bind(2, std::string_view{term});
+    auto row = read_term.step();
+    ++cost.statements;
+    if (!row)
+      return row.error();
+    ++cost.lists_read;
+    if (!*row)
+      return out;
+    auto df = static_cast<double>(read_term.column_int64(0));
+    list.clear();
+    decode(read_term.column_view(1), list);
+    auto n = static_cast<double>(scope_entries);
+    auto idf = std::log(1.0 + (n - df + 0.5) / (df + 0.5));
+    out.hits.reserve(list.size());
+    for (auto& p : list) {
+      auto tf = static_cast<double>(p.tf);
+      auto norm = 1.0 - bm25_b
+                  + bm25_b * static_cast<double>(p.words) / average_words;
+      out.hits.push_back(scored{p.id,
+                                idf * tf * (bm25_k1 + 1)
+                                  / (tf + bm25_k1 * norm),
+                                p.shortest});
+    }
+    return out;
+  }
+
+  caf::expected<memory_snippet> ranked_snippet(const memory_query& q,
+                                               const std::vector<std::string>&
+                                                 terms) {
+    auto scope = scope_of(q);
+    if (!scope)
+      return scope.error();
+    if (!scope->exists)
+      return memory_snippet{}; // nothing stored in this scope
+    hits.clear();
+    starts.clear();
+    for (auto& term : terms) {
+      key.assign(reinterpret_cast<const char*>(&scope->id), sizeof scope->id);
+      key += term;
+      auto kept = keep.lists.find(key);
+      if (kept == nullptr || kept->entries != scope->entries) {
+        auto read = read_list(scope->id, term, scope->entries,
+                              scope->average_words);
+        if (!read)
+          return read.error();
+        kept = keep.lists.put(key, std::move(*read));
+        if (kept == nullptr) {
+          uncached_list = std::move(*read);
+          kept = &uncached_list;
+        }
+      }
+      if (kept->hits.empty())
+        continue;
+      ++cost.terms;
+      cost.postings += kept->hits.size();
+      starts.push_back(hits.size());
+      hits.insert(hits.end(), kept->hits.begin(), kept->hits.end());
+    }
+    // One candidate per entry, its score summed over the lists it is in:
+    // each list is newest first, so merging them meets an entry's hits
+    // one after another.
+    candidates.clear();
+    auto lists_used = starts.size();
+    starts.push_back(hits.size());
+    next.assign(starts.begin(), starts.end() - 1);
+    for (;;) {
+      size_t best = lists_used;
+      for (size_t l = 0; l < lists_used; ++l)
+        if (next[l] < starts[l + 1]
+            && (best == lists_used || hits[next[l]].id > hits[next[best]].id))
+          best = l;
+      if (best == lists_used)
+        break;
+      auto& hit = hits[next[best]++];
+      if (!candidates.empty() && candidates.back().id == hit.id)
+        candidates.back().score += hit.score;
+      else
+        candidates.push_back(hit);
+    }
+    auto n = candidates.size();
+    cost.candidates = n;
+    // The best `memory_max_ranked`, best first (among equals, the
+    // newest), by keys that compare as integers: the score's float bits
+    // (a positive float's bits order as the float does) above the
+    // candidate's position counted from the end (the merge left the
+    // newest first).
+    order.clear();
+    uint64_t fits_none_below = ~uint64_t{0};
+    for (size_t i = 0; i < n; ++i) {
+      // Never negative (that would break the key's order): a term's
+      // frequency never exceeds its scope's count of entries.
+      auto score = static_cast<float>(std::max(0.0, candidates[i].score));
+      uint32_t bits = 0;
+      std::memcpy(&bits, &score, sizeof bits);
+      order.push_back((uint64_t{bits} << 32) | (0xffffffffu - i));
+      // Once the room left is below every candidate's shortest cut, no
+      // further entry can be shown.
+      if (candidates[i].shortest > 0)
+        fits_none_below = std::min(fits_none_below, candidates[i].shortest);
+    }
+    auto ranked = std::min(n, memory_max_ranked);
+    auto top = order.begin() + static_cast<long>(ranked);
+    if (ranked < n)
+      std::nth_element(order.begin(), top, order.end(), std::greater<>{});
+    std::sort(order.begin(), top, std::greater<>{});
+    memory_snippet_builder snippet{static_cast<size_t>(q.max_chars)};
+    uint64_t matched = ranked;
+    for (size_t i = 0; i < ranked; ++i) {
+      auto room = snippet.room();
+      if (room < fits_none_below)
+        break;
+      auto& c = candidates[0xffffffffu - (order[i] & 0xffffffffu)];
+      // An entry that cannot be shown, not even its first sentence, is
+      // not read: the snippet would skip it.
+      if (c.shortest == 0 || c.shortest > room)
+        continue;
+      const cached_entry* entry = keep.entries.find(c.id);
+      if (entry == nullptr) {
+        auto read = read_entry_row(c.id);
+        if (!read)
+          return read.error();
+        entry = *read;
+      }
+      // The columns, not the index, decide the scope (D8): an entry whose
+      // columns say another scope is never shown.
+      if (entry == nullptr || entry->user_id != q.user_id
+          || (q.user_id.empty() && entry->thread_id != q.thread_id)) {
+        --matched;
+        continue;
+      }
+      snippet.add_normalized(entry->content, entry->hash);
+    }
+    return std::move(snippet).finish(matched);
+  }
+
+  // Reads an entry from the database into the cache; null if it is gone.
+  caf::expected<cached_entry*> read_entry_row(int64_t id) {
+    resetting r{read_entry};
+    read_entry.bind(1, id);
+    auto row = read_entry.step();
+    ++cost.statements;
+    if (!row)
+      return row.error();
+    ++cost.contents;
+    if (!*row)
+      return nullptr;
+    // Kept as the snippet shows it: normalised once, not per retrieval.
+    cached_entry e{read_entry.column_text(0), read_entry.column_text(1),
+                   memory_normalized(read_entry.column_view(2)), 0};
+    e.hash = std::hash<std::string_view>{}(e.content);
+    if (auto kept = keep.entries.put(id, std::move(e)))
+      return kept;
+    uncached_entry = std::move(e);
+    return &uncached_entry;
+  }
+};
+
+memory_reader::memory_reader(std::unique_ptr<impl> p) : impl_(std::move(p)) {
+}
+
+memory_reader::~memory_reader() = default;
+
+caf::expected<std::unique_ptr<memory_reader>>
+memory_reader::open(database& db,
+                    std::shared_ptr<const memory_changes> changes,
+                    size_t cache_bytes) {
+  auto p = std::make_unique<impl>(cache_bytes > 0 ? std::move(changes)
+                                                  : nullptr,
+                                  cache_bytes);
+  auto err = prepare_all(
+    db, {{&p->find_scope, "SELECT id, entries, words FROM memory_scopes "
+                          "WHERE user_id = ?1 AND thread_id = ?2;"},
+         {&p->read_term, "SELECT df, recent FROM memory_terms "
+                         "WHERE scope = ?1 AND term = ?2;"},
+         {&p->read_entry, "SELECT user_id, thread_id, content FROM memories "
+                          "WHERE id = ?1;"}});
+  if (err)
+    return err;
+  return std::unique_ptr<memory_reader>{new memory_reader(std::move(p))};
+}
+
+caf::expected<memory_snippet>
+memory_reader::retrieve(const memory_query& q) {
+  auto& p = *impl_;
+  p.cost = memory_retrieval_cost{};
+  if (auto err = validate_memory_query(q))
+    return err;
+  auto terms = memory_query_terms(q.query);
+  if (terms.empty() || q.max_chars == 0)
+    return memory_snippet{};
+  // Each statement reads its own snapshot: the scope's count is read
+  // first, so a list read later may be newer than the count it is kept
+  // with (then read again next time), never older.
+  return p.ranked_snippet(q, terms);
+}
+
+const memory_retrieval_cost& memory_reader::last_cost() const noexcept {
+  return impl_->cost;
+}
+
+} // namespace spindle
