@@ -19,6 +19,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <httplib.h>
+
 extern char** environ;
 
 namespace spindle::test {
@@ -309,6 +311,39 @@ pid_t dead_pid() {
   int status = 0;
   waitpid(pid, &status, 0);
   return pid;
+}
+
+namespace {
+
+std::vector<std::string> upstream_arguments(std::vector<std::string> flags) {
+  std::vector<std::string> args{SPINDLE_FAKE_UPSTREAM, "--port", "0",
+                                "--exit-with-parent"};
+  args.insert(args.end(), flags.begin(), flags.end());
+  return args;
+}
+
+} // namespace
+
+fake_upstream::fake_upstream(std::vector<std::string> flags)
+  : process_(upstream_arguments(std::move(flags))) {
+  const auto& line = process_.first_line();
+  if (line.empty() || line.find_first_not_of("0123456789") != std::string::npos)
+    throw std::runtime_error("spindle_fake_upstream did not start: '" + line
+                             + "'; log: " + process_.log());
+  port_ = std::stoi(line);
+}
+
+std::string fake_upstream::url(const std::string& scheme,
+                               const std::string& host) const {
+  return scheme + "://" + host + ":" + std::to_string(port_);
+}
+
+nlohmann::json fake_upstream::stats() const {
+  httplib::Client cli{"127.0.0.1", port_};
+  auto r = cli.Get("/stats");
+  if (!r || r->status != 200)
+    throw std::runtime_error("spindle_fake_upstream gave no /stats");
+  return nlohmann::json::parse(r->body);
 }
 
 } // namespace spindle::test

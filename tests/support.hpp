@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include <sys/types.h>
 
 namespace spindle::test {
@@ -131,6 +133,27 @@ public:
   std::string log() const {
     return process_.log();
   }
+
+private:
+  announcing_process process_;
+  int port_ = 0;
+};
+
+/// spindle_fake_upstream (tests/fake_upstream.cpp, docs/llm.md) on a free
+/// loopback port with `flags`; it ends with the test process.
+class fake_upstream {
+public:
+  explicit fake_upstream(std::vector<std::string> flags = {});
+
+  int port() const noexcept {
+    return port_;
+  }
+  /// "http://127.0.0.1:PORT" (or another scheme or host).
+  std::string url(const std::string& scheme = "http",
+                  const std::string& host = "127.0.0.1") const;
+  /// Its counters: requests, open, max_open, completed, aborted. Throws
+  /// when it does not answer.
+  nlohmann::json stats() const;
 
 private:
   announcing_process process_;

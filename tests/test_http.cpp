@@ -375,10 +375,15 @@ TEST_CASE("http: a client that stops reading mid-stream does not delay the "
   }
 }
 
-TEST_CASE("http: 2,000 concurrent streamed exchanges on 500 threads: every "
-          "turn stored exactly once, in order, never interleaved") {
+TEST_CASE("http: 2,000 concurrent streamed exchanges through a fake "
+          "upstream on 500 threads: every turn stored exactly once, in "
+          "order, never interleaved") {
   raise_fd_limit();
-  server_process srv{{"--llm-delta-delay-ms", "100"}};
+  // Each completion (answers and, from a thread's second message on,
+  // rewrites) streams over a second.
+  spindle::test::fake_upstream up{{"--stream-seconds", "1", "--chunks", "4"}};
+  server_process srv{{"--llm", "openai", "--llm-url", up.url(),
+                      "--llm-model", "fake"}};
   // Four messages per thread at once: D9 queues them, so each thread ends
   // with 8 turns alternating user and assistant.
   constexpr int threads = 500, per_thread = 4;
@@ -402,6 +407,10 @@ TEST_CASE("http: 2,000 concurrent streamed exchanges on 500 threads: every "
     done += events.back().first == "done";
   }
   CHECK(done == requests.size());
+  // Answers and rewrites all went upstream, many at once.
+  auto stats = up.stats();
+  CHECK(stats["completed"].get<int>() >= threads * per_thread);
+  CHECK(stats["max_open"].get<int>() >= threads);
   httplib::Client cli{"127.0.0.1", srv.port()};
   cli.set_keep_alive(true);
   for (int t = 0; t < threads; ++t) {

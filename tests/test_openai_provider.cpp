@@ -21,6 +21,8 @@ using namespace spindle;
 using namespace std::chrono_literals;
 using std::chrono::steady_clock;
 
+using spindle::test::fake_upstream;
+
 namespace {
 
 std::vector<chat_message> prompt() {
@@ -39,43 +41,6 @@ std::shared_ptr<llm_provider> provider_for(const test::fake_openai& fake,
   return *p;
 }
 
-// spindle_fake_upstream on a free loopback port, killed on destruction.
-class fake_upstream {
-public:
-  explicit fake_upstream(std::vector<std::string> flags)
-    : process_(arguments(std::move(flags))) {
-    const auto& line = process_.first_line();
-    if (line.empty()
-        || line.find_first_not_of("0123456789") != std::string::npos)
-      throw std::runtime_error("spindle_fake_upstream did not start: '"
-                               + line + "'; log: " + process_.log());
-    port_ = std::stoi(line);
-  }
-
-  std::string url(const std::string& scheme = "http",
-                  const std::string& host = "127.0.0.1") const {
-    return scheme + "://" + host + ":" + std::to_string(port_);
-  }
-
-  /// Its counters: requests, open, max_open, completed, aborted.
-  nlohmann::json stats() const {
-    httplib::Client cli{"127.0.0.1", port_};
-    auto r = cli.Get("/stats");
-    REQUIRE(r);
-    return nlohmann::json::parse(r->body);
-  }
-
-private:
-  static std::vector<std::string> arguments(std::vector<std::string> flags) {
-    std::vector<std::string> args{SPINDLE_FAKE_UPSTREAM, "--port", "0",
-                                  "--exit-with-parent"};
-    args.insert(args.end(), flags.begin(), flags.end());
-    return args;
-  }
-
-  test::announcing_process process_;
-  int port_ = 0;
-};
 
 std::shared_ptr<llm_provider>
 provider_at(const std::string& url, std::shared_ptr<net::io_pool> loops = {},
