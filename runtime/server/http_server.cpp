@@ -230,6 +230,11 @@ struct http_server::impl : std::enable_shared_from_this<http_server::impl> {
   }
 
   void accept();
+  void sweep(size_t loop);
+  /// Deadline sweeps, one timer per loop.
+  std::vector<std::unique_ptr<asio::steady_timer>> sweepers;
+  static constexpr std::chrono::milliseconds sweep_every{100};
+
   void closed_one() {
     if (open.fetch_sub(1) == 1) {
       std::lock_guard<std::mutex> guard{drain_mx};
@@ -250,7 +255,7 @@ class connection : public std::enable_shared_from_this<connection> {
 public:
   connection(impl_ptr srv, tcp::socket sock, size_t loop)
     : srv_(std::move(srv)), socket_(std::move(sock)),
-      deadline_(socket_.get_executor()), loop_(loop) {
+      loop_(loop) {
   }
 
   ~connection() {
@@ -278,6 +283,8 @@ public:
     response res = srv_->refuse(request{}, 503,
                                 "the server has too many open connections; "
                                 "try again later");
+    srv_->enlist(loop_, this); // swept like the others
+    registered_ = true;
     keep_alive_ = false;
     state_ = state::writing;
     queue(serialize(res, false));
@@ -348,7 +355,7 @@ public:
       return;
     closed_ = true;
     error_code ec;
-    deadline_.cancel();
+    deadline_at_ = clock::time_point::max();
     socket_.shutdown(tcp::socket::shutdown_both, ec);
     socket_.close(ec);
     mark_gone();
@@ -366,25 +373,32 @@ private:
 
   void mark_gone();
 
+public:
+  using clock = std::chrono::steady_clock;
+
   // A deadline for what the connection waits for now; when it passes, the
-  // connection is closed (which ends every pending operation).
+  // loop's sweep closes the connection (which ends every pending
+  // operation). Setting one costs a clock read, not a timer.
   void arm(std::chrono::milliseconds after, bool count_timeout = true) {
-    auto gen = ++deadline_gen_;
-    deadline_.expires_after(after);
-    deadline_.async_wait([self = shared_from_this(), gen,
-                          count_timeout](const error_code& ec) {
-      if (ec || gen != self->deadline_gen_ || self->closed_)
-        return;
-      if (count_timeout)
-        ++self->srv_->timed_out;
-      self->close();
-    });
+    deadline_at_ = clock::now() + after;
+    count_timeout_ = count_timeout;
   }
 
   void disarm() {
-    ++deadline_gen_;
-    deadline_.cancel();
+    deadline_at_ = clock::time_point::max();
   }
+
+  /// On the loop: closes the connection if its deadline passed.
+  bool sweep(clock::time_point now) {
+    if (closed_ || deadline_at_ > now)
+      return false;
+    if (count_timeout_)
+      ++srv_->timed_out;
+    close();
+    return true;
+  }
+
+private:
 
   // Waits until the next request's first byte arrives (or is buffered).
   void wait_for_request(std::chrono::milliseconds idle) {
@@ -585,8 +599,8 @@ private:
 
   impl_ptr srv_;
   tcp::socket socket_;
-  asio::steady_timer deadline_;
-  uint64_t deadline_gen_ = 0;
+  clock::time_point deadline_at_ = clock::time_point::max();
+  bool count_timeout_ = true;
   size_t loop_;
   bool registered_ = false;
   bool closed_ = false;
@@ -800,6 +814,32 @@ void connection::on_written(const error_code& ec) {
 
 } // namespace
 
+// Every 100 ms each loop closes its connections whose deadline passed: a
+// timeout costs a clock read per phase instead of a timer per phase, and is
+// at most 100 ms late. Sweeping ends once the server stopped and drained.
+void http_server::impl::sweep(size_t loop) {
+  auto now = connection::clock::now();
+  std::vector<std::shared_ptr<connection>> conns;
+  {
+    std::lock_guard<std::mutex> guard{registries[loop].mx};
+    conns.reserve(registries[loop].conns.size());
+    for (auto* c : registries[loop].conns)
+      if (auto p = c->weak_from_this().lock())
+        conns.push_back(std::move(p));
+  }
+  for (auto& c : conns)
+    c->sweep(now);
+  conns.clear();
+  if (stopping && open == 0)
+    return;
+  auto& timer = *sweepers[loop];
+  timer.expires_after(sweep_every);
+  timer.async_wait([self = shared_from_this(), loop](const error_code& ec) {
+    if (!ec)
+      self->sweep(loop);
+  });
+}
+
 void http_server::impl::accept() {
   auto& ctx = loops.next();
   size_t loop = 0;
@@ -879,6 +919,11 @@ caf::expected<int> http_server::listen(const std::string& address, int port) {
     return fail(ec.message());
   auto bound = acc->local_endpoint(ec).port();
   impl_->acceptor = std::move(acc);
+  for (size_t i = 0; i < impl_->loops.size(); ++i) {
+    impl_->sweepers.push_back(
+      std::make_unique<asio::steady_timer>(impl_->loops.at(i)));
+    asio::post(impl_->loops.at(i), [self = impl_, i] { self->sweep(i); });
+  }
   asio::post(impl_->loops.at(0), [self = impl_] { self->accept(); });
   return static_cast<int>(bound);
 }
