@@ -63,8 +63,8 @@ struct memory_entry {
 /// gained entries: one counter per slot of scopes (a scope's slot is a
 /// hash of its user and thread IDs), raised after every commit that
 /// stored into the scope. A reader keeps what it read of a scope while
-/// the scope's counter stands still (docs/memory.md, "Readers").
-/// This class is thread-safe.
+/// the scope's counter stands still (docs/memory.md, "Readers and the
+/// writer"). This class is thread-safe.
 class memory_changes {
 public:
   static constexpr size_t slots = 1024;
@@ -138,8 +138,8 @@ struct memory_retrieval_cost {
 };
 
 /// Answers retrievals from a database it does not own, keeping the
-/// entries and term lists it has read (docs/memory.md, "Readers"). Not
-/// thread-safe: one owner (a memory reader actor).
+/// entries and term lists it has read (docs/memory.md, "Readers and the
+/// writer"). Not thread-safe: one owner (a memory reader actor).
 class memory_reader {
 public:
   /// Bytes of entries and term lists a reader keeps by default.
