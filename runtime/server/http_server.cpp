@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <future>
 #include <optional>
 #include <deque>
 #include <unordered_set>
@@ -818,6 +819,8 @@ void connection::on_written(const error_code& ec) {
 // timeout costs a clock read per phase instead of a timer per phase, and is
 // at most 100 ms late. Sweeping ends once the server stopped and drained.
 void http_server::impl::sweep(size_t loop) {
+  if (!sweepers[loop])
+    return;
   auto now = connection::clock::now();
   std::vector<std::shared_ptr<connection>> conns;
   {
@@ -841,6 +844,8 @@ void http_server::impl::sweep(size_t loop) {
 }
 
 void http_server::impl::accept() {
+  if (!acceptor)
+    return;
   auto& ctx = loops.next();
   size_t loop = 0;
   for (size_t i = 0; i < loops.size(); ++i)
@@ -891,6 +896,29 @@ http_server::http_server(net::io_pool& loops, limits lim, dispatch_fn dispatch,
 
 http_server::~http_server() {
   stop();
+  // The acceptor and the sweep timers belong to the loops: they go now, on
+  // their loops (or here, when a loop no longer runs), never later from a
+  // handler released while a loop's context is being destroyed.
+  for (size_t i = 0; i < impl_->loops.size(); ++i) {
+    auto& ctx = impl_->loops.at(i);
+    auto drop = [self = impl_, i] {
+      if (i == 0)
+        self->acceptor.reset();
+      if (i < self->sweepers.size())
+        self->sweepers[i].reset();
+    };
+    if (ctx.stopped()) {
+      drop();
+      continue;
+    }
+    auto done = std::make_shared<std::promise<void>>();
+    auto dropped = done->get_future();
+    asio::post(ctx, [drop, done] {
+      drop();
+      done->set_value();
+    });
+    dropped.wait_for(std::chrono::seconds{5});
+  }
 }
 
 caf::expected<int> http_server::listen(const std::string& address, int port) {
