@@ -383,6 +383,10 @@ TEST_CASE("threads store: under concurrent writers and readers no reader "
       std::vector<std::thread> pool;
       for (size_t w = 0; w < clients; ++w)
         pool.emplace_back([&, w] {
+          // The readers are reading before the first write: on a loaded
+          // machine a late reader would otherwise see only the end.
+          while (reads.load() < clients)
+            std::this_thread::yield();
           for (size_t i = 0; i < per_writer; ++i) {
             auto c = (i + w) % conversations;
             auto content = "w" + std::to_string(w) + ":" + std::to_string(i);
