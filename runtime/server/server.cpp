@@ -146,9 +146,17 @@ server::server(runtime& rt, server_options options)
   auto& r = impl_->routes;
   r.get_async("/healthz", "GET /healthz",
               [this](std::shared_ptr<http::async_call> call) {
+                // Load balancers ask this many times a second: both bodies
+                // are made once.
+                static const std::string ok = http::dump(
+                  {{"status", "ok"}, {"version", version_string}});
+                static const std::string stopping = http::dump(
+                  {{"status", "stopping"}, {"version", version_string}});
                 bool up = impl_->rt.running() && !impl_->routes.stopping();
-                call->reply(up ? 200 : 503, {{"status", up ? "ok" : "stopping"},
-                                             {"version", version_string}});
+                http::response res;
+                res.status = up ? 200 : 503;
+                res.set_content(up ? ok : stopping, "application/json");
+                call->send(std::move(res));
               },
               /*open=*/true);
   r.get("/metrics", "GET /metrics",
