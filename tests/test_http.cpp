@@ -95,6 +95,14 @@ std::string read_until_close(int fd, milliseconds timeout) {
   return out;
 }
 
+// The server still answers a new client.
+void check_healthy(int port) {
+  httplib::Client cli{"127.0.0.1", port};
+  auto r = cli.Get("/healthz");
+  REQUIRE(r);
+  CHECK(r->status == 200);
+}
+
 // The status of a raw HTTP reply ("HTTP/1.1 431 ..."), or 0.
 int status_of(const std::string& reply) {
   if (reply.compare(0, 9, "HTTP/1.1 ") != 0 || reply.size() < 12)
@@ -267,10 +275,8 @@ TEST_CASE("http: a connection that trickles its headers is closed when "
   CHECK(steady_clock::now() - start < seconds(2));
   CHECK(read_until_close(silent, seconds(2)).empty());
   // The server still serves.
+  check_healthy(srv.port());
   httplib::Client cli{"127.0.0.1", srv.port()};
-  auto r = cli.Get("/healthz");
-  REQUIRE(r);
-  CHECK(r->status == 200);
   auto m = cli.Get("/metrics");
   REQUIRE(m);
   CHECK(m->body.find("spindle_http_connections_timed_out 2") != std::string::npos);
@@ -303,10 +309,7 @@ TEST_CASE("http: oversized headers get 431, too many header fields 431, a "
   CHECK(status_of(garbage) == 400);
   CHECK(garbage.find("\"malformed\"") != std::string::npos);
   // Nothing of that broke the server.
-  httplib::Client cli{"127.0.0.1", srv.port()};
-  auto r = cli.Get("/healthz");
-  REQUIRE(r);
-  CHECK(r->status == 200);
+  check_healthy(srv.port());
 }
 
 TEST_CASE("http: past --max-connections a new connection gets 503 and is "
@@ -336,10 +339,7 @@ TEST_CASE("http: past --max-connections a new connection gets 503 and is "
     fd = -1;
   }
   std::this_thread::sleep_for(milliseconds(200));
-  httplib::Client cli{"127.0.0.1", srv.port()};
-  auto r = cli.Get("/healthz");
-  REQUIRE(r);
-  CHECK(r->status == 200);
+  check_healthy(srv.port());
 }
 
 TEST_CASE("http: a client that stops reading mid-stream does not delay the "
