@@ -3,6 +3,7 @@
 
 #include <atomic>
 #include <future>
+#include <mutex>
 #include <set>
 #include <thread>
 
@@ -539,4 +540,53 @@ TEST_CASE("exchange: a provider that never ends is given up after the reply "
   CHECK_FALSE(snap->in_exchange);
   rt.stop();
   loops->stop();
+}
+
+TEST_CASE("exchange: callbacks come in order - held, deltas, the reply, then "
+          "the end once the memory entry is stored") {
+  runtime rt;
+  std::mutex mx;
+  std::vector<std::string> seen;
+  std::promise<caf::expected<exchange_result>> ended;
+  exchange_request req;
+  req.thread_id = "order";
+  req.user_id = "orderly";
+  req.content = "My lucky number is 7139.";
+  exchange_callbacks cb;
+  auto note = [&](std::string what) {
+    std::lock_guard<std::mutex> guard{mx};
+    seen.push_back(std::move(what));
+  };
+  cb.on_held = [&](const exchange_result& r) {
+    note("held:" + r.thread_id);
+  };
+  cb.on_delta = [&](std::string_view) {
+    note("delta");
+    return true;
+  };
+  std::string replied;
+  cb.on_reply = [&](const exchange_result& r) {
+    note("reply");
+    replied = r.reply;
+  };
+  cb.done = [&](caf::expected<exchange_result> r) {
+    note("done");
+    ended.set_value(std::move(r));
+  };
+  rt.start_exchange(std::move(req), std::move(cb));
+  auto r = ended.get_future().get();
+  REQUIRE(r);
+  std::lock_guard<std::mutex> guard{mx};
+  REQUIRE(seen.size() >= 4);
+  CHECK(seen.front() == "held:order");
+  CHECK(seen[seen.size() - 2] == "reply");
+  CHECK(seen.back() == "done");
+  for (size_t i = 1; i + 2 < seen.size(); ++i)
+    CHECK(seen[i] == "delta");
+  CHECK(replied == r->reply);
+  CHECK(r->turns == 2);
+  // `done` came after the memory entry was stored: it is there at once.
+  auto mem = rt.retrieve_memory("orderly", "elsewhere", "lucky number");
+  REQUIRE(mem);
+  CHECK_THAT(mem->text, Catch::Contains("7139"));
 }
