@@ -507,7 +507,7 @@ private:
       return dispatch();
     // A client that asked may send its body now.
     if (iequals(req_->get_header_value("Expect"), "100-continue"))
-      queue_raw("HTTP/1.1 100 Continue\r\n\r\n");
+      queue("HTTP/1.1 100 Continue\r\n\r\n");
     arm(srv_->lims.body_timeout);
     beast::http::async_read(socket_, buffer_, *parser_,
                             [self = shared_from_this()](const error_code& e,
@@ -569,10 +569,6 @@ private:
           return self->close(); // the client went away
         // A pipelined request: read it after this reply.
       });
-  }
-
-  void queue_raw(std::string bytes) {
-    queue(std::move(bytes));
   }
 
   void queue(std::string bytes, size_t accounted = 0) {

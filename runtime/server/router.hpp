@@ -166,7 +166,7 @@ public:
   /// The reply to a request refused before routing (and its log line).
   response refusal(const request& req, int status, const std::string& message);
 
-  /// Requests not finished yet, by route kind.
+  /// True once the server is stopping (`/healthz` then answers 503).
   bool stopping() const noexcept;
   void set_stopping() noexcept;
 
