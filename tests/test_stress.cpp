@@ -128,4 +128,12 @@ TEST_CASE("stress: bad arguments exit 2") {
              "--mix", "dance=3"})
           .exit_code
         == 2);
+  for (auto url : {"ftp://127.0.0.1:1", "http://127.0.0.1:99999",
+                   "http://:80"}) {
+    auto r = run({spindle_binary(), "stress", "--url", url, "--requests",
+                  "5"});
+    INFO(url << ": " << r.err);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find("--url") != std::string::npos);
+  }
 }

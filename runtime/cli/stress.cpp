@@ -2,9 +2,11 @@
 // runtime, invariants checked on every response.
 
 #include <iostream>
+#include <stdexcept>
 
 #include "cli.hpp"
 #include "spindle/messages/error.hpp"
+#include "spindle/runtime/http_client.hpp"
 #include "spindle/runtime/runtime.hpp"
 #include "spindle/runtime/stress.hpp"
 
@@ -25,6 +27,14 @@ int stress(stress_args args) {
     std::cerr << "spindle stress: give exactly one of --url and "
                  "--in-process\n";
     return exit_code::usage;
+  }
+  if (!args.opts.url.empty()) {
+    try {
+      net::blocking_http_client check{args.opts.url, std::chrono::seconds{1}};
+    } catch (const std::invalid_argument& e) {
+      std::cerr << "spindle stress: --url: " << e.what() << "\n";
+      return exit_code::usage;
+    }
   }
   if (args.duration_s <= 0 && args.opts.requests == 0) {
     std::cerr << "spindle stress: give --duration or --requests\n";

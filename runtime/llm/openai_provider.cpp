@@ -27,6 +27,7 @@
 #include "spindle/messages/error.hpp"
 #include "spindle/runtime/io_pool.hpp"
 #include "spindle/runtime/tcp_or_tls.hpp"
+#include "spindle/runtime/url.hpp"
 #include "spindle/version.hpp"
 
 // The OpenAI-compatible provider on the event loops (docs/llm.md, "The
@@ -80,23 +81,6 @@ using endpoint = detail::openai_endpoint;
 // refused rather than held.
 constexpr size_t max_answer = 16u << 20;
 
-// Splits "http://host:port/prefix" into origin and path prefix; drops a
-// trailing "/v1" and trailing slashes from the prefix.
-std::pair<std::string, std::string> split_url(std::string url) {
-  auto scheme_end = url.find("://");
-  auto path_start = url.find('/', scheme_end == std::string::npos
-                                    ? 0
-                                    : scheme_end + 3);
-  std::string origin = url.substr(0, path_start);
-  std::string prefix = path_start == std::string::npos ? ""
-                                                       : url.substr(path_start);
-  while (!prefix.empty() && prefix.back() == '/')
-    prefix.pop_back();
-  if (prefix.size() >= 3 && prefix.compare(prefix.size() - 3, 3, "/v1") == 0)
-    prefix.erase(prefix.size() - 3);
-  return {origin, prefix};
-}
-
 bool is_address(const std::string& host) {
   error_code ec;
   asio::ip::make_address(host, ec);
@@ -111,43 +95,25 @@ std::shared_ptr<endpoint> make_endpoint(const openai_options& o) {
     ep->refused = std::move(why);
     return ep;
   };
-  bool tls = o.base_url.rfind("https://", 0) == 0;
-  if (!tls && o.base_url.rfind("http://", 0) != 0)
-    return refuse("--llm-url must start with http:// or https://, not '"
-                  + o.base_url.substr(0, 64) + "'");
+  net::http_origin origin;
+  std::string why;
+  if (!net::parse_http_url(o.base_url, origin, why))
+    return refuse("--llm-url " + why);
   if (o.model.empty())
     return refuse("--llm-model is required for the openai provider");
-  std::string prefix;
-  std::tie(ep->origin, prefix) = split_url(o.base_url);
+  bool tls = origin.tls;
+  // The path is a prefix before /v1/chat/completions, without trailing
+  // slashes or a trailing "/v1".
+  std::string prefix = origin.path;
+  while (!prefix.empty() && prefix.back() == '/')
+    prefix.pop_back();
+  if (prefix.size() >= 3 && prefix.compare(prefix.size() - 3, 3, "/v1") == 0)
+    prefix.erase(prefix.size() - 3);
   ep->target = prefix + "/v1/chat/completions";
-  ep->authority = ep->origin.substr(tls ? 8 : 7);
-  // "host", "host:port", "[v6]", "[v6]:port".
-  const auto& a = ep->authority;
-  std::string port;
-  if (!a.empty() && a[0] == '[') {
-    auto close = a.find(']');
-    if (close == std::string::npos
-        || (close + 1 < a.size() && a[close + 1] != ':'))
-      return refuse("--llm-url has a malformed host: '" + a + "'");
-    ep->host = a.substr(1, close - 1);
-    if (close + 1 < a.size())
-      port = a.substr(close + 2);
-  } else {
-    auto colon = a.rfind(':');
-    ep->host = a.substr(0, colon);
-    if (colon != std::string::npos)
-      port = a.substr(colon + 1);
-  }
-  if (ep->host.empty())
-    return refuse("--llm-url names no host: '" + o.base_url.substr(0, 64)
-                  + "'");
-  if (port.empty())
-    port = tls ? "443" : "80";
-  if (port.size() > 5
-      || port.find_first_not_of("0123456789") != std::string::npos
-      || std::stoi(port) == 0 || std::stoi(port) > 65535)
-    return refuse("--llm-url has a bad port: '" + port + "'");
-  ep->port = port;
+  ep->origin = (tls ? "https://" : "http://") + origin.authority;
+  ep->authority = origin.authority;
+  ep->host = origin.host;
+  ep->port = origin.port;
   ep->model = o.model;
   ep->api_key = o.api_key;
   ep->connect_timeout = o.connect_timeout;

@@ -11,13 +11,13 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include <httplib.h>
 #include <unistd.h>
 
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/hybrid36.hpp"
 #include "spindle/messages/ids.hpp"
 #include "spindle/messages/task_id.hpp"
+#include "spindle/runtime/http_client.hpp"
 #include "spindle/runtime/runtime.hpp"
 
 namespace spindle {
@@ -62,10 +62,8 @@ public:
 
 class http_driver : public driver {
 public:
-  http_driver(const std::string& url, const std::string& token) : cli_(url) {
-    cli_.set_keep_alive(true);
-    cli_.set_tcp_nodelay(true);
-    cli_.set_read_timeout(seconds(60));
+  http_driver(const std::string& url, const std::string& token)
+    : cli_(url, milliseconds{60000}) {
     if (!token.empty())
       headers_ = {{"Authorization", "Bearer " + token}};
   }
@@ -114,30 +112,29 @@ public:
   }
 
 private:
-  op_result finish(const httplib::Result& r) {
+  op_result finish(net::blocking_http_client::response r) {
     op_result out;
-    if (!r) {
-      out.error = "transport: " + httplib::to_string(r.error());
+    if (r.status == 0) {
+      out.error = "transport: " + r.error;
       return out;
     }
-    out.status = r->status;
-    out.ok = r->status >= 200 && r->status < 300;
-    if (!r->body.empty())
-      out.body = json::parse(r->body, nullptr, false);
+    out.status = r.status;
+    out.ok = r.status >= 200 && r.status < 300;
+    if (!r.body.empty())
+      out.body = json::parse(r.body, nullptr, false);
     if (!out.ok)
-      out.error = std::to_string(r->status) + " " + r->body.substr(0, 200);
+      out.error = std::to_string(r.status) + " " + r.body.substr(0, 200);
     return out;
   }
   op_result post(const std::string& path, const json& body) {
-    return finish(cli_.Post(path.c_str(), headers_, body.dump(),
-                            "application/json"));
+    return finish(cli_.request("POST", path, body.dump(), headers_));
   }
   op_result get(const std::string& path) {
-    return finish(cli_.Get(path.c_str(), headers_));
+    return finish(cli_.request("GET", path, {}, headers_));
   }
 
-  httplib::Client cli_;
-  httplib::Headers headers_;
+  net::blocking_http_client cli_;
+  std::vector<std::pair<std::string, std::string>> headers_;
 };
 
 class runtime_driver : public driver {
