@@ -3,6 +3,7 @@
 // max_chars, best-ranked entries first, cut at sentence or entry
 // boundaries, never a raw dump).
 
+#include <algorithm>
 #include <atomic>
 #include <map>
 #include <random>
@@ -328,7 +329,7 @@ TEST_CASE("memory: the user and thread columns, not the index, decide what "
   // t's anonymous scope; now the columns of one say it is mallory's, and
   // of another that it is in thread u.
   sqlite3* db = nullptr;
-  REQUIRE(sqlite3_open((dir.path() / "spindle.db").c_str(), &db) == SQLITE_OK);
+  REQUIRE(sqlite3_open((dir.path() / "memory.db").c_str(), &db) == SQLITE_OK);
   REQUIRE(sqlite3_exec(db,
                        "UPDATE memories SET user_id = 'mallory' "
                        "WHERE content LIKE '%swarm%';"
@@ -394,7 +395,7 @@ struct owner_of {
 // entries, each entry starting with "Owner {owner}." and then words of
 // the vocabulary.
 void seed_owned(const test::temp_dir& dir, size_t n) {
-  auto db = database::open(database_path(durable_memory(dir).storage),
+  auto db = database::open(memory_database_path(durable_memory(dir).storage),
                            sync_mode::normal);
   REQUIRE(db);
   auto writer = memory_writer::open(**db);
@@ -510,7 +511,7 @@ TEST_CASE("memory: what a retrieval reads is bounded by constants, not by "
           "no answer") {
   test::temp_dir dir;
   seed_owned(dir, 100000);
-  auto db = database::open(database_path(durable_memory(dir).storage),
+  auto db = database::open(memory_database_path(durable_memory(dir).storage),
                            sync_mode::normal);
   REQUIRE(db);
   // Nothing kept between retrievals: each reads all it uses.
@@ -588,8 +589,28 @@ TEST_CASE("memory: a retrieval right after an acknowledged store sees it, "
   CHECK(misses == 0);
 }
 
+namespace {
+
+// The single number `sql` answers on the database file at `path`, read
+// beside the runtime.
+int64_t count_in(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
+  sqlite3_stmt* stmt = nullptr;
+  REQUIRE(sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr)
+          == SQLITE_OK);
+  REQUIRE(sqlite3_step(stmt) == SQLITE_ROW);
+  auto n = sqlite3_column_int64(stmt, 0);
+  sqlite3_finalize(stmt);
+  sqlite3_close(db);
+  return n;
+}
+
+} // namespace
+
 TEST_CASE("memory: a database of schema version 4 is upgraded, and its "
-          "entries are indexed and retrieved within their scopes") {
+          "entries move to memory.db, are indexed and retrieved within "
+          "their scopes") {
   test::temp_dir dir;
   auto path = database_path(durable_memory(dir).storage);
   {
@@ -615,21 +636,97 @@ TEST_CASE("memory: a database of schema version 4 is upgraded, and its "
   alice = rt.retrieve_memory("alice", "t9", "bees");
   REQUIRE(alice);
   CHECK(lines_of(alice->text).size() == 2);
-  sqlite3* db = nullptr;
-  REQUIRE(sqlite3_open(path.c_str(), &db) == SQLITE_OK);
-  auto count = [&](const std::string& sql) {
-    sqlite3_stmt* stmt = nullptr;
-    REQUIRE(sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr)
-            == SQLITE_OK);
-    REQUIRE(sqlite3_step(stmt) == SQLITE_ROW);
-    auto n = sqlite3_column_int64(stmt, 0);
-    sqlite3_finalize(stmt);
-    return n;
-  };
-  CHECK(count("PRAGMA user_version;") == database::schema_version);
-  CHECK(count("SELECT count(*) FROM sqlite_master "
-              "WHERE name LIKE 'memories_fts%';")
+  auto memory_db = memory_database_path(durable_memory(dir).storage);
+  CHECK(count_in(path, "PRAGMA user_version;") == database::schema_version);
+  CHECK(count_in(path, "SELECT count(*) FROM sqlite_master "
+                       "WHERE name LIKE 'memories_fts%';")
         == 0);
-  CHECK(count("SELECT indexed_through FROM memory_index_state;") == 4);
-  sqlite3_close(db);
+  // The entries moved to memory.db, where the index holds them and the
+  // new one.
+  CHECK(count_in(memory_db, "SELECT count(*) FROM memories;") == 4);
+  CHECK(count_in(memory_db, "SELECT indexed_through FROM memory_index_state;")
+        == 4);
+}
+
+TEST_CASE("memory: entries an earlier build kept in spindle.db move to "
+          "memory.db once, and the state store's file keeps the rest") {
+  test::temp_dir dir;
+  auto storage = durable_memory(dir).storage;
+  {
+    // As the previous build left it: schema 5, memories in spindle.db.
+    auto db = database::open(database_path(storage), sync_mode::normal);
+    REQUIRE(db);
+    auto writer = memory_writer::open(**db);
+    REQUIRE(writer);
+    for (int i = 0; i < 50; ++i)
+      REQUIRE((*writer)->store("Entry " + std::to_string(i)
+                                 + " mentions the lighthouse.",
+                               memory_tags(i % 2 == 0 ? "ann" : "", "t1")));
+  }
+  for (int start = 0; start < 3; ++start) {
+    runtime rt{durable_memory(dir)};
+    auto ann = rt.retrieve_memory("ann", "t9", "the lighthouse");
+    REQUIRE(ann);
+    CHECK(ann->text.find("Entry 48 mentions") != std::string::npos);
+    CHECK(ann->text.find("Entry 49") == std::string::npos); // D8
+    auto anonymous = rt.retrieve_memory("", "t1", "lighthouse");
+    REQUIRE(anonymous);
+    CHECK(anonymous->text.find("Entry 49 mentions") != std::string::npos);
+    REQUIRE(rt.store_memory("Ann painted the lighthouse "
+                              + std::to_string(start) + ".",
+                            memory_tags("ann", "")));
+  }
+  // Moved once (50), then one new entry per start; none written to
+  // spindle.db since.
+  auto memory_db = memory_database_path(storage);
+  CHECK(count_in(memory_db, "SELECT count(*) FROM memories;") == 53);
+  CHECK(count_in(memory_db, "SELECT count(DISTINCT content) FROM memories;")
+        == 53);
+  CHECK(count_in(database_path(storage), "SELECT count(*) FROM memories;")
+        == 50);
+}
+
+TEST_CASE("memory: stores from many threads at once are committed together "
+          "and each answered with its own ID, and all are retrievable") {
+  test::temp_dir dir;
+  runtime rt{durable_memory(dir, 2)};
+  constexpr size_t clients = 16, each = 100;
+  std::vector<std::vector<int64_t>> ids(clients);
+  std::atomic<size_t> errors{0};
+  std::vector<std::thread> pool;
+  for (size_t c = 0; c < clients; ++c)
+    pool.emplace_back([&, c] {
+      for (size_t i = 0; i < each; ++i) {
+        auto id = rt.store_memory("Client" + std::to_string(c) + " item"
+                                    + std::to_string(i) + " about kites.",
+                                  memory_tags("u" + std::to_string(c), ""));
+        if (id)
+          ids[c].push_back(*id);
+        else
+          ++errors;
+      }
+    });
+  for (auto& t : pool)
+    t.join();
+  REQUIRE(errors == 0);
+  std::set<int64_t> all;
+  for (auto& mine : ids) {
+    // A client's stores are answered in order.
+    CHECK(std::is_sorted(mine.begin(), mine.end()));
+    all.insert(mine.begin(), mine.end());
+  }
+  CHECK(all.size() == clients * each);
+  for (size_t c = 0; c < clients; ++c) {
+    auto s = rt.retrieve_memory("u" + std::to_string(c), "t",
+                                "item" + std::to_string(each - 1) + " kites");
+    REQUIRE(s);
+    CHECK(s->text.find("Client" + std::to_string(c) + " item"
+                       + std::to_string(each - 1) + " ")
+          != std::string::npos);
+    // D8: never another client's entry.
+    for (size_t other = 0; other < clients; ++other)
+      if (other != c)
+        CHECK(s->text.find("Client" + std::to_string(other) + " ")
+              == std::string::npos);
+  }
 }

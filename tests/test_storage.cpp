@@ -487,10 +487,11 @@ int64_t rows_in(const test::temp_dir& dir, const char* table) {
 }
 
 // Runs `sql` on a connection of its own beside the runtime's, as an
-// operator (or a failing disk) would.
-bool exec_in(const test::temp_dir& dir, const std::string& sql) {
+// operator (or a failing disk) would, on spindle.db or on the file named.
+bool exec_in(const test::temp_dir& dir, const std::string& sql,
+             const char* file = "spindle.db") {
   sqlite3* db = nullptr;
-  auto path = (dir.path() / "spindle.db").string();
+  auto path = (dir.path() / file).string();
   bool ok = sqlite3_open(path.c_str(), &db) == SQLITE_OK
             && sqlite3_busy_timeout(db, 5000) == SQLITE_OK
             && sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr)
@@ -504,10 +505,13 @@ bool exec_in(const test::temp_dir& dir, const std::string& sql) {
 void refuse(const test::temp_dir& dir, const runtime_options& opts,
             const std::string& table, const std::string& when) {
   { runtime rt{opts}; } // creates the schema
-  REQUIRE(exec_in(dir, "CREATE TRIGGER refuse BEFORE INSERT ON " + table
-                         + " WHEN " + when
-                         + " BEGIN SELECT RAISE(ABORT, 'disk says no'); "
-                           "END;"));
+  // Long-term memory has a file of its own.
+  auto file = table.rfind("memor", 0) == 0 ? "memory.db" : "spindle.db";
+  REQUIRE(exec_in(dir,
+                  "CREATE TRIGGER refuse BEFORE INSERT ON " + table + " WHEN "
+                    + when
+                    + " BEGIN SELECT RAISE(ABORT, 'disk says no'); END;",
+                  file));
 }
 
 // Durable options without long-term memory, over a database of `dir`
@@ -668,6 +672,52 @@ TEST_CASE("storage: a memory whose write fails is an error and is never "
   }
   runtime rt{opts};
   check_all(rt);
+}
+
+TEST_CASE("storage: stores committed together fail one by one: of many "
+          "concurrent memory stores, exactly those the database refuses "
+          "fail") {
+  test::temp_dir dir;
+  auto opts = durable(dir);
+  refuse(dir, opts, "memories", "NEW.content LIKE '%boom%'");
+  runtime rt{opts};
+  constexpr int clients = 8, each = 50;
+  std::atomic<int> wrong{0}, refused{0};
+  std::vector<std::thread> pool;
+  for (int c = 0; c < clients; ++c)
+    pool.emplace_back([&, c] {
+      for (int i = 0; i < each; ++i) {
+        bool bad = i % 5 == 0;
+        auto got = rt.store_memory("Writer" + std::to_string(c) + " note"
+                                     + std::to_string(i)
+                                     + (bad ? " boom" : " calm"),
+                                   memory_tags("w" + std::to_string(c), ""));
+        if (bad && !got
+            && classify(got.error()) == errc::storage_failure)
+          ++refused;
+        else if (bad || !got)
+          ++wrong;
+      }
+    });
+  for (auto& t : pool)
+    t.join();
+  CHECK(wrong == 0);
+  CHECK(refused == clients * each / 5);
+  auto stored = [&](const char* sql) {
+    sqlite3* db = nullptr;
+    REQUIRE(sqlite3_open((dir.path() / "memory.db").c_str(), &db)
+            == SQLITE_OK);
+    sqlite3_stmt* stmt = nullptr;
+    REQUIRE(sqlite3_prepare_v2(db, sql, -1, &stmt, nullptr) == SQLITE_OK);
+    REQUIRE(sqlite3_step(stmt) == SQLITE_ROW);
+    auto n = sqlite3_column_int64(stmt, 0);
+    sqlite3_finalize(stmt);
+    sqlite3_close(db);
+    return n;
+  };
+  CHECK(stored("SELECT count(*) FROM memories;") == clients * each * 4 / 5);
+  CHECK(stored("SELECT count(*) FROM memories WHERE content LIKE '%boom%';")
+        == 0);
 }
 
 TEST_CASE("storage: turns journaled and not yet folded survive a restart, "

@@ -1,6 +1,8 @@
 #include "spindle/runtime/database.hpp"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include <sqlite3.h>
 
@@ -17,6 +19,23 @@ caf::error sqlite_error(sqlite3* db, const std::string& what) {
     msg += sqlite3_errmsg(db);
   }
   return make_error(errc::storage_failure, std::move(msg));
+}
+
+// A connection that finds the database locked by another of the process's
+// connections (the state store, the memory writer, a checkpoint) waits
+// for it in steps of 50 us doubling up to 2 ms, 5 s in all. SQLite's own
+// busy timeout sleeps 1, 2, 5, 10 ... up to 100 ms per step: a write that
+// missed a lock held for a fraction of a millisecond slept for tens of
+// milliseconds, and the answers waiting on it with it.
+int wait_for_lock(void*, int count) {
+  constexpr int ramp = 6;                  // 50 us .. 1.6 ms
+  constexpr int give_up = ramp + 5000 / 2; // then 2 ms steps, 5 s in all
+  if (count >= give_up)
+    return 0;
+  auto step = count < ramp ? std::chrono::microseconds{50 << count}
+                           : std::chrono::microseconds{2000};
+  std::this_thread::sleep_for(step);
+  return 1;
 }
 
 // Each entry moves the schema from version i to i + 1. Append only; never
@@ -307,7 +326,7 @@ database::open(const std::string& path, sync_mode sync, int version) {
                       "'" + path + "' is not a usable SQLite database: "
                         + describe(err));
   }
-  sqlite3_busy_timeout(db, 5000);
+  sqlite3_busy_handler(db, &wait_for_lock, nullptr);
   if (path != ":memory:") {
     if (auto err = result->exec("PRAGMA journal_mode=WAL;"))
       return err;

@@ -2,12 +2,14 @@
 
 #include <atomic>
 #include <chrono>
+#include <filesystem>
 #include <limits>
 #include <thread>
 
 #include <caf/all.hpp>
 
 #include "spindle/messages/error.hpp"
+#include "spindle/runtime/storage.hpp"
 
 namespace spindle {
 
@@ -43,9 +45,48 @@ struct memory_state {
   // the in-memory actor).
   std::shared_ptr<reader_loads> loads;
   size_t index = 0;
+  // Stores waiting for the next commit (the writer's group commit), with
+  // the promises that answer them.
+  std::vector<memory_entry> batch;
+  std::vector<caf::typed_response_promise<int64_t>> waiting;
+  bool flush_scheduled = false;
 };
 
-using memory_pointer = memory_actor::stateful_pointer<memory_state>;
+// The writer commits the stores that queued up while it was busy in one
+// transaction: it queues each store and sends itself a flush, which lands
+// behind every store already in its mailbox.
+using memory_server_actor = memory_actor::extend<caf::reacts_to<flush_atom>>;
+using memory_pointer = memory_server_actor::stateful_pointer<memory_state>;
+
+// A transaction holds at most this many stores.
+constexpr size_t max_batch = 256;
+
+void flush_stores(memory_pointer self) {
+  auto& st = self->state;
+  if (st.batch.empty())
+    return;
+  auto batch = std::move(st.batch);
+  auto waiting = std::move(st.waiting);
+  st.batch.clear();
+  st.waiting.clear();
+  auto ids = st.conn.writer->store_all(batch);
+  if (ids) {
+    for (size_t i = 0; i < waiting.size(); ++i)
+      waiting[i].deliver((*ids)[i]);
+    return;
+  }
+  // Nothing of the batch was stored. Each store is tried again on its own,
+  // so that one the database refuses fails alone.
+  for (size_t i = 0; i < waiting.size(); ++i) {
+    auto one = batch.size() == 1
+                 ? std::move(ids)
+                 : st.conn.writer->store_all({std::move(batch[i])});
+    if (one)
+      waiting[i].deliver(one->front());
+    else
+      waiting[i].deliver(one.error());
+  }
+}
 
 // After answering a retrieval under load an actor polls its mailbox for up
 // to `linger` before its thread sleeps, yielding the core to any thread
@@ -71,7 +112,7 @@ void linger(memory_pointer self) {
   st.loaded = !self->mailbox().empty();
 }
 
-memory_actor::behavior_type
+memory_server_actor::behavior_type
 memory_server(memory_pointer self, std::shared_ptr<memory_connection> conn,
               std::chrono::microseconds linger_time,
               std::shared_ptr<reader_loads> loads, size_t index) {
@@ -81,17 +122,44 @@ memory_server(memory_pointer self, std::shared_ptr<memory_connection> conn,
   self->state.linger = linger_time;
   self->state.loads = std::move(loads);
   self->state.index = index;
+  // Stores already queued are committed and answered before it stops.
+  self->set_exit_handler([self](caf::exit_msg& msg) {
+    flush_stores(self);
+    self->quit(msg.reason);
+  });
   return {
     [self](caf::put_atom, memory_atom, const std::string& content,
            const std::vector<std::string>& tags) -> caf::result<int64_t> {
-      auto& writer = self->state.conn.writer;
-      if (!writer)
+      auto& st = self->state;
+      if (!st.conn.writer)
         return make_error(errc::unavailable,
                           "this memory connection only reads");
-      return writer->store(content, tags);
+      auto scope = parse_memory_tags(tags);
+      if (!scope)
+        return scope.error();
+      memory_entry entry{content, std::move(*scope)};
+      if (auto err = memory_writer::check(entry))
+        return err;
+      auto rp = self->make_response_promise<int64_t>();
+      st.batch.push_back(std::move(entry));
+      st.waiting.push_back(rp);
+      if (st.batch.size() >= max_batch) {
+        flush_stores(self);
+      } else if (!st.flush_scheduled) {
+        st.flush_scheduled = true;
+        self->send(self, flush_atom::value);
+      }
+      return rp;
+    },
+    [self](flush_atom) {
+      self->state.flush_scheduled = false;
+      flush_stores(self);
     },
     [self](caf::get_atom, memory_atom,
            const memory_query& q) -> caf::result<memory_snippet> {
+      // A retrieval sees every store that arrived before it (the
+      // in-memory actor serves both).
+      flush_stores(self);
       // Answered before the linger, not after it.
       auto rp = self->make_response_promise<memory_snippet>();
       auto got = self->state.conn.reader->retrieve(q);
@@ -111,7 +179,7 @@ memory_server(memory_pointer self, std::shared_ptr<memory_connection> conn,
 caf::expected<std::shared_ptr<memory_connection>>
 connect(const storage_options& options, bool writes,
         const std::shared_ptr<memory_changes>& changes) {
-  auto db = database::open(database_path(options), options.sync);
+  auto db = database::open(memory_database_path(options), options.sync);
   if (!db)
     return db.error();
   if (!options.in_memory()) {
@@ -183,6 +251,67 @@ struct memory_routing {
   }
 };
 
+// Entries an older build kept in spindle.db (before memory had a file of
+// its own) move to memory.db once: copied with their IDs in one
+// transaction with a mark that says so, so that a crash midway copies
+// them again and a later start copies nothing. The index of the copies is
+// built by the writer's catch_up. The old tables stay in spindle.db,
+// unread.
+caf::error adopt_old_entries(database& db, const storage_options& options) {
+  constexpr std::string_view mark = "memory.db:adopted";
+  auto old = database_path(options);
+  std::error_code ec;
+  if (!std::filesystem::exists(old, ec))
+    return caf::none;
+  auto count = [&](const std::string& sql) -> caf::expected<int64_t> {
+    auto stmt = db.prepare(sql);
+    if (!stmt)
+      return stmt.error();
+    auto row = stmt->step();
+    if (!row)
+      return row.error();
+    return *row ? stmt->column_int64(0) : 0;
+  };
+  // The mark lives in memory.db's copy of the counters table, which
+  // nothing else uses there.
+  auto done = count("SELECT count(*) FROM counters WHERE key = '"
+                    + std::string{mark} + "';");
+  if (!done)
+    return done.error();
+  if (*done > 0)
+    return caf::none;
+  {
+    auto attach = db.prepare("ATTACH DATABASE ?1 AS old;");
+    if (!attach)
+      return attach.error();
+    attach->bind(1, std::string_view{old});
+    if (auto err = attach->run())
+      return err;
+  }
+  auto has_table = count("SELECT count(*) FROM old.sqlite_master "
+                         "WHERE type = 'table' AND name = 'memories';");
+  caf::error err = has_table ? caf::error{} : has_table.error();
+  if (!err) {
+    std::string copy
+      = *has_table > 0
+          ? "INSERT OR IGNORE INTO memories(id, user_id, thread_id, content, "
+            "created_ms) SELECT id, user_id, thread_id, content, created_ms "
+            "FROM old.memories;"
+          : "";
+    err = db.exec("BEGIN IMMEDIATE;" + copy
+                  + "INSERT INTO counters(key, high_water) VALUES('"
+                  + std::string{mark} + "', 1);COMMIT;");
+    if (err)
+      db.exec("ROLLBACK;");
+  }
+  db.exec("DETACH DATABASE old;");
+  if (err)
+    return make_error(errc::storage_failure,
+                      "cannot move the memories of '" + old + "' to '"
+                        + db.path() + "': " + describe(err));
+  return caf::none;
+}
+
 } // namespace
 
 caf::expected<memory_actor> spawn_memory(caf::actor_system& sys,
@@ -196,6 +325,9 @@ caf::expected<memory_actor> spawn_memory(caf::actor_system& sys,
   auto writing = connect(options, true, changes);
   if (!writing)
     return writing.error();
+  if (!options.in_memory())
+    if (auto err = adopt_old_entries(*(*writing)->db, options))
+      return err;
   // Entries stored before the index existed (an upgraded database).
   if (auto indexed = (*writing)->writer->catch_up(); !indexed)
     return indexed.error();

@@ -126,6 +126,77 @@ struct resetting {
 };
 
 // An entry as the index sees it.
+// Values read from the database (by a reader, or by the writer of what
+// it wrote), the least recently used dropped first past a byte budget.
+template <class Key, class Value>
+class lru_cache {
+public:
+  explicit lru_cache(size_t budget) : budget_(budget) {
+  }
+
+  Value* find(const Key& key) {
+    auto i = index_.find(key);
+    if (i == index_.end())
+      return nullptr;
+    order_.splice(order_.begin(), order_, i->second);
+    return &i->second->second;
+  }
+
+  // Keeps `value` (moved from) unless its `cost` exceeds the whole budget
+  // (then null, and `value` is left as it was). May drop any other value,
+  // so a pointer from `find` or `put` is valid until the next `put`.
+  Value* put(const Key& key, Value&& value) {
+    auto size = cost(value);
+    if (size > budget_)
+      return nullptr;
+    if (auto i = index_.find(key); i != index_.end()) {
+      bytes_ -= cost(i->second->second);
+      order_.erase(i->second);
+      index_.erase(i);
+    }
+    while (bytes_ + size > budget_ && !order_.empty()) {
+      bytes_ -= cost(order_.back().second);
+      index_.erase(order_.back().first);
+      order_.pop_back();
+    }
+    order_.emplace_front(key, std::move(value));
+    index_[key] = order_.begin();
+    bytes_ += size;
+    return &order_.front().second;
+  }
+
+  void clear() {
+    order_.clear();
+    index_.clear();
+    bytes_ = 0;
+  }
+
+private:
+  using node_list = std::list<std::pair<Key, Value>>;
+  size_t budget_;
+  size_t bytes_ = 0;
+  node_list order_;
+  std::unordered_map<Key, typename node_list::iterator> index_;
+};
+
+// A term's row as the writer last wrote it: the writer is the only one
+// that changes the index (one process owns a database), so what it wrote
+// is what the row holds until it writes again, unless the transaction
+// rolled back (then it forgets everything it kept).
+struct written_term {
+  int64_t df = 0;
+  std::string recent; // encoded
+};
+
+size_t cost(const written_term& t) {
+  return t.recent.size() + 96;
+}
+
+// What the writer keeps of the rows it wrote: a store's terms are mostly
+// ones written recently (common words, a conversation's topic), and a
+// kept row spares reading it back before rewriting it.
+constexpr size_t writer_cache_bytes = 16u << 20;
+
 struct entry_row {
   int64_t id;
   std::string user_id;
@@ -159,7 +230,10 @@ struct memory_writer::impl {
   std::vector<std::pair<std::string, std::string>> touched;
   statement begin, commit, rollback;
   statement insert_entry, find_scope, add_scope, grow_scope;
-  statement read_term, write_term, set_indexed, read_indexed, unindexed;
+  statement read_term, insert_term, update_term, set_indexed, read_indexed,
+    unindexed;
+  lru_cache<std::string, written_term> written{writer_cache_bytes};
+  std::string cache_key;
 
   // The scope's ID, created if missing.
   caf::expected<int64_t> scope_id(const std::string& user_id,
@@ -218,29 +292,41 @@ struct memory_writer::impl {
     std::vector<posting> list;
     for (auto& [key, added] : lists) {
       int64_t df = 0;
+      bool exists = false;
       list.clear();
       // Newest first: the added entries (ascending IDs) reversed, then
       // the list as it was, cut to its bound.
       list.assign(added.rbegin(), added.rend());
-      {
+      cache_key.assign(reinterpret_cast<const char*>(&key.first),
+                       sizeof key.first);
+      cache_key += key.second;
+      if (auto* kept = written.find(cache_key)) {
+        df = kept->df;
+        exists = true;
+        decode(kept->recent, list);
+      } else {
         resetting r{read_term};
         read_term.bind(1, key.first).bind(2, std::string_view{key.second});
         auto row = read_term.step();
         if (!row)
           return row.error();
         if (*row) {
+          exists = true;
           df = read_term.column_int64(0);
           decode(read_term.column_view(1), list);
         }
       }
       if (list.size() > memory_recent_per_term)
         list.resize(memory_recent_per_term);
-      write_term.bind(1, key.first)
+      written_term now{df + static_cast<int64_t>(added.size()), encode(list)};
+      auto& write = exists ? update_term : insert_term;
+      write.bind(1, key.first)
         .bind(2, std::string_view{key.second})
-        .bind(3, df + static_cast<int64_t>(added.size()))
-        .bind_blob(4, encode(list));
-      if (auto err = write_term.run())
+        .bind(3, now.df)
+        .bind_blob(4, now.recent);
+      if (auto err = write.run())
         return err;
+      written.put(cache_key, std::move(now));
     }
     for (auto& [scope, g] : grown) {
       grow_scope.bind(1, scope).bind(2, g.first).bind(3, g.second);
@@ -263,6 +349,7 @@ struct memory_writer::impl {
       err = commit.run();
     if (err) {
       rollback.run(); // undoes everything; its own failure adds nothing
+      written.clear(); // it may hold rows the rollback undid
       return err;
     }
     if (changes)
@@ -297,8 +384,10 @@ memory_writer::open(database& db, std::shared_ptr<memory_changes> changes) {
                       "words = words + ?3 WHERE id = ?1;"},
      {&p->read_term, "SELECT df, recent FROM memory_terms "
                      "WHERE scope = ?1 AND term = ?2;"},
-     {&p->write_term, "INSERT OR REPLACE INTO memory_terms(scope, term, df, "
-                      "recent) VALUES(?1, ?2, ?3, ?4);"},
+     {&p->insert_term, "INSERT INTO memory_terms(scope, term, df, recent) "
+                       "VALUES(?1, ?2, ?3, ?4);"},
+     {&p->update_term, "UPDATE memory_terms SET df = ?3, recent = ?4 "
+                       "WHERE scope = ?1 AND term = ?2;"},
      {&p->set_indexed, "UPDATE memory_index_state SET indexed_through = "
                        "max(indexed_through, ?1) WHERE id = 0;"},
      {&p->read_indexed, "SELECT indexed_through FROM memory_index_state "
@@ -322,27 +411,32 @@ caf::expected<int64_t> memory_writer::store(const std::string& content,
   return ids->front();
 }
 
+caf::error memory_writer::check(const memory_entry& e) {
+  if (e.content.empty())
+    return make_error(errc::invalid_argument,
+                      "content of a memory must not be empty");
+  if (e.content.size() > max_memory_content)
+    return make_error(errc::too_large,
+                      "content has " + std::to_string(e.content.size())
+                        + " bytes; a memory holds at most "
+                        + std::to_string(max_memory_content));
+  if (e.scope.user_id.empty() && e.scope.thread_id.empty())
+    return make_error(errc::invalid_argument,
+                      "a memory belongs to a user or a thread");
+  if (!e.scope.user_id.empty())
+    if (auto err = validate_user_id(e.scope.user_id))
+      return err;
+  if (!e.scope.thread_id.empty())
+    if (auto err = validate_thread_id(e.scope.thread_id))
+      return err;
+  return {};
+}
+
 caf::expected<std::vector<int64_t>>
 memory_writer::store_all(const std::vector<memory_entry>& entries) {
-  for (auto& e : entries) {
-    if (e.content.empty())
-      return make_error(errc::invalid_argument,
-                        "content of a memory must not be empty");
-    if (e.content.size() > max_memory_content)
-      return make_error(errc::too_large,
-                        "content has " + std::to_string(e.content.size())
-                          + " bytes; a memory holds at most "
-                          + std::to_string(max_memory_content));
-    if (e.scope.user_id.empty() && e.scope.thread_id.empty())
-      return make_error(errc::invalid_argument,
-                        "a memory belongs to a user or a thread");
-    if (!e.scope.user_id.empty())
-      if (auto err = validate_user_id(e.scope.user_id))
-        return err;
-    if (!e.scope.thread_id.empty())
-      if (auto err = validate_thread_id(e.scope.thread_id))
-        return err;
-  }
+  for (auto& e : entries)
+    if (auto err = check(e))
+      return err;
   auto& p = *impl_;
   std::vector<int64_t> ids;
   auto err = p.transaction([&]() -> caf::error {
@@ -423,53 +517,6 @@ struct scored {
   int64_t id;
   double score;
   uint64_t shortest;
-};
-
-// The values a reader has read, the least recently used dropped first
-// past a byte budget.
-template <class Key, class Value>
-class lru_cache {
-public:
-  explicit lru_cache(size_t budget) : budget_(budget) {
-  }
-
-  Value* find(const Key& key) {
-    auto i = index_.find(key);
-    if (i == index_.end())
-      return nullptr;
-    order_.splice(order_.begin(), order_, i->second);
-    return &i->second->second;
-  }
-
-  // Keeps `value` (moved from) unless its `cost` exceeds the whole budget
-  // (then null, and `value` is left as it was). May drop any other value,
-  // so a pointer from `find` or `put` is valid until the next `put`.
-  Value* put(const Key& key, Value&& value) {
-    auto size = cost(value);
-    if (size > budget_)
-      return nullptr;
-    if (auto i = index_.find(key); i != index_.end()) {
-      bytes_ -= cost(i->second->second);
-      order_.erase(i->second);
-      index_.erase(i);
-    }
-    while (bytes_ + size > budget_ && !order_.empty()) {
-      bytes_ -= cost(order_.back().second);
-      index_.erase(order_.back().first);
-      order_.pop_back();
-    }
-    order_.emplace_front(key, std::move(value));
-    index_[key] = order_.begin();
-    bytes_ += size;
-    return &order_.front().second;
-  }
-
-private:
-  using node_list = std::list<std::pair<Key, Value>>;
-  size_t budget_;
-  size_t bytes_ = 0;
-  node_list order_;
-  std::unordered_map<Key, typename node_list::iterator> index_;
 };
 
 // An entry as a reader read it: its scope columns, its content

@@ -601,6 +601,12 @@ std::string database_path(const storage_options& options) {
   return (std::filesystem::path{options.data_dir} / "spindle.db").string();
 }
 
+std::string memory_database_path(const storage_options& options) {
+  if (options.in_memory())
+    return ":memory:";
+  return (std::filesystem::path{options.data_dir} / "memory.db").string();
+}
+
 caf::expected<counter_store_actor>
 spawn_counter_store(caf::actor_system& sys, const storage_options& options) {
   if (options.in_memory())

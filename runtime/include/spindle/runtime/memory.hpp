@@ -104,6 +104,11 @@ public:
   caf::expected<std::vector<int64_t>>
   store_all(const std::vector<memory_entry>& entries);
 
+  /// What `store_all` refuses `entry` for, without touching the database:
+  /// `invalid_argument` (empty content, no scope), `invalid_id`,
+  /// `too_large`; none for an entry it would store.
+  static caf::error check(const memory_entry& entry);
+
   /// Indexes the entries the index does not hold yet (those of a database
   /// upgraded from schema version 4, or inserted by other means), in
   /// transactions of at most `batch` entries. Returns how many.

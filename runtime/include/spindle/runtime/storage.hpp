@@ -88,6 +88,12 @@ private:
 /// The database file inside a data directory.
 std::string database_path(const storage_options& options);
 
+/// The long-term memory's database file inside a data directory
+/// (`memory.db`, beside `database_path`; ":memory:" for an in-memory
+/// configuration). Memory has a file of its own so that its writer never
+/// holds the lock the state store's commits need (docs/storage.md).
+std::string memory_database_path(const storage_options& options);
+
 /// Opens the durable store and spawns the actor that serves counters from
 /// it (detached: SQLite blocks). For an in-memory configuration it spawns a
 /// store that keeps marks in a map. Errors: `storage_failure` naming the
