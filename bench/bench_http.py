@@ -31,10 +31,22 @@ figure is not a valid measurement). wrk, nginx and spindle share the
 machine's cores; nginx runs `worker_processes auto` and spindle its default
 of one event-loop thread per core, so both get the same CPUs.
 
+3. With --baseline-exe, POST messages also against the server spindle had
+   before its event loops (a thread per connection; bench/build-baseline
+   builds it from commit 2619959), durable, right after the durable point:
+   the "before" columns. Target: at least 5x at 64 connections.
+
+4. With --full-store, POST messages at 64 connections on a data directory
+   filled by spindle_populate (1M turns over 10,000 threads, 100k memory
+   entries in the scopes of the measured threads, texts of a Zipf-drawn
+   vocabulary) beside an empty data directory. Target: at least 0.8x.
+
 Usage
 -----
     python3 bench/bench_http.py --quick            # ~30 seconds
     python3 bench/bench_http.py --json out.json    # full run, ~3 minutes
+    bench/build-baseline && python3 bench/bench_http.py --only messages \
+        --baseline-exe build-baseline/spindle --full-store
 
 Options:
     --build-dir DIR   where the spindle executable is (default: build)
@@ -81,6 +93,9 @@ THREADS = 64            # thread IDs the message requests are spread over
 TARGET = 0.9            # spindle/nginx on GET /healthz, at 8 and 64 connections
 TARGET_CONNECTIONS = (8, 64)
 STOP_GRACE = 10.0       # seconds between SIGTERM and SIGKILL
+SPEEDUP_TARGET = 5.0    # messages/s over the thread-per-connection server, at 64
+STORE_TARGET = 0.8      # messages/s on a full store over an empty one, at 64
+BASELINE_COMMIT = "2619959"  # the last commit with the thread-per-connection server
 
 # What people send to an assistant: short and long, questions and
 # instructions, some with quotes and non-ASCII letters.
@@ -469,17 +484,37 @@ def healthz_table(points):
 
 def messages_table(points):
     rows = []
+    with_base = any("baseline" in p for p in points)
     for p in points:
         d, m = p["durable"], p["memory"]
         wpc = p.get("writes_per_commit")
-        rows.append([p["connections"], fmt_rps(d), fmt_rps(m),
-                     f"{p['ratio']:.2f}x",
-                     lat(d, "p50"), lat(m, "p50"),
-                     lat(d, "p99"), lat(m, "p99"),
-                     f"{wpc:.1f}" if wpc else "-"])
-    return table(["connections", "durable req/s", ":memory: req/s",
-                  "durable/:memory:", "durable p50", ":memory: p50",
-                  "durable p99", ":memory: p99", "writes/commit"], rows)
+        row = [p["connections"], fmt_rps(d), fmt_rps(m),
+               f"{p['ratio']:.2f}x",
+               lat(d, "p50"), lat(m, "p50"),
+               lat(d, "p99"), lat(m, "p99"),
+               f"{wpc:.1f}" if wpc else "-"]
+        if with_base:
+            b = p.get("baseline")
+            row += [fmt_rps(b) if b else "-", lat(b, "p99") if b else "-",
+                    f"{p['speedup']:.2f}x" if b else "-"]
+        rows.append(row)
+    headers = ["connections", "durable req/s", ":memory: req/s",
+               "durable/:memory:", "durable p50", ":memory: p50",
+               "durable p99", ":memory: p99", "writes/commit"]
+    if with_base:
+        headers += ["before req/s", "before p99", "durable/before"]
+    return table(headers, rows)
+
+
+def store_table(points):
+    rows = []
+    for p in points:
+        e, f = p["empty"], p["full"]
+        rows.append([p["connections"], fmt_rps(e), fmt_rps(f),
+                     f"{p['ratio']:.2f}x", lat(e, "p50"), lat(f, "p50"),
+                     lat(e, "p99"), lat(f, "p99")])
+    return table(["connections", "empty req/s", "full req/s", "full/empty",
+                  "empty p50", "full p50", "empty p99", "full p99"], rows)
 
 
 # ------------------------------------------------- the report's JSON format
@@ -566,7 +601,13 @@ def healthz_report_table(points, seconds, versions_):
             f"an event-loop HTTP/1.1 server on this machine answers a tiny "
             f"request. spindle runs its default of one event-loop thread "
             f"per core; wrk and both servers share the machine's cores.",
-            "errors: socket errors and non-2xx replies of both servers "
+            "before: the thread-per-connection server spindle had before "
+            f"its event loops (commit {BASELINE_COMMIT}, built by "
+            "bench/build-baseline), durable with the same settings, "
+            "measured at each point right after the durable server; "
+            f"target: durable / before >= {SPEEDUP_TARGET:g}x at 64 "
+            "connections ('-': not measured in this run).",
+            "errors: socket errors and non-2xx replies of every server "
             "over the point.",
             *errors_note(points, (("spindle", "spindle"),
                                   ("nginx", "nginx"))),
@@ -581,12 +622,15 @@ def messages_report_table(points, seconds):
     for p in points:
         d, m = p["durable"], p["memory"]
         wpc = p.get("writes_per_commit")
+        b = p.get("baseline")
         rows.append([p["connections"], round(d["requests_per_sec"]),
                      round(m["requests_per_sec"]), f"{p['ratio']:.2f}x",
                      ms_cell(d, "p50"), ms_cell(m, "p50"),
                      ms_cell(d, "p99"), ms_cell(m, "p99"),
                      f"{wpc:.1f}" if wpc else "-",
-                     d["errors"] + m["errors"]])
+                     round(b["requests_per_sec"]) if b else "-",
+                     f"{p['speedup']:.2f}x" if b else "-",
+                     d["errors"] + m["errors"] + (b["errors"] if b else 0)])
     return {
         "title": "POST /v1/threads/{id}/messages (offline provider): "
                  "spindle serve durable beside --data :memory:, keep-alive "
@@ -594,7 +638,8 @@ def messages_report_table(points, seconds):
         "columns": ["connections", "durable req/s", ":memory: req/s",
                     "durable / :memory:", "durable p50 ms",
                     ":memory: p50 ms", "durable p99 ms", ":memory: p99 ms",
-                    "writes per commit", "errors"],
+                    "writes per commit", "before req/s", "durable / before",
+                    "errors"],
         "rows": rows,
         "notes": [
             f"Each request is a whole exchange: user turn stored, offline "
@@ -608,10 +653,46 @@ def messages_report_table(points, seconds):
             "table. durable / :memory: is the cost of durability. writes "
             "per commit: the state store's writes per transaction over the "
             "durable point (from /metrics), how well group commit batches.",
-            "errors: socket errors and non-2xx replies of both servers "
+            "before: the thread-per-connection server spindle had before "
+            f"its event loops (commit {BASELINE_COMMIT}, built by "
+            "bench/build-baseline), durable with the same settings, "
+            "measured at each point right after the durable server; "
+            f"target: durable / before >= {SPEEDUP_TARGET:g}x at 64 "
+            "connections ('-': not measured in this run).",
+            "errors: socket errors and non-2xx replies of every server "
             "over the point.",
             *errors_note(points, (("durable", "durable"),
                                   ("memory", ":memory:"))),
+        ],
+    }
+
+
+def store_report_table(points, seconds, populated):
+    rows = []
+    for p in points:
+        e, f = p["empty"], p["full"]
+        rows.append([p["connections"], round(e["requests_per_sec"]),
+                     round(f["requests_per_sec"]), f"{p['ratio']:.2f}x",
+                     ms_cell(e, "p99"), ms_cell(f, "p99"),
+                     e["errors"] + f["errors"]])
+    return {
+        "title": "POST /v1/threads/{id}/messages (offline provider, "
+                 "durable): a store of 1M turns and 100k memories beside an "
+                 "empty one",
+        "columns": ["connections", "empty req/s", "full req/s",
+                    "full / empty", "empty p99 ms", "full p99 ms", "errors"],
+        "rows": rows,
+        "notes": [
+            f"full: a data directory filled by spindle_populate before the "
+            f"run ({populated.get('turns', '?')} turns over "
+            f"{populated.get('threads', '?')} threads, "
+            f"{populated.get('memories', '?')} memory entries in the scopes "
+            f"of the {THREADS} measured threads; texts drawn with a Zipf "
+            f"law from common English words and 30,000 generated ones); "
+            f"empty: a new data directory. Same load as the table above, "
+            f"`wrk -cN -d{seconds}s`, each server in turn, the full one "
+            f"first.",
+            f"Target: full / empty >= {STORE_TARGET:g}x.",
         ],
     }
 
@@ -625,6 +706,9 @@ def report_document(result, seconds):
                                            result["versions"]))
     if "messages" in result:
         tables.append(messages_report_table(result["messages"], seconds))
+    if "store" in result:
+        tables.append(store_report_table(result["store"], seconds,
+                                         result.get("populated", {})))
     return {"benchmark": "http", "machine": machine(), "tables": tables,
             "figures": result}
 
@@ -647,7 +731,20 @@ def bench_healthz(nginx_url, spindle_url, conns, seconds, log):
     return points
 
 
-def bench_messages(durable_url, memory_url, lua, conns, seconds, log):
+def warm_threads(url, lua, conns):
+    # One message per thread first: no measured request creates one.
+    for k in range(THREADS):
+        status, _ = http_post(f"{url}/v1/threads/bench-{k}/messages",
+                              {"content": MESSAGES[k % len(MESSAGES)]})
+        if status != 200:
+            fail(f"POST messages answered {status} at {url}")
+    run_wrk(url, min(8, conns), 1, lua)   # warm-up
+
+
+def bench_messages(durable_url, memory_url, lua, conns, seconds, log,
+                   baseline_url=None):
+    if baseline_url:
+        warm_threads(baseline_url, lua, conns[-1])
     for url in (durable_url, memory_url):
         # One message per thread first: no measured request creates one.
         for k in range(THREADS):
@@ -671,10 +768,45 @@ def bench_messages(durable_url, memory_url, lua, conns, seconds, log):
         p["durable_commits"] = commits
         p["durable_writes"] = writes
         p["writes_per_commit"] = writes / commits if commits else None
+        if baseline_url:
+            b = run_wrk(baseline_url, c, seconds, lua)
+            p["baseline"] = b
+            p["speedup"] = d["requests_per_sec"] / b["requests_per_sec"]
+            log(f"  messages c={c}: before {b['requests_per_sec']:,.0f}/s, "
+                f"durable/before {p['speedup']:.2f}x")
         log(f"  messages c={c}: durable {d['requests_per_sec']:,.0f}/s, "
             f":memory: {m['requests_per_sec']:,.0f}/s, {p['ratio']:.2f}x")
         points.append(p)
     return points
+
+
+def bench_store(empty_url, full_url, lua, conns, seconds, log):
+    for url in (empty_url, full_url):
+        warm_threads(url, lua, conns[-1])
+    points = []
+    for c in conns:
+        f = run_wrk(full_url, c, seconds, lua)
+        e = run_wrk(empty_url, c, seconds, lua)
+        p = {"connections": c, "empty": e, "full": f,
+             "ratio": f["requests_per_sec"] / e["requests_per_sec"]}
+        log(f"  store c={c}: full {f['requests_per_sec']:,.0f}/s, empty "
+            f"{e['requests_per_sec']:,.0f}/s, {p['ratio']:.2f}x")
+        points.append(p)
+    return points
+
+
+def populate(build_dir, data, log):
+    exe = os.path.abspath(os.path.join(build_dir, "bench", "spindle_populate"))
+    if not os.access(exe, os.X_OK):
+        fail(f"{exe} not found: build the benchmarks first")
+    log(f"  filling {data} (1M turns, 100k memories; about 90 s)")
+    p = subprocess.run([exe, "--data", data], capture_output=True, text=True)
+    if p.returncode != 0:
+        fail(f"spindle_populate exited {p.returncode}: {p.stderr[-2000:]}")
+    # The files were just written; let the kernel write them back before
+    # anything is measured beside them.
+    os.sync()
+    return json.loads(p.stdout.strip().splitlines()[-1])
 
 
 def versions(exe):
@@ -705,6 +837,13 @@ def main():
                     help="run one part only")
     ap.add_argument("--json", metavar="PATH",
                     help="write every figure to this JSON file")
+    ap.add_argument("--baseline-exe", metavar="PATH",
+                    help="the thread-per-connection spindle to measure POST "
+                         "messages against (bench/build-baseline builds it)")
+    ap.add_argument("--full-store", action="store_true",
+                    help="also measure POST messages on a store filled with "
+                         "1M turns and 100k memories (spindle_populate) "
+                         "beside an empty one, at 64 connections")
     args = ap.parse_args()
 
     exe = os.path.abspath(os.path.join(args.build_dir, "spindle"))
@@ -719,6 +858,11 @@ def main():
     message_conns = [8, 64] if args.quick else [1, 8, 64, 512]
     do_health = args.only in (None, "healthz")
     do_messages = args.only in (None, "messages")
+    baseline = None
+    if args.baseline_exe and do_messages:
+        baseline = os.path.abspath(args.baseline_exe)
+        if not os.access(baseline, os.X_OK):
+            fail(f"--baseline-exe {baseline} is not an executable")
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
@@ -756,8 +900,24 @@ def main():
             _, dur_url, _ = start_spindle(exe, tmp, "durable", data, stack)
             log(f"  spindle --data {data} at {dur_url}")
             lua = write_messages_lua(tmp)
+            base_url = None
+            if baseline:
+                _, base_url, _ = start_spindle(
+                    baseline, tmp, "before", os.path.join(tmp, "before"),
+                    stack)
+                log(f"  spindle before the event loops at {base_url}")
             result["messages"] = bench_messages(dur_url, mem_url, lua,
-                                                message_conns, seconds, log)
+                                                message_conns, seconds, log,
+                                                base_url)
+        if args.full_store:
+            lua = write_messages_lua(tmp)
+            full = os.path.join(tmp, "full")
+            result["populated"] = populate(args.build_dir, full, log)
+            _, full_url, _ = start_spindle(exe, tmp, "full", full, stack)
+            _, empty_url, _ = start_spindle(exe, tmp, "empty",
+                                            os.path.join(tmp, "empty"), stack)
+            result["store"] = bench_store(empty_url, full_url, lua, [64],
+                                          seconds, log)
 
     cpus = os.cpu_count()
     print(f"\n## spindle's HTTP throughput beside nginx "
@@ -778,9 +938,22 @@ def main():
         print(messages_table(result["messages"]))
         print("\ndurable: a data directory with the default settings "
               "(--sync full); writes/commit: state store writes per "
-              "transaction over the durable point (/metrics).\n")
+              "transaction over the durable point (/metrics).")
+        if baseline:
+            print(f"before: the thread-per-connection server (commit "
+                  f"{BASELINE_COMMIT}), durable. Target: durable/before >= "
+                  f"{SPEEDUP_TARGET:g}x at 64 connections.")
+        print()
+    if "store" in result:
+        print("### POST /v1/threads/{id}/messages, durable: a store of "
+              f"{result['populated'].get('turns')} turns and "
+              f"{result['populated'].get('memories')} memories beside an "
+              "empty one\n")
+        print(store_table(result["store"]))
+        print(f"\nTarget: full/empty >= {STORE_TARGET:g}x.\n")
     bad = [f"{part} c={p['connections']}"
-           for part in ("healthz", "messages") for p in result.get(part, [])
+           for part in ("healthz", "messages", "store")
+           for p in result.get(part, [])
            for r in p.values() if isinstance(r, dict) and r.get("errors")]
     if bad:
         print("Points with socket errors or non-2xx replies (not valid "
