@@ -601,13 +601,7 @@ def healthz_report_table(points, seconds, versions_):
             f"an event-loop HTTP/1.1 server on this machine answers a tiny "
             f"request. spindle runs its default of one event-loop thread "
             f"per core; wrk and both servers share the machine's cores.",
-            "before: the thread-per-connection server spindle had before "
-            f"its event loops (commit {BASELINE_COMMIT}, built by "
-            "bench/build-baseline), durable with the same settings, "
-            "measured at each point right after the durable server; "
-            f"target: durable / before >= {SPEEDUP_TARGET:g}x at 64 "
-            "connections ('-': not measured in this run).",
-            "errors: socket errors and non-2xx replies of every server "
+            "errors: socket errors and non-2xx replies of both servers "
             "over the point.",
             *errors_note(points, (("spindle", "spindle"),
                                   ("nginx", "nginx"))),
@@ -657,7 +651,7 @@ def messages_report_table(points, seconds):
             f"its event loops (commit {BASELINE_COMMIT}, built by "
             "bench/build-baseline), durable with the same settings, "
             "measured at each point right after the durable server; "
-            f"target: durable / before >= {SPEEDUP_TARGET:g}x at 64 "
+            f"target: durable / before ≥ {SPEEDUP_TARGET:g}x at 64 "
             "connections ('-': not measured in this run).",
             "errors: socket errors and non-2xx replies of every server "
             "over the point.",
@@ -692,7 +686,7 @@ def store_report_table(points, seconds, populated):
             f"empty: a new data directory. Same load as the table above, "
             f"`wrk -cN -d{seconds}s`, each server in turn, the full one "
             f"first.",
-            f"Target: full / empty >= {STORE_TARGET:g}x.",
+            f"Target: full / empty ≥ {STORE_TARGET:g}x.",
         ],
     }
 
@@ -934,7 +928,7 @@ def main():
               "transaction over the durable point (/metrics).")
         if baseline:
             print(f"before: the thread-per-connection server (commit "
-                  f"{BASELINE_COMMIT}), durable. Target: durable/before >= "
+                  f"{BASELINE_COMMIT}), durable. Target: durable/before ≥ "
                   f"{SPEEDUP_TARGET:g}x at 64 connections.")
         print()
     if "store" in result:
@@ -943,7 +937,7 @@ def main():
               f"{result['populated'].get('memories')} memories beside an "
               "empty one\n")
         print(store_table(result["store"]))
-        print(f"\nTarget: full/empty >= {STORE_TARGET:g}x.\n")
+        print(f"\nTarget: full/empty ≥ {STORE_TARGET:g}x.\n")
     bad = [f"{part} c={p['connections']}"
            for part in ("healthz", "messages", "store")
            for p in result.get(part, [])
