@@ -149,17 +149,40 @@ struct stream_set {
   // Reads every stream until all are closed or `timeout`; returns how many
   // are still open.
   size_t finish(milliseconds timeout) {
+    read_until([](const one& s) { return s.closed; }, timeout);
+    return static_cast<size_t>(
+      std::count_if(streams.begin(), streams.end(),
+                    [](const one& s) { return !s.closed; }));
+  }
+
+  // Reads every stream until each has received `marker` (or closed) or
+  // `timeout`; returns how many have not received it.
+  size_t until_each_has(const std::string& marker, milliseconds timeout) {
+    auto has = [&](const one& s) {
+      return s.reply.find(marker) != std::string::npos;
+    };
+    read_until([&](const one& s) { return s.closed || has(s); }, timeout);
+    return static_cast<size_t>(
+      std::count_if(streams.begin(), streams.end(),
+                    [&](const one& s) { return !has(s); }));
+  }
+
+private:
+  // Reads the streams not yet `done` until all are or `timeout`.
+  template <class Done>
+  void read_until(Done done, milliseconds timeout) {
     auto deadline = steady_clock::now() + timeout;
     char buf[16384];
-    size_t open = streams.size();
-    while (open > 0 && steady_clock::now() < deadline) {
+    while (steady_clock::now() < deadline) {
       std::vector<pollfd> polls;
       std::vector<size_t> index;
       for (size_t i = 0; i < streams.size(); ++i)
-        if (!streams[i].closed) {
+        if (!streams[i].closed && !done(streams[i])) {
           polls.push_back({streams[i].fd, POLLIN, 0});
           index.push_back(i);
         }
+      if (polls.empty())
+        return;
       if (poll(polls.data(), polls.size(), 100) <= 0)
         continue;
       for (size_t k = 0; k < polls.size(); ++k) {
@@ -169,13 +192,11 @@ struct stream_set {
         auto n = ::recv(s.fd, buf, sizeof buf, 0);
         if (n <= 0) {
           s.closed = true;
-          --open;
           continue;
         }
         s.reply.append(buf, static_cast<size_t>(n));
       }
     }
-    return open;
   }
 };
 
@@ -449,8 +470,9 @@ TEST_CASE("http: SIGTERM during 500 streams lets every one finish within "
                                       "last words " + std::to_string(i)));
   stream_set streams;
   REQUIRE(streams.start(srv.port(), requests));
-  // Let every stream get going: 4 deltas 300 ms apart take 1.2 s.
-  std::this_thread::sleep_for(milliseconds(500));
+  // Every stream under way (its first delta came; 4 deltas 300 ms apart
+  // take 1.2 s), however slow the machine.
+  REQUIRE(streams.until_each_has("event: delta", seconds(60)) == 0);
   auto start = steady_clock::now();
   ::kill(srv.pid(), SIGTERM);
   REQUIRE(streams.finish(seconds(30)) == 0);
