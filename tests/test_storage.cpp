@@ -14,6 +14,7 @@
 #include <catch2/catch.hpp>
 #include <sqlite3.h>
 
+#include "llm_doubles.hpp"
 #include "spindle/runtime/runtime.hpp"
 #include "support.hpp"
 
@@ -594,6 +595,44 @@ TEST_CASE("storage: a turn whose write fails is an error, is neither seen "
           == static_cast<int64_t>(2 + clients * turns));
     runtime rt{opts};
     check_all(rt);
+  }
+}
+
+TEST_CASE("storage: a message whose user turn cannot be stored fails with "
+          "storage_failure, none of its reply reaches the client, and the "
+          "thread takes the next message") {
+  test::temp_dir dir;
+  auto opts = refusing(dir, "turn_journal", "NEW.content = 'boom'");
+  // The provider streams while the user turn commits (its deltas wait for
+  // the commit); an instant one and one that takes its time.
+  for (auto delay : {0, 20}) {
+    CAPTURE(delay);
+    opts.provider = std::make_shared<test::echo_provider>(
+      std::chrono::milliseconds(delay));
+    runtime rt{opts};
+    auto thread = "t" + std::to_string(delay);
+    std::atomic<int> deltas{0};
+    auto count = [&](std::string_view) {
+      ++deltas;
+      return true;
+    };
+    auto boom = rt.send_message(thread, "boom", "", conflict_policy::queue, 12,
+                                count);
+    REQUIRE_FALSE(boom);
+    CHECK(classify(boom.error()) == errc::storage_failure);
+    CHECK(deltas == 0);
+    auto h = rt.history(thread, 100);
+    REQUIRE(h);
+    CHECK(h->empty());
+    auto next = rt.send_message(thread, "hello", "", conflict_policy::queue,
+                                12, count);
+    REQUIRE(next);
+    CHECK(next->turns == 2);
+    CHECK(deltas > 0);
+    h = rt.history(thread, 100);
+    REQUIRE(h);
+    CHECK(contents(*h)
+          == std::vector<std::string>{"hello", next->reply});
   }
 }
 

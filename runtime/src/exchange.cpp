@@ -30,6 +30,30 @@ struct completion_box {
   caf::expected<completion> result{caf::error{}};
 };
 
+// The reply's deltas wait here until the user turn is stored: the
+// provider is asked while the user turn commits, and nothing of the reply
+// reaches the client before that commit. Locked by the provider's thread
+// (each delta) and the actor (opening or shutting it).
+struct delta_gate {
+  std::mutex mx;
+  bool open = false; // the user turn is stored: deltas go through
+  bool shut = false; // it was not, or the client went away: the provider stops
+  std::vector<std::string> waiting;
+};
+
+// The client's callback: a throwing client counts as one that went away.
+bool deliver(const delta_callback& on_delta, std::string_view delta) {
+  if (!on_delta)
+    return true;
+  try {
+    return on_delta(delta);
+  } catch (...) {
+    return false;
+  }
+}
+
+enum class user_turn_state { storing, stored, failed };
+
 struct exchange_state {
   exchange_services svc;
   exchange_request req;
@@ -47,6 +71,11 @@ struct exchange_state {
     = std::make_shared<std::atomic<bool>>(false);
   bool replied = false;
   bool finished = false;
+  std::shared_ptr<delta_gate> gate = std::make_shared<delta_gate>();
+  user_turn_state user = user_turn_state::storing;
+  caf::error user_error;
+  /// The provider ended before the user turn's commit did.
+  bool completion_waiting = false;
 };
 
 using state_ptr = std::shared_ptr<exchange_state>;
@@ -71,8 +100,15 @@ public:
     open_thread(req.thread_id);
   }
 
-  // The provider's end arrived.
+  // The provider's end arrived (or the watchdog's). Handled once the
+  // user turn's outcome is known.
   void on_completion() {
+    if (st_->user == user_turn_state::storing) {
+      st_->completion_waiting = true;
+      return;
+    }
+    if (st_->user == user_turn_state::failed)
+      return fail(st_->user_error);
     caf::expected<completion> reply{caf::error{}};
     {
       std::lock_guard<std::mutex> guard{st_->box->mx};
@@ -88,6 +124,13 @@ public:
       return fail(make_error(code, "provider '" + st_->svc.provider->name()
                                      + "' failed: "
                                      + describe(reply.error())));
+    }
+    {
+      // A client that went away while the deltas waited for the user
+      // turn heard less than the provider generated.
+      std::lock_guard<std::mutex> guard{st_->gate->mx};
+      if (st_->gate->shut)
+        reply->interrupted = true;
     }
     store_assistant(std::move(*reply));
   }
@@ -213,16 +256,55 @@ private:
         });
   }
 
-  // 4. The user turn, stored before the reply is generated.
+  // 4. The user turn, stored before any of the reply reaches the client.
+  // The provider is asked at once, while the turn commits; its deltas
+  // wait in the gate until the commit is acknowledged.
   void store_user() {
     auto st = st_;
     self_->request(st->thread, opt().step_timeout, caf::add_atom::value,
                    make_user_turn(st->req.content), st->lease)
-      .then([this, st](uint64_t) { generate(); },
+      .then([this](uint64_t) { user_stored(); },
             [this, st](caf::error& err) {
-              fail(wrap(err, "cannot store the user turn in thread '"
-                               + st->res.thread_id + "'"));
+              user_failed(wrap(err, "cannot store the user turn in thread '"
+                                      + st->res.thread_id + "'"));
             });
+    generate();
+  }
+
+  void user_stored() {
+    auto st = st_;
+    st->user = user_turn_state::stored;
+    {
+      auto& g = *st->gate;
+      std::lock_guard<std::mutex> guard{g.mx};
+      g.open = true;
+      for (auto& delta : g.waiting)
+        if (!g.shut && !deliver(st->cb.on_delta, delta))
+          g.shut = true;
+      g.waiting.clear();
+    }
+    if (st->completion_waiting) {
+      st->completion_waiting = false;
+      on_completion();
+    }
+  }
+
+  // The reply is dropped unseen (the provider stops at its next delta),
+  // and the exchange fails once the provider has ended.
+  void user_failed(caf::error err) {
+    auto st = st_;
+    st->user = user_turn_state::failed;
+    st->user_error = std::move(err);
+    {
+      auto& g = *st->gate;
+      std::lock_guard<std::mutex> guard{g.mx};
+      g.shut = true;
+      g.waiting.clear();
+    }
+    if (st->completion_waiting) {
+      st->completion_waiting = false;
+      fail(st->user_error);
+    }
   }
 
   // 5. The reply, streamed by the provider on its own thread.
@@ -230,15 +312,18 @@ private:
     auto st = st_;
     completion_options copts;
     copts.timeout = opt().reply_timeout;
-    auto on_delta = st->cb.on_delta;
-    delta_callback forward = [on_delta](std::string_view delta) {
-      if (!on_delta)
+    delta_callback forward = [on_delta = st->cb.on_delta,
+                              gate = st->gate](std::string_view delta) {
+      std::lock_guard<std::mutex> guard{gate->mx};
+      if (gate->shut)
+        return false;
+      if (!gate->open) {
+        gate->waiting.emplace_back(delta);
         return true;
-      try {
-        return on_delta(delta);
-      } catch (...) {
-        return false; // a failing client counts as one that went away
       }
+      if (!deliver(on_delta, delta))
+        gate->shut = true;
+      return !gate->shut;
     };
     auto me = caf::actor_cast<caf::actor>(self_);
     auto box = st->box;
