@@ -20,6 +20,10 @@ The baseline beside spindle's figures is the upstream itself: the same
 client load sent straight to spindle_fake_upstream (first byte after
 --first-byte-ms, no spindle in between), run in the same invocation.
 
+The clients are build/bench/spindle_stream_client (C++, one Asio loop per
+process) when it is built, else asyncio workers of this script
+(--python-clients forces them): the asyncio clients took as much CPU as
+spindle itself during a burst, on the cores spindle was measured on.
 Clients are spread over several processes (--clients-per-process), since a
 process may hold at most 20,000 descriptors; spindle holds two per stream
 (its client's and its upstream's), so one spindle process can hold at most
@@ -211,7 +215,8 @@ def pct(values, p):
     return values[k]
 
 
-def run_clients(me, mode, port, streams, per_process, tag, sample=None):
+def run_clients(me, mode, port, streams, per_process, tag, sample=None,
+                client=None):
     # Each worker writes its results to a file of its own: a pipe would
     # fill up (and block the worker) while the driver only samples.
     procs = []
@@ -221,11 +226,15 @@ def run_clients(me, mode, port, streams, per_process, tag, sample=None):
         count = min(per_process, streams - first)
         out = tempfile.NamedTemporaryFile(prefix="bench_streams-", suffix=".json")
         outs.append(out)
-        procs.append(subprocess.Popen(
-            [sys.executable, me, "--worker-mode", mode, "--worker-port",
-             str(port), "--worker-first", str(first), "--worker-count",
-             str(count), "--tag", tag],
-            stdout=out, preexec_fn=raise_nofile))
+        if client:
+            argv = [client, "--mode", mode, "--port", str(port), "--first",
+                    str(first), "--count", str(count), "--tag", tag]
+        else:
+            argv = [sys.executable, me, "--worker-mode", mode, "--worker-port",
+                    str(port), "--worker-first", str(first), "--worker-count",
+                    str(count), "--tag", tag]
+        procs.append(subprocess.Popen(argv, stdout=out,
+                                      preexec_fn=raise_nofile))
         first += count
     peak = 0
     while any(p.poll() is None for p in procs):
@@ -306,7 +315,7 @@ def report_document(args, procs, s, base, idle, peak, per, stats, target):
                 ratio(r["delta_p99_ms"], base["delta_p99_ms"]), met]
 
     latency_notes = [
-        f"{n:,} clients ({procs} asyncio "
+        f"{n:,} clients ({procs} {args.client_kind} client "
         f"process{'es' if procs > 1 else ''}) post to "
         f"/v1/threads/{{id}}/messages/stream at once, one thread each; "
         f"spindle serve --llm openai (a data directory with the "
@@ -410,6 +419,9 @@ def main():
                     help="spindle's data directory (default: a temporary one)")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--python-clients", action="store_true",
+                    help="use the asyncio clients even when "
+                         "BUILD/bench/spindle_stream_client exists")
     ap.add_argument("--worker-mode")
     ap.add_argument("--worker-port", type=int)
     ap.add_argument("--worker-first", type=int)
@@ -425,6 +437,12 @@ def main():
     me = os.path.abspath(__file__)
     build = os.path.abspath(args.build_dir)
     upstream_bin = os.path.join(build, "tests", "spindle_fake_upstream")
+    # The C++ client leaves the cores to the servers; the asyncio one is
+    # the fallback (and --python-clients).
+    client_bin = os.path.join(build, "bench", "spindle_stream_client")
+    client = (client_bin if os.access(client_bin, os.X_OK)
+              and not args.python_clients else None)
+    args.client_kind = "C++ (spindle_stream_client)" if client else "asyncio"
     spindle_bin = os.path.join(build, "spindle")
     for exe in (spindle_bin, upstream_bin):
         if not os.access(exe, os.X_OK):
@@ -444,7 +462,8 @@ def main():
         up_port = int(line.split()[-1].rsplit(":", 1)[-1])
         # Baseline: the upstream alone under the same client load.
         base_results, _ = run_clients(me, "upstream", up_port, args.streams,
-                                      args.clients_per_process, "base")
+                                      args.clients_per_process, "base",
+                                      client=client)
         base = summarize(base_results, args.first_byte_ms)
         spindle, line = start_announcing(
             [spindle_bin, "serve", "--port", "0", "--data", data,
@@ -457,7 +476,8 @@ def main():
         idle = rss_kib(spindle.pid)
         results, peak = run_clients(me, "spindle", port, args.streams,
                                     args.clients_per_process, "s",
-                                    sample=lambda: rss_kib(spindle.pid))
+                                    sample=lambda: rss_kib(spindle.pid),
+                                    client=client)
         stats = json.loads(urllib.request.urlopen(
             f"http://127.0.0.1:{up_port}/stats", timeout=10).read())
         s = summarize(results, args.first_byte_ms)
