@@ -328,20 +328,20 @@ public:
     state_ = state::streaming;
     auto head = serialize_head(status, content_type, headers, keep);
     head += "Transfer-Encoding: chunked\r\n\r\n";
-    queue(std::move(head));
+    queue_soon(std::move(head));
   }
 
   void stream_chunk(std::string data, size_t accounted) {
     if (closed_)
       return;
-    queue(chunk_frame(data), accounted);
+    queue_soon(chunk_frame(data), accounted);
   }
 
   void end_stream() {
     if (closed_)
       return;
     state_ = state::writing;
-    queue("0\r\n\r\n");
+    queue_soon("0\r\n\r\n");
   }
 
   void cut_off() {
@@ -578,6 +578,22 @@ private:
       flush();
   }
 
+  // A stream's pieces are written once the handlers already queued on the
+  // loop have run: a stream's head and its first event, or deltas that
+  // came together, go out in one send instead of one each.
+  void queue_soon(std::string bytes, size_t accounted = 0) {
+    out_.push_back(std::move(bytes));
+    out_accounted_.push_back(accounted);
+    if (writing_ || flush_posted_)
+      return;
+    flush_posted_ = true;
+    asio::post(socket_.get_executor(), [self = shared_from_this()] {
+      self->flush_posted_ = false;
+      if (!self->writing_)
+        self->flush(); // else on_written sends what is queued
+    });
+  }
+
   void flush();
   void on_written(const error_code& ec);
 
@@ -604,6 +620,7 @@ private:
   bool first_ = true;
   bool keep_alive_ = true;
   bool writing_ = false;
+  bool flush_posted_ = false;
   state state_ = state::idle;
   std::string remote_;
   beast::flat_buffer buffer_{64 * 1024};
