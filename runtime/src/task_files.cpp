@@ -412,7 +412,10 @@ caf::expected<std::vector<stale_task>> task_files::detect_stale() {
       struct stat st{};
       if (::stat(dir.c_str(), &st) != 0)
         continue; // completed meanwhile
-      auto age = std::chrono::seconds(std::time(nullptr) - st.st_ctime);
+      // The file's time stamp comes from the kernel's coarse clock, which
+      // may be a second ahead of time(): an age below zero is zero.
+      auto age = std::chrono::seconds(
+        std::max<std::time_t>(0, std::time(nullptr) - st.st_ctime));
       if (age < options_.unowned_grace)
         continue; // its claimer may be writing the owner record right now
       reason = "no owner was ever recorded";
