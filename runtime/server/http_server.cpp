@@ -960,11 +960,13 @@ caf::expected<int> http_server::listen(const std::string& address, int port) {
     return fail(ec.message());
   auto bound = acc->local_endpoint(ec).port();
   impl_->acceptor = std::move(acc);
-  for (size_t i = 0; i < impl_->loops.size(); ++i) {
+  // Every timer exists before any loop sweeps: a loop reads the vector,
+  // which must not grow under it.
+  for (size_t i = 0; i < impl_->loops.size(); ++i)
     impl_->sweepers.push_back(
       std::make_unique<asio::steady_timer>(impl_->loops.at(i)));
+  for (size_t i = 0; i < impl_->loops.size(); ++i)
     asio::post(impl_->loops.at(i), [self = impl_, i] { self->sweep(i); });
-  }
   asio::post(impl_->loops.at(0), [self = impl_] { self->accept(); });
   return static_cast<int>(bound);
 }
