@@ -26,6 +26,7 @@
 
 #include "spindle/messages/error.hpp"
 #include "spindle/runtime/io_pool.hpp"
+#include "spindle/runtime/delta.hpp"
 #include "spindle/runtime/tcp_or_tls.hpp"
 #include "spindle/runtime/url.hpp"
 #include "spindle/version.hpp"
@@ -181,18 +182,6 @@ std::string upstream_message(int status, const std::string& body) {
          + (detail.empty() ? std::string{} : ": " + detail);
 }
 
-// Passes a piece to the caller's callback; a throwing callback counts as a
-// client that went away (docs/llm.md, "Decisions").
-bool offer(const delta_callback& on_delta, std::string_view piece) {
-  if (!on_delta)
-    return true;
-  try {
-    return on_delta(piece);
-  } catch (...) {
-    return false;
-  }
-}
-
 // Incremental SSE parser for OpenAI's stream: "data: {json}\n\n" events,
 // ending with "data: [DONE]".
 class sse_reader {
@@ -255,7 +244,7 @@ private:
     if (piece.empty())
       return true;
     text += piece;
-    if (!offer(on_delta_, piece)) {
+    if (!offer_delta(on_delta_, piece)) {
       stopped = true;
       return false;
     }
@@ -508,7 +497,7 @@ private:
       return;
     }
     auto text = parsed["choices"][0]["message"]["content"].get<std::string>();
-    bool more = offer(on_delta_, text);
+    bool more = offer_delta(on_delta_, text);
     finish(completion{std::move(text), !more});
   }
 

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "spindle/messages/error.hpp"
+#include "spindle/runtime/delta.hpp"
 
 // One exchange is one event-based actor: a chain of requests (registry,
 // thread lease, builder, user turn, provider, assistant turn, memory,
@@ -40,17 +41,6 @@ struct delta_gate {
   bool shut = false; // it was not, or the client went away: the provider stops
   std::vector<std::string> waiting;
 };
-
-// The client's callback: a throwing client counts as one that went away.
-bool deliver(const delta_callback& on_delta, std::string_view delta) {
-  if (!on_delta)
-    return true;
-  try {
-    return on_delta(delta);
-  } catch (...) {
-    return false;
-  }
-}
 
 enum class user_turn_state { storing, stored, failed };
 
@@ -279,7 +269,7 @@ private:
       std::lock_guard<std::mutex> guard{g.mx};
       g.open = true;
       for (auto& delta : g.waiting)
-        if (!g.shut && !deliver(st->cb.on_delta, delta))
+        if (!g.shut && !offer_delta(st->cb.on_delta, delta))
           g.shut = true;
       g.waiting.clear();
     }
@@ -321,7 +311,7 @@ private:
         gate->waiting.emplace_back(delta);
         return true;
       }
-      if (!deliver(on_delta, delta))
+      if (!offer_delta(on_delta, delta))
         gate->shut = true;
       return !gate->shut;
     };
