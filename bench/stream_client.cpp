@@ -3,7 +3,8 @@
 // stream (as the script's Python workers do): the seconds from sending the
 // request to the first `thread` event, the first `delta` event and `done`
 // (spindle), or to the first piece of content and `[DONE]` (the upstream
-// alone), and any error.
+// alone), the seconds from the upstream's first byte to the first piece's
+// arrival (the stamp spindle_fake_upstream --stamp writes), and any error.
 //
 //   spindle_stream_client --mode spindle|upstream --port P --first I
 //                         --count N [--tag T]
@@ -28,6 +29,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/read.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -44,6 +46,9 @@ struct record {
   bool ok = false;
   int status = 0;
   std::optional<double> thread, delta, done;
+  // Seconds from the upstream's first byte (the @@t=NS@@ stamp
+  // spindle_fake_upstream --stamp puts in its first piece) to its arrival.
+  std::optional<double> after_first_byte;
   std::string error;
 };
 
@@ -51,8 +56,19 @@ class stream : public std::enable_shared_from_this<stream> {
 public:
   stream(asio::io_context& ctx, tcp::endpoint to, std::string request,
          bool spindle, record& out)
-    : socket_(ctx), to_(to), request_(std::move(request)), spindle_(spindle),
+    : socket_(ctx), timer_(ctx), to_(to), request_(std::move(request)), spindle_(spindle),
       out_(out) {
+  }
+
+  // Connects after `delay` (the client's ramp).
+  void start_after(std::chrono::steady_clock::duration delay) {
+    if (delay <= std::chrono::steady_clock::duration::zero())
+      return start();
+    timer_.expires_after(delay);
+    timer_.async_wait([self = shared_from_this()](error_code ec) {
+      if (!ec)
+        self->start();
+    });
   }
 
   void start() {
@@ -107,6 +123,17 @@ private:
       text_.erase(0, end + 4);
     }
     auto t = now();
+    if (!out_.after_first_byte)
+      if (auto at = text_.find("@@t="); at != std::string::npos) {
+        auto end = text_.find("@@", at + 4);
+        if (end != std::string::npos) {
+          auto stamp = std::strtoll(text_.c_str() + at + 4, nullptr, 10);
+          auto here = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                        clk::now().time_since_epoch())
+                        .count();
+          out_.after_first_byte = static_cast<double>(here - stamp) / 1e9;
+        }
+      }
     if (spindle_) {
       if (!out_.thread && text_.find("event: thread") != std::string::npos)
         out_.thread = t;
@@ -141,6 +168,7 @@ private:
   }
 
   tcp::socket socket_;
+  asio::steady_timer timer_;
   tcp::endpoint to_;
   std::string request_;
   bool spindle_;
@@ -172,6 +200,10 @@ int main(int argc, char** argv) {
   app.add_option("--first", first, "index of the first stream");
   app.add_option("--count", count, "streams")->required();
   app.add_option("--tag", tag, "thread ID tag");
+  double ramp = 0;
+  app.add_option("--ramp", ramp,
+                 "seconds over which the streams start, evenly spaced "
+                 "(0: all at once)");
   CLI11_PARSE(app, argc, argv);
   rlimit rl{};
   if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
@@ -200,7 +232,9 @@ int main(int argc, char** argv) {
                        .dump());
     std::make_shared<stream>(ctx, to, std::move(request), mode == "spindle",
                              records[k])
-      ->start();
+      ->start_after(std::chrono::duration_cast<clk::duration>(
+        std::chrono::duration<double>(ramp * static_cast<double>(k)
+                                      / static_cast<double>(count))));
   }
   ctx.run();
   json out = json::array();
@@ -214,6 +248,8 @@ int main(int argc, char** argv) {
       j["delta"] = *r.delta;
     if (r.done)
       j["done"] = *r.done;
+    if (r.after_first_byte)
+      j["after_first_byte"] = *r.after_first_byte;
     if (!r.error.empty())
       j["error"] = r.error;
     out.push_back(std::move(j));

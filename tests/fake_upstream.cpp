@@ -56,6 +56,7 @@ struct settings {
   int64_t first_byte_ms = 0;
   int fail_status = 0;
   bool plain = false;
+  bool stamp = false;
   size_t reply_bytes = 0;
   std::string tls_cert;
   std::string tls_key;
@@ -295,6 +296,15 @@ private:
     write_due();
   }
 
+  // The first piece's stamp: nanoseconds of CLOCK_MONOTONIC (steady_clock),
+  // the clock every process on the machine shares, so a client can tell
+  // how long after the upstream's first byte its first delta came.
+  static int64_t stamp_ns(clock_type::time_point at) {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             at.time_since_epoch())
+      .count();
+  }
+
   clock_type::time_point due(size_t piece) const {
     return started_ + interval_ * static_cast<long>(piece);
   }
@@ -303,8 +313,13 @@ private:
   // waits for the next.
   void write_due() {
     auto now = clock_type::now();
-    while (next_ < pieces_.size() && due(next_) <= now)
-      out_ += chunk(sse_event({{"content", pieces_[next_++]}}, nullptr));
+    while (next_ < pieces_.size() && due(next_) <= now) {
+      auto piece = pieces_[next_];
+      if (next_ == 0 && server_.config.stamp)
+        piece = "@@t=" + std::to_string(stamp_ns(now)) + "@@" + piece;
+      out_ += chunk(sse_event({{"content", piece}}, nullptr));
+      ++next_;
+    }
     bool last = next_ == pieces_.size() && due(pieces_.size()) <= now;
     if (last)
       out_ += chunk(sse_event(json::object(), "stop"))
@@ -476,6 +491,9 @@ int main(int argc, char** argv) {
                  "answer every completion with this status and an OpenAI "
                  "error body")
     ->check(CLI::Range(400, 599));
+  app.add_flag("--stamp", config.stamp,
+               "begin each stream's first piece with @@t=NS@@, the "
+               "steady clock's nanoseconds when it was written");
   app.add_flag("--plain", config.plain,
                "answer with a plain JSON completion instead of a stream");
   app.add_option("--reply-bytes", config.reply_bytes,

@@ -1,5 +1,8 @@
 #include "spindle/runtime/config.hpp"
 
+#include <algorithm>
+#include <thread>
+
 #include <caf/all.hpp>
 
 #include "actor_scheduler.hpp"
@@ -21,8 +24,12 @@ config::config(size_t threads) {
   // Work stealing in FIFO order with cheap request timeouts
   // (actor_scheduler.hpp).
   module_factories.push_back(&detail::make_actor_scheduler);
-  if (threads > 0)
-    set("scheduler.max-threads", threads);
+  // One worker per core, as documented: CAF 0.17's own default is at least
+  // four, so on a two-core machine four workers and the event loops'
+  // threads took turns on two cores.
+  if (threads == 0)
+    threads = std::max(1u, std::thread::hardware_concurrency());
+  set("scheduler.max-threads", threads);
 }
 
 } // namespace spindle
