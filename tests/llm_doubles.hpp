@@ -65,6 +65,20 @@ private:
   std::vector<std::chrono::milliseconds> timeouts_;
 };
 
+/// A scripted provider whose asynchronous form answers before `start`
+/// returns: the whole reply is generated before the exchange's user turn
+/// can have been stored, so every piece waits for that commit.
+class instant_provider : public scripted_provider {
+public:
+  using scripted_provider::scripted_provider;
+
+  bool start(std::vector<chat_message> messages, completion_options options,
+             delta_callback on_delta, completion_done done) override {
+    done(complete(messages, options, on_delta));
+    return true;
+  }
+};
+
 /// Fails every call with `code`.
 class failing_provider : public llm_provider {
 public:

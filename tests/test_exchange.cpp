@@ -266,6 +266,33 @@ TEST_CASE("exchange: when the client goes away the partial reply is stored "
   REQUIRE(rt.send_message("gone", "still there?"));
 }
 
+TEST_CASE("exchange: a client that goes away while the reply waits for the "
+          "user turn's commit gets what it was offered stored as the "
+          "interrupted assistant turn") {
+  // The provider is done before the user turn commits: its three pieces
+  // wait, and the client refuses the second when they are replayed.
+  auto provider = std::make_shared<test::instant_provider>(
+    "one two three four five six", 3);
+  runtime rt{with_provider(provider)};
+  std::string heard;
+  int offered = 0;
+  auto r = rt.send_message("early", "talk", "", conflict_policy::queue, 12,
+                           [&](std::string_view piece) {
+                             heard += piece;
+                             return ++offered < 2;
+                           });
+  REQUIRE(r);
+  CHECK(r->interrupted);
+  auto pieces = split_deltas("one two three four five six", 3);
+  REQUIRE(pieces.size() == 3);
+  CHECK(heard == pieces[0] + pieces[1]);
+  CHECK(r->reply == heard);
+  auto snap = rt.snapshot("early");
+  REQUIRE(snap->turns.size() == 2);
+  CHECK(snap->turns[1].interrupted);
+  CHECK(snap->turns[1].content == heard);
+}
+
 TEST_CASE("exchange: a provider failure keeps the user turn, returns "
           "upstream_failure and frees the thread") {
   auto failing = std::make_shared<test::failing_provider>();

@@ -40,6 +40,9 @@ struct delta_gate {
   bool open = false; // the user turn is stored: deltas go through
   bool shut = false; // it was not, or the client went away: the provider stops
   std::vector<std::string> waiting;
+  /// Bytes of the reply offered to the client, in order: what a client
+  /// that went away heard, up to the piece it refused.
+  size_t offered = 0;
 };
 
 enum class user_turn_state { storing, stored, failed };
@@ -117,10 +120,15 @@ public:
     }
     {
       // A client that went away while the deltas waited for the user
-      // turn heard less than the provider generated.
+      // turn heard less than the provider generated (which may have
+      // finished meanwhile): the turn keeps what it was offered, as when
+      // the provider itself stops at the refused piece.
       std::lock_guard<std::mutex> guard{st_->gate->mx};
-      if (st_->gate->shut)
+      if (st_->gate->shut) {
         reply->interrupted = true;
+        if (reply->text.size() > st_->gate->offered)
+          reply->text.resize(st_->gate->offered);
+      }
     }
     store_assistant(std::move(*reply));
   }
@@ -268,9 +276,13 @@ private:
       auto& g = *st->gate;
       std::lock_guard<std::mutex> guard{g.mx};
       g.open = true;
-      for (auto& delta : g.waiting)
-        if (!g.shut && !offer_delta(st->cb.on_delta, delta))
+      for (auto& delta : g.waiting) {
+        if (g.shut)
+          break;
+        g.offered += delta.size();
+        if (!offer_delta(st->cb.on_delta, delta))
           g.shut = true;
+      }
       g.waiting.clear();
     }
     if (st->completion_waiting) {
@@ -302,6 +314,7 @@ private:
     auto st = st_;
     completion_options copts;
     copts.timeout = opt().reply_timeout;
+    copts.flow = st->cb.flow;
     delta_callback forward = [on_delta = st->cb.on_delta,
                               gate = st->gate](std::string_view delta) {
       std::lock_guard<std::mutex> guard{gate->mx};
@@ -311,6 +324,7 @@ private:
         gate->waiting.emplace_back(delta);
         return true;
       }
+      gate->offered += delta.size();
       if (!offer_delta(on_delta, delta))
         gate->shut = true;
       return !gate->shut;
