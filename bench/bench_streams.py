@@ -27,6 +27,17 @@ The baseline beside spindle's figures is the upstream itself: the same
 client load sent straight to spindle_fake_upstream (first byte after
 --first-byte-ms, no spindle in between), run in the same invocation.
 
+The target (p99 of the first delta at most 250 ms after the upstream's
+first byte) is judged on the ramped runs: three of them, each on a fresh
+server, the median reported, since one run's p99 on this shared machine
+varied from 100 to 450 ms. The streams started all at once are shown
+without a target. There, every one of 9,500 new exchanges is set up (HTTP,
+thread, user turn, prompt, upstream connection: about 1 s of both cores)
+while the first ones already stream, on two cores that the client
+processes share: probes on the event loops measured them runnable but
+waiting for a core for 60 to 170 ms at a time during the burst, as long as
+the load generators keep both cores busy.
+
 The clients are build/bench/spindle_stream_client (C++, one Asio loop per
 process) when it is built, else asyncio workers of this script
 (--python-clients forces them): the asyncio clients took as much CPU as
@@ -384,8 +395,8 @@ def report_document(args, procs, s, base, idle, peak, per, stats, target,
             f"same instant, on a fresh spindle serve, without a target: "
             f"every exchange of the burst is set up while the first ones "
             f"already stream, and on this machine the clients and spindle "
-            f"share two cores, so the first deltas wait for the cores "
-            f"(docs/benchmarks.md, \"Streams\").")
+            f"share two cores, so the first deltas wait for a core (see "
+            f"above).")
     rows = [(f"through spindle, {started}", s), ("upstream alone, "
              f"{started} (baseline)", base)]
     if s_b is not None:

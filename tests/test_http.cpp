@@ -39,11 +39,15 @@ void raise_fd_limit() {
   setrlimit(RLIMIT_NOFILE, &lim);
 }
 
-// A blocking loopback connection; -1 on failure.
-int connect_to(int port) {
+// A blocking loopback connection; -1 on failure. A receive buffer set
+// before connecting bounds the window the client offers.
+int connect_to(int port, int receive_buffer = 0) {
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0)
     return -1;
+  if (receive_buffer > 0)
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer,
+               sizeof receive_buffer);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
@@ -394,6 +398,83 @@ TEST_CASE("http: a client that stops reading mid-stream does not delay the "
     CHECK(events.front().first == "thread");
     CHECK(events.back().first == "done");
   }
+}
+
+// A metric's value in a /metrics page (-1 when it is not there).
+double metric(const std::string& page, const std::string& name) {
+  auto at = page.find("\n" + name + " ");
+  if (at == std::string::npos)
+    return -1;
+  return std::stod(page.substr(at + name.size() + 2));
+}
+
+TEST_CASE("http: a client that reads slowly pauses its reply's generation "
+          "instead of being cut off and then gets the whole reply stored "
+          "complete while others go on") {
+  raise_fd_limit();
+  // 900 kB of reply at once (a turn holds at most 1 MiB), past a stream
+  // buffer of 64 KiB: a client that falls that far behind is cut off
+  // unless the generation waits for it (it pauses at 32 KiB unsent). The
+  // kernel's send buffer is kept small, as it is over a real network (on
+  // loopback it starts at about 4 MB and would take the whole reply).
+  constexpr size_t reply_bytes = 900'000;
+  spindle::test::fake_upstream up{
+    {"--chunks", "300", "--reply-bytes", std::to_string(reply_bytes)}};
+  server_process srv{{"--llm", "openai", "--llm-url", up.url(),
+                      "--llm-model", "fake", "--stream-buffer", "65536",
+                      "--send-buffer", "16384"}};
+  fd_guard guard;
+  int slow = connect_to(srv.port(), 1024);
+  REQUIRE(slow >= 0);
+  guard.fds.push_back(slow);
+  REQUIRE(send_all(slow, stream_request("slow-reader", "tell me everything")));
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  // The generation pauses while the client reads nothing.
+  std::string page;
+  auto deadline = steady_clock::now() + seconds(30);
+  while (steady_clock::now() < deadline) {
+    auto m = cli.Get("/metrics");
+    REQUIRE(m);
+    page = m->body;
+    if (metric(page, "spindle_http_streams_paused") == 1)
+      break;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  INFO(page.substr(0, 2000));
+  REQUIRE(metric(page, "spindle_http_streams_paused") == 1);
+  // It stays paused, and nothing is cut off.
+  std::this_thread::sleep_for(milliseconds(500));
+  page = cli.Get("/metrics")->body;
+  CHECK(metric(page, "spindle_http_streams_paused") == 1);
+  CHECK(metric(page, "spindle_http_streams_cut_off") == 0);
+  // Others are served meanwhile, streams included.
+  stream_set others;
+  REQUIRE(others.start(srv.port(), {stream_request("quick-reader", "hi")}));
+  REQUIRE(others.finish(seconds(60)) == 0);
+  auto events = events_of(others.streams[0].reply);
+  REQUIRE(!events.empty());
+  CHECK(events.back().first == "done");
+  // The slow client reads: all of the reply comes, then `done`.
+  auto reply = read_until_close(slow, seconds(120));
+  auto slow_events = events_of(reply);
+  REQUIRE(!slow_events.empty());
+  CHECK(slow_events.back().first == "done");
+  size_t text = 0;
+  for (auto& [name, data] : slow_events)
+    if (name == "delta")
+      text += data["content"].get<std::string>().size();
+  CHECK(text == reply_bytes);
+  page = cli.Get("/metrics")->body;
+  CHECK(metric(page, "spindle_http_streams_paused") == 0);
+  CHECK(metric(page, "spindle_http_stream_pauses") >= 1);
+  CHECK(metric(page, "spindle_http_streams_cut_off") == 0);
+  // Stored whole, not interrupted.
+  auto h = cli.Get("/v1/threads/slow-reader/history?max_turns=2");
+  REQUIRE(h);
+  auto turns = json::parse(h->body)["turns"];
+  REQUIRE(turns.size() == 2);
+  CHECK(turns[1]["content"].get<std::string>().size() == reply_bytes);
+  CHECK(!turns[1].value("interrupted", false));
 }
 
 TEST_CASE("http: 2,000 concurrent streamed exchanges through a fake "

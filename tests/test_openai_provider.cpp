@@ -493,3 +493,73 @@ TEST_CASE("openai provider: complete on a thread of the provider's loop "
   REQUIRE_FALSE(r);
   CHECK(classify(r.error()) == errc::unavailable);
 }
+
+TEST_CASE("openai provider: a paused flow stops reading between pieces, "
+          "the read timeout does not run out meanwhile, and a resume reads "
+          "the rest") {
+  // 200 pieces written at once: far more than one read takes.
+  fake_upstream up{{"--chunks", "200", "--reply-bytes", "40000"}};
+  auto p = provider_at(up.url(), {}, 300ms);
+  auto flow = std::make_shared<flow_control>();
+  flow->pause();
+  std::atomic<size_t> deltas{0};
+  std::promise<caf::expected<completion>> ended;
+  auto result = ended.get_future();
+  completion_options options;
+  options.flow = flow;
+  REQUIRE(p->start(asking("pace me"), options,
+                   [&](std::string_view) {
+                     ++deltas;
+                     return true;
+                   },
+                   [&](caf::expected<completion> r) {
+                     ended.set_value(std::move(r));
+                   }));
+  // What the first read brought comes (perhaps only the head), then the
+  // provider waits.
+  auto deadline = steady_clock::now() + 10s;
+  while (flow->holds() == 0 && steady_clock::now() < deadline)
+    std::this_thread::sleep_for(5ms);
+  REQUIRE(flow->holds() == 1);
+  auto seen = deltas.load();
+  CHECK(seen < 200);
+  // Three read timeouts later: still waiting, nothing more read.
+  CHECK(result.wait_for(1s) == std::future_status::timeout);
+  CHECK(deltas.load() == seen);
+  flow->resume();
+  REQUIRE(result.wait_for(10s) == std::future_status::ready);
+  auto r = result.get();
+  REQUIRE(r);
+  CHECK(!r->interrupted);
+  CHECK(r->text.size() == 40000);
+  CHECK(deltas.load() == 200);
+}
+
+TEST_CASE("openai provider: a call paused for good still ends at its "
+          "timeout, and lets its flow control go") {
+  fake_upstream up{{"--chunks", "200", "--reply-bytes", "40000"}};
+  auto p = provider_at(up.url());
+  auto flow = std::make_shared<flow_control>();
+  flow->pause();
+  std::promise<caf::expected<completion>> ended;
+  auto result = ended.get_future();
+  completion_options options;
+  options.flow = flow;
+  options.timeout = 500ms;
+  REQUIRE(p->start(asking("never resumed"), options,
+                   [](std::string_view) { return true; },
+                   [&](caf::expected<completion> r) {
+                     ended.set_value(std::move(r));
+                   }));
+  options.flow.reset();
+  REQUIRE(result.wait_for(10s) == std::future_status::ready);
+  auto r = result.get();
+  REQUIRE(!r);
+  CHECK(classify(r.error()) == errc::timeout);
+  CHECK(flow->holds() == 1);
+  // The call is gone: the continuation it left (which owned it) too.
+  auto deadline = steady_clock::now() + 5s;
+  while (flow.use_count() > 1 && steady_clock::now() < deadline)
+    std::this_thread::sleep_for(5ms);
+  CHECK(flow.use_count() == 1);
+}

@@ -262,9 +262,16 @@ void add_serve(CLI::App& app, registry& commands) {
     ->check(CLI::Range(0.01, 86400.0));
   sub->add_option("--stream-buffer", args->http.stream_buffer,
                   "bytes a slow reader of a streamed reply may fall behind "
-                  "before it is cut off (default 1048576)")
+                  "before it is cut off (default 1048576); the generation "
+                  "pauses at 64 KiB behind, or half this when smaller")
     ->envname("SPINDLE_STREAM_BUFFER")
     ->check(CLI::Range(size_t{1024}, size_t{1} << 30));
+  sub->add_option("--send-buffer", args->http.send_buffer,
+                  "the kernel's send buffer of each client connection in "
+                  "bytes (SO_SNDBUF); 0, the default, leaves it to the "
+                  "kernel")
+    ->envname("SPINDLE_SEND_BUFFER")
+    ->check(CLI::Range(size_t{0}, size_t{1} << 30));
   sub->add_option("--shutdown-grace", args->shutdown_grace_s,
                   "seconds in-flight requests get on SIGINT/SIGTERM "
                   "(default 10)")

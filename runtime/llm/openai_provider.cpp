@@ -263,7 +263,8 @@ class upstream_call : public std::enable_shared_from_this<upstream_call> {
 public:
   upstream_call(asio::io_context& loop, std::shared_ptr<const endpoint> ep,
                 http::request<http::string_body> request, milliseconds timeout,
-                delta_callback on_delta, completion_done done)
+                delta_callback on_delta, completion_done done,
+                std::shared_ptr<flow_control> flow)
     : ep_(std::move(ep)),
       request_(std::move(request)),
       timeout_(timeout),
@@ -273,7 +274,8 @@ public:
       resolver_(loop),
       connection_(loop),
       deadline_(loop),
-      watchdog_(loop) {
+      watchdog_(loop),
+      flow_(std::move(flow)) {
     // Streams are bounded by the timeouts, not by their size.
     parser_.body_limit(std::numeric_limits<std::uint64_t>::max());
   }
@@ -445,6 +447,23 @@ private:
       on_end();
       return;
     }
+    // The client reads slowly: read on once it caught up (the upstream's
+    // TCP window holds the rest meanwhile).
+    if (flow_ && flow_->hold([self = shared_from_this()] {
+          asio::post(self->deadline_.get_executor(),
+                     [self] { self->read_on(); });
+        })) {
+      held_ = true;
+      return;
+    }
+    read();
+  }
+
+  void read_on() {
+    held_ = false;
+    if (finished_)
+      return;
+    touch();
     read();
   }
 
@@ -532,6 +551,8 @@ private:
   void on_watchdog() {
     if (finished_)
       return;
+    if (held_) // not reading: the upstream is not the one keeping still
+      touch();
     if (steady_clock::now() - last_progress_ < patience()) {
       arm_watchdog();
       return;
@@ -565,6 +586,8 @@ private:
     watchdog_.cancel();
     resolver_.cancel();
     connection_.close();
+    if (flow_)
+      flow_->drop();
     deliver(std::move(result));
   }
 
@@ -605,6 +628,8 @@ private:
   bool header_read_ = false;
   bool streaming_ = false;
   bool finished_ = false;
+  std::shared_ptr<flow_control> flow_;
+  bool held_ = false; // paused by the consumer's flow control
 };
 
 } // namespace
@@ -644,7 +669,7 @@ void openai_provider::launch(const std::vector<chat_message>& messages,
   auto& loop = options_.loops->next();
   auto call = std::make_shared<upstream_call>(
     loop, endpoint_, make_request(*endpoint_, messages, options),
-    options.timeout, std::move(on_delta), std::move(done));
+    options.timeout, std::move(on_delta), std::move(done), options.flow);
   asio::post(loop, [call] { call->begin(); });
 }
 

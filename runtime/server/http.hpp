@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "spindle/runtime/flow.hpp"
+
 namespace spindle::http {
 
 /// One request, read whole (header and body) before a handler sees it.
@@ -89,6 +91,11 @@ public:
   /// server's stream buffer limit (the connection is then closed): the
   /// producer should stop.
   virtual bool write(std::string chunk) = 0;
+
+  /// The stream's backpressure: paused while the client's unsent reply is
+  /// past the high-water mark, resumed once it is down to the low one. A
+  /// producer that honours it never reaches the stream buffer limit.
+  virtual std::shared_ptr<flow_control> flow() = 0;
 
   /// Ends a streamed reply.
   virtual void end_stream() = 0;

@@ -211,6 +211,8 @@ struct http_server::impl : std::enable_shared_from_this<http_server::impl> {
   std::atomic<uint64_t> refused{0};
   std::atomic<uint64_t> timed_out{0};
   std::atomic<uint64_t> cut_off{0};
+  std::atomic<uint64_t> paused{0}; // streams whose producer is paused now
+  std::atomic<uint64_t> pauses{0}; // times a stream's producer was paused
   std::mutex drain_mx;
   std::condition_variable drained;
   /// Connections of each loop, for stop(). A connection's last reference
@@ -268,6 +270,10 @@ public:
     registered_ = true;
     error_code ec;
     socket_.set_option(tcp::no_delay(true), ec);
+    if (srv_->lims.send_buffer > 0)
+      socket_.set_option(asio::socket_base::send_buffer_size(static_cast<int>(
+                           std::min<size_t>(srv_->lims.send_buffer, 1u << 30))),
+                         ec);
     socket_.non_blocking(true, ec);
     auto ep = socket_.remote_endpoint(ec);
     if (!ec)
@@ -349,6 +355,11 @@ public:
       return;
     ++srv_->cut_off;
     close();
+  }
+
+  /// The server's counters, for the responder on any thread.
+  http_server::impl& server() const noexcept {
+    return *srv_;
   }
 
   void close() {
@@ -638,10 +649,20 @@ class stream_responder : public responder,
                          public std::enable_shared_from_this<stream_responder> {
 public:
   stream_responder(std::shared_ptr<connection> conn, size_t buffer_limit)
-    : conn_(std::move(conn)), limit_(buffer_limit) {
+    : conn_(std::move(conn)),
+      limit_(buffer_limit),
+      high_(std::min(buffer_limit / 2, high_water)),
+      low_(high_ / 4) {
   }
 
+  /// Backpressure's marks: the producer is paused past the high one (64 KiB,
+  /// or half the stream buffer when that is smaller) and resumed at the low
+  /// one, a quarter of it.
+  static constexpr size_t high_water = 64 * 1024;
+
   ~stream_responder() override {
+    if (pausing_)
+      --conn_->server().paused;
     if (!answered_.exchange(true)) {
       response res;
       res.status = 500;
@@ -695,14 +716,21 @@ public:
     auto pending = buffered_.fetch_add(size) + size;
     auto c = conn_;
     if (pending > limit_) {
+      // A producer that does not honour the flow control.
       gone_ = true;
       asio::post(c->executor(), [c] { c->cut_off(); });
       return false;
     }
+    if (pending > high_)
+      maybe_pause();
     asio::post(c->executor(), [c, chunk = std::move(chunk), size]() mutable {
       c->stream_chunk(std::move(chunk), size);
     });
     return true;
+  }
+
+  std::shared_ptr<flow_control> flow() override {
+    return flow_;
   }
 
   void end_stream() override {
@@ -730,12 +758,16 @@ public:
 
   // On the loop.
   void written(size_t bytes) {
-    buffered_.fetch_sub(bytes);
+    auto left = buffered_.fetch_sub(bytes) - bytes;
+    if (left <= low_ && pausing_.load(std::memory_order_acquire))
+      maybe_resume(false);
   }
 
   // On the loop.
   void mark_gone() {
     gone_ = true;
+    // A paused producer reads on, is told nobody listens, and stops.
+    maybe_resume(true);
     auto handlers = std::move(gone_handlers_);
     gone_handlers_.clear();
     for (auto& f : handlers)
@@ -747,8 +779,41 @@ public:
   }
 
 private:
+  // The decisions read the unsent count under one lock: a pause decided on
+  // the producer's thread and a resume on the loop cannot cross (a resume
+  // before the pause it answers would leave the producer paused).
+  void maybe_pause() {
+    std::lock_guard<std::mutex> guard{flow_mx_};
+    if (pausing_ || gone_ || buffered_.load() <= high_)
+      return;
+    pausing_ = true;
+    flow_->pause();
+    auto& srv = conn_->server();
+    ++srv.paused;
+    ++srv.pauses;
+  }
+
+  void maybe_resume(bool always) {
+    std::lock_guard<std::mutex> guard{flow_mx_};
+    if (!pausing_) {
+      if (always)
+        flow_->resume();
+      return;
+    }
+    if (!always && buffered_.load() > low_)
+      return;
+    pausing_ = false;
+    --conn_->server().paused;
+    flow_->resume();
+  }
+
   std::shared_ptr<connection> conn_;
   size_t limit_;
+  size_t high_;
+  size_t low_;
+  std::shared_ptr<flow_control> flow_ = std::make_shared<flow_control>();
+  std::mutex flow_mx_;
+  std::atomic<bool> pausing_{false};
   std::atomic<bool> answered_{false};
   std::atomic<bool> streaming_{false};
   std::atomic<bool> ended_{false};
@@ -1008,8 +1073,9 @@ bool http_server::wait_drained(std::chrono::steady_clock::time_point deadline) {
 }
 
 connection_stats http_server::stats() const noexcept {
-  return {impl_->open, impl_->accepted, impl_->refused, impl_->timed_out,
-          impl_->cut_off};
+  return {impl_->open,      impl_->accepted, impl_->refused,
+          impl_->timed_out, impl_->cut_off,  impl_->paused,
+          impl_->pauses};
 }
 
 } // namespace spindle::http

@@ -46,8 +46,12 @@ struct limits {
   /// A kept-alive connection may wait this long for its next request.
   std::chrono::milliseconds keepalive_timeout{60000};
   /// Unsent bytes of a streamed reply a slow client may fall behind by
-  /// before it is cut off (its producer is told to stop).
+  /// before it is cut off (its producer is told to stop). A producer that
+  /// honours the stream's flow control is paused long before: past 64 KiB
+  /// unsent, or half this when that is smaller.
   size_t stream_buffer = 1024 * 1024;
+  /// SO_SNDBUF of each connection; 0 leaves it to the kernel.
+  size_t send_buffer = 0;
 };
 
 /// Counters of the connection layer, read at any time. Thread-safe.
@@ -57,6 +61,8 @@ struct connection_stats {
   uint64_t refused = 0;   // over max_connections
   uint64_t timed_out = 0; // header, body or keep-alive timeouts
   uint64_t cut_off = 0;   // slow stream readers past stream_buffer
+  uint64_t paused = 0;    // streams whose producer waits for a slow reader
+  uint64_t pauses = 0;    // times a stream's producer was paused
 };
 
 /// Receives each complete request on the connection's loop thread. It must

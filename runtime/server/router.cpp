@@ -276,6 +276,10 @@ bool async_call::gone() const noexcept {
   return res_->gone();
 }
 
+std::shared_ptr<flow_control> async_call::flow() {
+  return res_->flow();
+}
+
 void async_call::on_gone(std::function<void()> f) {
   res_->on_gone(std::move(f));
 }

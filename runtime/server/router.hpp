@@ -97,6 +97,8 @@ public:
   void end_stream();
   /// True once the client went away.
   bool gone() const noexcept;
+  /// The stream's backpressure (http.hpp, responder::flow).
+  std::shared_ptr<flow_control> flow();
   /// Runs `f` on the connection's loop when the client goes away.
   void on_gone(std::function<void()> f);
 

@@ -175,6 +175,8 @@ void add_thread_routes(router& r) {
         // False stops the generation: nobody is listening.
         return call->write(sse("delta", {{"content", std::string{delta}}}));
       };
+      // A client that reads slowly pauses the generation.
+      cb.flow = call->flow();
       cb.on_reply = [call, metrics](const exchange_result& result) {
         // The request line was logged when streaming started; the
         // exchange's own line follows now.

@@ -184,6 +184,7 @@ server::server(runtime& rt, server_options options)
   lim.body_timeout = o.body_timeout;
   lim.keepalive_timeout = o.keepalive_timeout;
   lim.stream_buffer = o.stream_buffer;
+  lim.send_buffer = o.send_buffer;
   auto* routes = &impl_->routes;
   impl_->http = std::make_unique<http::http_server>(
     *impl_->loops, lim,
@@ -218,6 +219,14 @@ void server::add_connection_gauges() {
      "Streamed replies cut off because the client fell more than "
      "--stream-buffer bytes behind",
      &server_stats::cut_off},
+    {"spindle_http_streams_paused",
+     "Streamed replies whose generation is paused now, waiting for a client "
+     "that reads slowly",
+     &server_stats::streams_paused},
+    {"spindle_http_stream_pauses",
+     "Times a streamed reply's generation was paused for a client that "
+     "reads slowly, since the start",
+     &server_stats::stream_pauses},
   };
   for (auto& g : gauges)
     impl_->metrics.add_gauge(g.name, g.help, [this, field = g.field] {
@@ -254,7 +263,8 @@ void server::stop() {
 
 server_stats server::stats() const {
   auto s = impl_->http->stats();
-  return {s.open, s.accepted, s.refused, s.timed_out, s.cut_off};
+  return {s.open,    s.accepted, s.refused, s.timed_out,
+          s.cut_off, s.paused,   s.pauses};
 }
 
 } // namespace spindle

@@ -129,6 +129,9 @@ struct exchange_callbacks {
   /// The exchange ended: after memory and the release of the thread, or
   /// with its error (a failure after `on_reply` is logged, not reported).
   exchange_done done;
+  /// The consumer's backpressure on the reply (flow.hpp), passed to the
+  /// provider; null: none.
+  std::shared_ptr<flow_control> flow;
 };
 
 /// Runs one exchange in its own event-based actor:

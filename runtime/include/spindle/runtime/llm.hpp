@@ -12,6 +12,7 @@
 #include <caf/expected.hpp>
 
 #include "spindle/messages/chat.hpp"
+#include "spindle/runtime/flow.hpp"
 #include "spindle/messages/error.hpp"
 
 // The LLM provider interface: a blocking, streaming chat completion. Network
@@ -38,6 +39,11 @@ struct completion_options {
   std::string model;
   /// Upper bound on generated tokens; 0 uses the provider's default.
   uint32_t max_tokens = 0;
+  /// The consumer's backpressure (flow.hpp), or null. A provider that reads
+  /// its reply from an upstream asks it between reads and stops reading
+  /// while it is paused; its patience between bytes does not run out
+  /// meanwhile, the call's `timeout` still does.
+  std::shared_ptr<flow_control> flow;
 };
 
 /// A finished completion.

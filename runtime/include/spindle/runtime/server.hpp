@@ -51,7 +51,13 @@ struct server_options {
   std::chrono::milliseconds keepalive_timeout{60000};
   /// Unsent bytes of a streamed reply a slow reader may fall behind by;
   /// past it the client is cut off and its reply stored as interrupted.
+  /// A generation that can wait is paused long before (at 64 KiB, or half
+  /// of this when smaller) and resumed once the client caught up.
   size_t stream_buffer = 1024 * 1024;
+  /// The kernel's send buffer of each client connection (SO_SNDBUF); 0
+  /// leaves it to the kernel's autotuning, which on loopback starts at
+  /// about 4 MB a connection.
+  size_t send_buffer = 0;
   /// How long a stopping server waits for in-flight requests.
   std::chrono::milliseconds shutdown_grace{10000};
 };
@@ -63,6 +69,8 @@ struct server_stats {
   uint64_t refused = 0;
   uint64_t timed_out = 0;
   uint64_t cut_off = 0;
+  uint64_t streams_paused = 0;
+  uint64_t stream_pauses = 0;
 };
 
 /// spindle's HTTP API (docs/api.md) over a running `runtime`, served on
