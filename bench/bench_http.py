@@ -11,10 +11,12 @@ What it measures
    fastest an event-loop HTTP/1.1 server on this machine answers a tiny
    request. The table gives spindle / nginx for requests per second; the
    target is at least 0.9x at 8 and 64 connections. Each connection count
-   is measured in three rounds (one in a quick run), the two servers one
+   is measured in five rounds (one in a quick run), the two servers one
    right after the other, the order alternating from round to round; the
    ratio is the median of the rounds' ratios (on this shared machine one
-   8 s figure of the same nginx varied from 110k to 190k requests/s).
+   8 s figure of the same nginx varied from 110k to 190k requests/s, and
+   at 8 connections one round's ratio from 0.46x to 1.57x, depending on
+   how the kernel placed the servers' and wrk's threads on the two cores).
 
 2. POST /v1/threads/{id}/messages with the offline provider (instant
    replies, no delay): each request stores a user turn, generates a reply,
@@ -58,7 +60,7 @@ Options:
                       messages at 8 and 64 (the full run: 8 s per point,
                       both at 1, 8, 64 and 512 connections)
     --duration S      seconds per point, overriding the above
-    --rounds N        /healthz rounds per connection count (default 3, 1
+    --rounds N        /healthz rounds per connection count (default 5, 1
                       with --quick)
     --only WHAT       healthz or messages: run one part only
     --json PATH       write the tables as JSON in the benchmark report's
@@ -858,7 +860,7 @@ def main():
     ap.add_argument("--rounds", type=int, metavar="N",
                     help="GET /healthz rounds per connection count, the "
                          "servers' order alternating (default: 1 with "
-                         "--quick, else 3); the ratio is the rounds' median")
+                         "--quick, else 5); the ratio is the rounds' median")
     ap.add_argument("--only", choices=("healthz", "messages"),
                     help="run one part only")
     ap.add_argument("--json", metavar="PATH",
@@ -882,7 +884,7 @@ def main():
         fail("--duration must be at least 1")
     if args.rounds is not None and args.rounds < 1:
         fail("--rounds must be at least 1")
-    rounds = args.rounds or (1 if args.quick else 3)
+    rounds = args.rounds or (1 if args.quick else 5)
     health_conns = [8, 64] if args.quick else [1, 8, 64, 512]
     message_conns = [8, 64] if args.quick else [1, 8, 64, 512]
     do_health = args.only in (None, "healthz")
