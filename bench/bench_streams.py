@@ -35,8 +35,8 @@ without a target. There, every one of 9,500 new exchanges is set up (HTTP,
 thread, user turn, prompt, upstream connection: about 1 s of both cores)
 while the first ones already stream, on two cores that the client
 processes share: probes on the event loops measured them runnable but
-waiting for a core for 60 to 170 ms at a time during the burst, as long as
-the load generators keep both cores busy.
+waiting for a core for 60 to 170 ms at a time during the burst, while the
+load generators used both cores.
 
 The clients are build/bench/spindle_stream_client (C++, one Asio loop per
 process) when it is built, else asyncio workers of this script
