@@ -293,6 +293,56 @@ TEST_CASE("exchange: a client that goes away while the reply waits for the "
   CHECK(snap->turns[1].content == heard);
 }
 
+TEST_CASE("exchange: cancel_exchange stops the running reply at once, "
+          "stores what was generated as interrupted and frees the thread") {
+  // Four pieces 1.5 s apart.
+  auto loops = net::make_io_pool(1);
+  runtime rt{with_provider(std::make_shared<offline_provider>(
+    std::chrono::milliseconds(1500), loops))};
+  CHECK_FALSE(rt.cancel_exchange("halt")); // nothing runs
+  std::promise<void> first;
+  std::atomic<int> pieces{0};
+  std::promise<caf::expected<exchange_result>> ended;
+  auto result = ended.get_future();
+  exchange_request req;
+  req.thread_id = "halt";
+  req.content = "a long story, please";
+  rt.send_message_async(
+    req,
+    [&](std::string_view) {
+      if (++pieces == 1)
+        first.set_value();
+      return true;
+    },
+    [&](caf::expected<exchange_result> r) { ended.set_value(std::move(r)); });
+  REQUIRE(first.get_future().wait_for(std::chrono::seconds(10))
+          == std::future_status::ready);
+  auto asked = std::chrono::steady_clock::now();
+  REQUIRE(rt.cancel_exchange("halt"));
+  REQUIRE(result.wait_for(std::chrono::seconds(10))
+          == std::future_status::ready);
+  // Ended at the cancel, not at the next piece 1.5 s later.
+  CHECK(std::chrono::steady_clock::now() - asked
+        < std::chrono::milliseconds(1000));
+  auto r = result.get();
+  REQUIRE(r);
+  CHECK(r->cancelled);
+  CHECK(r->interrupted);
+  CHECK(pieces.load() == 1);
+  auto snap = rt.snapshot("halt");
+  REQUIRE(snap->turns.size() == 2);
+  CHECK(snap->turns[1].interrupted);
+  CHECK(snap->turns[1].content == r->reply);
+  CHECK(!r->reply.empty());
+  // Nothing runs on it now, and the next message proceeds (uncancelled).
+  CHECK_FALSE(rt.cancel_exchange("halt"));
+  auto next = rt.send_message("halt", "and now?");
+  REQUIRE(next);
+  CHECK_FALSE(next->cancelled);
+  CHECK_FALSE(next->interrupted);
+  CHECK(next->turns == 4);
+}
+
 TEST_CASE("exchange: a provider failure keeps the user turn, returns "
           "upstream_failure and frees the thread") {
   auto failing = std::make_shared<test::failing_provider>();

@@ -477,6 +477,81 @@ TEST_CASE("http: a client that reads slowly pauses its reply's generation "
   CHECK(!turns[1].value("interrupted", false));
 }
 
+TEST_CASE("http: POST /v1/threads/{id}/cancel stops the upstream at once "
+          "and stores the partial reply as interrupted and the stream "
+          "ends with a cancelled event and the next message proceeds") {
+  raise_fd_limit();
+  // A piece every 100 ms for 10 s.
+  spindle::test::fake_upstream up{
+    {"--stream-seconds", "10", "--chunks", "100", "--reply-bytes", "2000"}};
+  server_process srv{{"--llm", "openai", "--llm-url", up.url(),
+                      "--llm-model", "fake"}};
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  // Nothing runs yet: nothing to cancel.
+  auto idle = cli.Post("/v1/threads/stop-me/cancel", "", "application/json");
+  REQUIRE(idle);
+  CHECK(idle->status == 409);
+  CHECK(json::parse(idle->body)["error"]["code"] == "conflict");
+  for (int round = 0; round < 2; ++round) {
+    INFO("round " << round);
+    stream_set streams;
+    REQUIRE(streams.start(srv.port(), {stream_request("stop-me",
+                                                      "go on and on")}));
+    REQUIRE(streams.until_each_has("event: delta", seconds(30)) == 0);
+    // From the second message on, a rewrite went upstream first (and was
+    // abandoned at its own timeout): count from here.
+    auto aborted_before = up.stats()["aborted"].get<int>();
+    auto r = cli.Post("/v1/threads/stop-me/cancel", "", "application/json");
+    auto asked = steady_clock::now();
+    REQUIRE(r);
+    REQUIRE(r->status == 200);
+    CHECK(json::parse(r->body)
+          == json{{"thread_id", "stop-me"}, {"cancelled", true}});
+    // The upstream sees its connection closed within 100 ms of the answer.
+    json stats;
+    do {
+      stats = up.stats();
+      if (stats["aborted"] == aborted_before + 1)
+        break;
+      std::this_thread::sleep_for(milliseconds(2));
+    } while (steady_clock::now() - asked < seconds(5));
+    CHECK(stats["aborted"] == aborted_before + 1);
+    CHECK(steady_clock::now() - asked < milliseconds(100));
+    REQUIRE(streams.finish(seconds(10)) == 0);
+    auto events = events_of(streams.streams[0].reply);
+    REQUIRE(events.size() >= 3);
+    CHECK(events.front().first == "thread");
+    CHECK(events.back().first == "cancelled");
+    CHECK(events.back().second["interrupted"] == true);
+    CHECK(events.back().second["cancelled"] == true);
+    CHECK(events.back().second["turns"] == 2 * (round + 1));
+    std::string heard;
+    for (auto& [name, data] : events)
+      if (name == "delta")
+        heard += data["content"].get<std::string>();
+    // Stored: what was generated, marked interrupted; the client heard
+    // all of it or all but the pieces in flight.
+    auto h = cli.Get("/v1/threads/stop-me/history?max_turns=100");
+    REQUIRE(h);
+    auto turns = json::parse(h->body)["turns"];
+    REQUIRE(turns.size() == static_cast<size_t>(2 * (round + 1)));
+    auto& reply = turns[2 * round + 1];
+    CHECK(reply["role"] == "assistant");
+    CHECK(reply["interrupted"] == true);
+    auto stored = reply["content"].get<std::string>();
+    CHECK(!stored.empty());
+    CHECK(stored.size() < 2000);
+    CHECK(stored.compare(0, heard.size(), heard) == 0);
+  }
+  // Cancelled already, nothing runs: 409 again.
+  auto again = cli.Post("/v1/threads/stop-me/cancel", "", "application/json");
+  REQUIRE(again);
+  CHECK(again->status == 409);
+  auto bad = cli.Post("/v1/threads/bad%20id/cancel", "", "application/json");
+  REQUIRE(bad);
+  CHECK(bad->status == 400);
+}
+
 TEST_CASE("http: 2,000 concurrent streamed exchanges through a fake "
           "upstream on 500 threads: every turn stored exactly once, in "
           "order, never interleaved") {

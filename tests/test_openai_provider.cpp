@@ -563,3 +563,52 @@ TEST_CASE("openai provider: a call paused for good still ends at its "
     std::this_thread::sleep_for(5ms);
   CHECK(flow.use_count() == 1);
 }
+
+TEST_CASE("openai provider: a cancelled call ends at once as interrupted "
+          "with what came, and the upstream sees its connection close") {
+  // A piece every 100 ms for 10 s.
+  fake_upstream up{{"--stream-seconds", "10", "--chunks", "100",
+                    "--reply-bytes", "1000"}};
+  auto p = provider_at(up.url());
+  auto flow = std::make_shared<flow_control>();
+  std::promise<void> first;
+  std::atomic<int> deltas{0};
+  std::promise<caf::expected<completion>> ended;
+  auto result = ended.get_future();
+  completion_options options;
+  options.flow = flow;
+  REQUIRE(p->start(asking("cut me off"), options,
+                   [&](std::string_view) {
+                     if (++deltas == 1)
+                       first.set_value();
+                     return true;
+                   },
+                   [&](caf::expected<completion> r) {
+                     ended.set_value(std::move(r));
+                   }));
+  options.flow.reset();
+  REQUIRE(first.get_future().wait_for(10s) == std::future_status::ready);
+  REQUIRE(flow->cancel());
+  CHECK_FALSE(flow->cancel()); // once
+  REQUIRE(result.wait_for(2s) == std::future_status::ready);
+  auto r = result.get();
+  REQUIRE(r);
+  CHECK(r->interrupted);
+  CHECK(!r->text.empty());
+  CHECK(r->text.size() < 1000);
+  CHECK(r->text.rfind("echo: ", 0) == 0);
+  nlohmann::json stats;
+  auto deadline = steady_clock::now() + 3s;
+  do {
+    stats = up.stats();
+    if (stats["aborted"] == 1)
+      break;
+    std::this_thread::sleep_for(5ms);
+  } while (steady_clock::now() < deadline);
+  CHECK(stats["aborted"] == 1);
+  // The call is gone, and with it the abort it left.
+  deadline = steady_clock::now() + 5s;
+  while (flow.use_count() > 1 && steady_clock::now() < deadline)
+    std::this_thread::sleep_for(5ms);
+  CHECK(flow.use_count() == 1);
+}

@@ -293,6 +293,16 @@ public:
 
   /// Runs on the call's loop.
   void begin() {
+    if (flow_)
+      // A cancelled reply ends at once, with what came so far; the abort
+      // does not own the call (the flow control outlives it).
+      flow_->on_cancel([weak = weak_from_this(),
+                        ex = deadline_.get_executor()] {
+        asio::post(ex, [weak] {
+          if (auto self = weak.lock())
+            self->cancel_now();
+        });
+      });
     deadline_.expires_after(timeout_);
     deadline_.async_wait([self = shared_from_this()](const error_code& ec) {
       if (!ec)
@@ -457,6 +467,12 @@ private:
       return;
     }
     read();
+  }
+
+  void cancel_now() {
+    if (finished_)
+      return;
+    finish(completion{streaming_ ? std::move(sse_.text) : std::string{}, true});
   }
 
   void read_on() {

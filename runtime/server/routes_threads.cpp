@@ -104,6 +104,10 @@ json result_json(const exchange_result& r) {
     out["created"] = true;
   if (!r.forked_from.empty())
     out["forked_from"] = r.forked_from;
+  if (r.interrupted)
+    out["interrupted"] = true;
+  if (r.cancelled)
+    out["cancelled"] = true;
   return out;
 }
 
@@ -128,6 +132,17 @@ void add_thread_routes(router& r) {
            ctx.log["thread_id"] = ref->thread_id;
            ctx.log["found_or_created"] = "created";
            reply(res, 201, {{"thread_id", ref->thread_id}});
+         });
+
+  r.post(R"(/v1/threads/([^/]+)/cancel)", "POST /v1/threads/{id}/cancel",
+         [&r](const request& req, response& res, request_context& ctx) {
+           auto id = path_thread(req, false);
+           ctx.log["thread_id"] = id;
+           if (!r.rt().cancel_exchange(id))
+             throw api_error{409, "conflict",
+                             "no message is running on thread '" + id
+                               + "' (or its reply was cancelled already)"};
+           reply(res, 200, {{"thread_id", id}, {"cancelled", true}});
          });
 
   r.post_async(
@@ -187,9 +202,8 @@ void add_thread_routes(router& r) {
         spdlog::info(log_fields("stream_exchange", line.log));
         auto done = result_json(result);
         done.erase("reply");
-        if (result.interrupted)
-          done["interrupted"] = true;
-        call->write(sse("done", done));
+        // A cancelled reply ends with `cancelled` instead of `done`.
+        call->write(sse(result.cancelled ? "cancelled" : "done", done));
         call->end_stream();
       };
       cb.done = [call](caf::expected<exchange_result> result) {

@@ -118,6 +118,10 @@ public:
                                      + "' failed: "
                                      + describe(reply.error())));
     }
+    if (st_->cb.flow->cancelled()) {
+      st_->res.cancelled = true;
+      reply->interrupted = true;
+    }
     {
       // A client that went away while the deltas waited for the user
       // turn heard less than the provider generated (which may have
@@ -182,6 +186,8 @@ private:
         [this, st](uint64_t lease) {
           st->lease = lease;
           st->held = true;
+          if (st->svc.live)
+            st->svc.live->hold(st->res.thread_id, st->cb.flow);
           held();
         },
         [this, st, policy](caf::error& err) {
@@ -315,8 +321,11 @@ private:
     completion_options copts;
     copts.timeout = opt().reply_timeout;
     copts.flow = st->cb.flow;
-    delta_callback forward = [on_delta = st->cb.on_delta,
-                              gate = st->gate](std::string_view delta) {
+    delta_callback forward = [on_delta = st->cb.on_delta, gate = st->gate,
+                              flow = st->cb.flow](std::string_view delta) {
+      // A provider that cannot be aborted stops at its next piece.
+      if (flow->cancelled())
+        return false;
       std::lock_guard<std::mutex> guard{gate->mx};
       if (gate->shut)
         return false;
@@ -470,6 +479,8 @@ private:
       return;
     }
     st->held = false;
+    if (st->svc.live)
+      st->svc.live->let_go(st->res.thread_id, st->cb.flow.get());
     self_->request(st->thread, opt().step_timeout, exchange_end_atom::value,
                    st->lease)
       .then([then](uint64_t) mutable { then(); },
@@ -516,6 +527,35 @@ void exchange_set::leave(caf::actor_id id) {
   // `gone` is released outside the lock.
 }
 
+void exchange_set::hold(const std::string& thread_id,
+                        std::shared_ptr<flow_control> flow) {
+  std::lock_guard<std::mutex> guard{mx_};
+  holding_[thread_id] = std::move(flow);
+}
+
+void exchange_set::let_go(const std::string& thread_id,
+                          const flow_control* flow) {
+  std::shared_ptr<flow_control> gone;
+  std::lock_guard<std::mutex> guard{mx_};
+  auto it = holding_.find(thread_id);
+  if (it != holding_.end() && it->second.get() == flow) {
+    gone = std::move(it->second);
+    holding_.erase(it);
+  }
+}
+
+bool exchange_set::cancel(const std::string& thread_id) {
+  std::shared_ptr<flow_control> flow;
+  {
+    std::lock_guard<std::mutex> guard{mx_};
+    auto it = holding_.find(thread_id);
+    if (it == holding_.end())
+      return false;
+    flow = it->second;
+  }
+  return flow->cancel();
+}
+
 void exchange_set::stop_all() {
   std::unordered_map<caf::actor_id, caf::actor> all;
   {
@@ -529,6 +569,9 @@ void exchange_set::stop_all() {
 void spawn_exchange(caf::actor_system& sys, const exchange_services& services,
                     exchange_request request, exchange_callbacks callbacks) {
   auto st = std::make_shared<exchange_state>();
+  // Every exchange's reply can be cancelled, whoever started it.
+  if (!callbacks.flow)
+    callbacks.flow = std::make_shared<flow_control>();
   st->svc = services;
   st->req = std::move(request);
   st->cb = std::move(callbacks);
@@ -540,8 +583,11 @@ void spawn_exchange(caf::actor_system& sys, const exchange_services& services,
     // still reports an end; its lease dies with it (the thread monitors its
     // holder).
     self->attach_functor([st, id = self->id()] {
-      if (st->svc.live)
+      if (st->svc.live) {
         st->svc.live->leave(id);
+        if (st->held)
+          st->svc.live->let_go(st->res.thread_id, st->cb.flow.get());
+      }
       if (st->finished)
         return;
       st->finished = true;

@@ -177,6 +177,8 @@ struct delayed_reply : std::enable_shared_from_this<delayed_reply> {
 
   void end(caf::expected<completion> result) {
     ended = true;
+    if (flow)
+      flow->drop();
     done(std::move(result));
   }
 
@@ -189,6 +191,11 @@ struct delayed_reply : std::enable_shared_from_this<delayed_reply> {
   }
 
   void step(const boost::system::error_code& ec) {
+    if (cancelled) {
+      out.interrupted = true;
+      end(std::move(out));
+      return;
+    }
     if (ec) {
       end(make_error(errc::unavailable, "the offline provider stopped"));
       return;
@@ -215,6 +222,8 @@ struct delayed_reply : std::enable_shared_from_this<delayed_reply> {
   completion_done done;
   completion out;
   bool ended = false;
+  std::shared_ptr<flow_control> flow;
+  bool cancelled = false;
 };
 
 } // namespace
@@ -233,6 +242,20 @@ bool offline_provider::start(std::vector<chat_message> messages,
                                                std::move(parts), delta_delay_,
                                                std::move(on_delta),
                                                std::move(done));
+  if (options.flow) {
+    reply->flow = options.flow;
+    // A cancelled reply ends at the abort, not at its next piece.
+    options.flow->on_cancel(
+      [weak = std::weak_ptr<delayed_reply>(reply),
+       ex = reply->timer.get_executor()] {
+        boost::asio::post(ex, [weak] {
+          if (auto r = weak.lock()) {
+            r->cancelled = true;
+            r->timer.cancel();
+          }
+        });
+      });
+  }
   boost::asio::post(reply->timer.get_executor(),
                     [reply] { reply->next(); });
   return true;

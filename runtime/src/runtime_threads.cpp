@@ -176,6 +176,11 @@ void runtime::start_exchange(exchange_request request,
   caf::logger::set_current_actor_system(nullptr);
 }
 
+bool runtime::cancel_exchange(const std::string& thread_id) {
+  auto live = exchanges_;
+  return live && live->cancel(thread_id);
+}
+
 caf::expected<exchange_result> runtime::send_message(exchange_request request,
                                                      delta_callback on_delta) {
   // Every step of an exchange has its own timeout, so `done` always runs.

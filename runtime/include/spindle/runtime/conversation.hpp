@@ -77,6 +77,9 @@ struct exchange_result {
   std::string forked_from;
   /// The client went away while the reply streamed.
   bool interrupted = false;
+  /// The reply was cancelled (`runtime::cancel_exchange`); it is stored
+  /// as interrupted.
+  bool cancelled = false;
   /// The query the rewriter produced (the original when none).
   std::string rewritten_query;
   /// The thread actor's ID, for logs.
@@ -106,9 +109,19 @@ public:
   /// Stops every exchange still running (they report `unavailable`).
   void stop_all();
 
+  /// The exchange that holds `thread_id` now (at most one: D9) and the
+  /// control of its reply, entered when it holds the thread and left when
+  /// it releases it.
+  void hold(const std::string& thread_id, std::shared_ptr<flow_control> flow);
+  void let_go(const std::string& thread_id, const flow_control* flow);
+  /// Cancels the reply of the exchange holding `thread_id`: false when no
+  /// exchange holds it, or its reply was cancelled already.
+  bool cancel(const std::string& thread_id);
+
 private:
   std::mutex mx_;
   std::unordered_map<caf::actor_id, caf::actor> live_;
+  std::unordered_map<std::string, std::shared_ptr<flow_control>> holding_;
 };
 
 /// Called once with the outcome of an exchange.

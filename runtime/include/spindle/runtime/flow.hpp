@@ -7,15 +7,63 @@
 
 namespace spindle {
 
-/// Backpressure between the consumer of a streamed reply (the connection of
-/// a client that reads slowly) and its producer (a provider reading its
-/// upstream): the consumer pauses the producer while too much of the reply
-/// waits unsent, and resumes it once the client caught up. The producer
-/// asks between two reads, so it stops after the piece under way and the
-/// upstream's own TCP window holds the rest (docs/api.md, "Limits").
+/// The consumer's control of a streamed reply's producer (a provider
+/// reading its upstream).
+///
+/// Backpressure: the consumer (the connection of a client that reads
+/// slowly) pauses the producer while too much of the reply waits unsent,
+/// and resumes it once the client caught up. The producer asks between two
+/// reads, so it stops after the piece under way and the upstream's own TCP
+/// window holds the rest (docs/api.md, "Limits").
+///
+/// Cancellation: anyone may cancel the reply (`POST .../cancel`); the
+/// producer's abort runs at once and the call ends as interrupted with what
+/// was generated.
+///
 /// Thread-safe: the consumer and the producer may run on different threads.
 class flow_control {
 public:
+  /// Stops the reply for good: the producer's abort runs (now, on this
+  /// thread; it posts to its own), and one that registers later runs it at
+  /// once. Returns false if it was cancelled before.
+  bool cancel() {
+    std::function<void()> abort, go;
+    {
+      std::lock_guard<std::mutex> guard{mx_};
+      if (cancelled_)
+        return false;
+      cancelled_ = true;
+      paused_ = false;
+      abort = std::move(abort_);
+      abort_ = nullptr;
+      go = std::move(waiting_);
+      waiting_ = nullptr;
+    }
+    if (abort)
+      abort();
+    if (go)
+      go();
+    return true;
+  }
+
+  bool cancelled() const {
+    std::lock_guard<std::mutex> guard{mx_};
+    return cancelled_;
+  }
+
+  /// Producer: how to stop it at once (it must not own the producer, or
+  /// only until `drop`). Runs at once if the reply is cancelled already.
+  void on_cancel(std::function<void()> abort) {
+    {
+      std::lock_guard<std::mutex> guard{mx_};
+      if (!cancelled_) {
+        abort_ = std::move(abort);
+        return;
+      }
+    }
+    abort();
+  }
+
   /// Consumer: stop producing after the piece under way.
   void pause() {
     std::lock_guard<std::mutex> guard{mx_};
@@ -41,20 +89,22 @@ public:
   /// on `resume` instead, and the producer does nothing meanwhile.
   bool hold(std::function<void()> then) {
     std::lock_guard<std::mutex> guard{mx_};
-    if (!paused_)
+    if (!paused_ || cancelled_)
       return false;
     waiting_ = std::move(then);
     ++holds_;
     return true;
   }
 
-  /// Producer: it ended; a continuation it left is dropped unrun (it may
-  /// own the producer: this breaks the cycle).
+  /// Producer: it ended; a continuation and an abort it left are dropped
+  /// unrun (they may own the producer: this breaks the cycle).
   void drop() {
-    std::function<void()> gone;
+    std::function<void()> gone, abort;
     std::lock_guard<std::mutex> guard{mx_};
     gone = std::move(waiting_);
     waiting_ = nullptr;
+    abort = std::move(abort_);
+    abort_ = nullptr;
   }
 
   bool paused() const {
@@ -71,7 +121,9 @@ public:
 private:
   mutable std::mutex mx_;
   bool paused_ = false;
+  bool cancelled_ = false;
   std::function<void()> waiting_;
+  std::function<void()> abort_;
   uint64_t holds_ = 0;
 };
 

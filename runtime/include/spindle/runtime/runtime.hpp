@@ -337,6 +337,12 @@ public:
   /// As `send_message_async`, with every callback of an exchange: the
   /// thread held, each delta, the reply stored, the end (conversation.hpp).
   void start_exchange(exchange_request request, exchange_callbacks callbacks);
+  /// Cancels the reply of the message running on `thread_id`: the provider
+  /// is stopped at once, what it generated is stored as the interrupted
+  /// assistant turn, the result says `cancelled`, and the thread is free
+  /// for its next message. False when no message runs on it (one queued
+  /// behind it, D9, is not touched).
+  bool cancel_exchange(const std::string& thread_id);
   void add_turn_async(const std::string& thread_id, turn t,
                       std::function<void(caf::expected<uint64_t>)> done);
   void history_async(const std::string& thread_id, uint64_t max_turns,
