@@ -143,6 +143,32 @@ std::chrono::milliseconds ms_between(steady_clock::time_point a,
   return std::chrono::duration_cast<std::chrono::milliseconds>(b - a);
 }
 
+// A call started with a flow control: its deltas counted (the first one
+// signalled), its end in `result`. The flow is passed, not kept.
+struct flowed_call {
+  std::atomic<size_t> deltas{0};
+  std::promise<void> first;
+  std::promise<caf::expected<completion>> ended;
+  std::future<caf::expected<completion>> result = ended.get_future();
+
+  bool start(llm_provider& p, std::string question,
+             std::shared_ptr<flow_control> flow,
+             std::chrono::milliseconds timeout = 120s) {
+    completion_options options;
+    options.flow = std::move(flow);
+    options.timeout = timeout;
+    return p.start(asking(std::move(question)), options,
+                   [this](std::string_view) {
+                     if (++deltas == 1)
+                       first.set_value();
+                     return true;
+                   },
+                   [this](caf::expected<completion> r) {
+                     ended.set_value(std::move(r));
+                   });
+  }
+};
+
 } // namespace
 
 TEST_CASE("openai provider: streams deltas in order and sends the exact "
@@ -502,19 +528,10 @@ TEST_CASE("openai provider: a paused flow stops reading between pieces, "
   auto p = provider_at(up.url(), {}, 300ms);
   auto flow = std::make_shared<flow_control>();
   flow->pause();
-  std::atomic<size_t> deltas{0};
-  std::promise<caf::expected<completion>> ended;
-  auto result = ended.get_future();
-  completion_options options;
-  options.flow = flow;
-  REQUIRE(p->start(asking("pace me"), options,
-                   [&](std::string_view) {
-                     ++deltas;
-                     return true;
-                   },
-                   [&](caf::expected<completion> r) {
-                     ended.set_value(std::move(r));
-                   }));
+  flowed_call call;
+  REQUIRE(call.start(*p, "pace me", flow));
+  auto& deltas = call.deltas;
+  auto& result = call.result;
   // What the first read brought comes (perhaps only the head), then the
   // provider waits.
   auto deadline = steady_clock::now() + 10s;
@@ -541,17 +558,9 @@ TEST_CASE("openai provider: a call paused for good still ends at its "
   auto p = provider_at(up.url());
   auto flow = std::make_shared<flow_control>();
   flow->pause();
-  std::promise<caf::expected<completion>> ended;
-  auto result = ended.get_future();
-  completion_options options;
-  options.flow = flow;
-  options.timeout = 500ms;
-  REQUIRE(p->start(asking("never resumed"), options,
-                   [](std::string_view) { return true; },
-                   [&](caf::expected<completion> r) {
-                     ended.set_value(std::move(r));
-                   }));
-  options.flow.reset();
+  flowed_call call;
+  REQUIRE(call.start(*p, "never resumed", flow, 500ms));
+  auto& result = call.result;
   REQUIRE(result.wait_for(10s) == std::future_status::ready);
   auto r = result.get();
   REQUIRE(!r);
@@ -571,23 +580,10 @@ TEST_CASE("openai provider: a cancelled call ends at once as interrupted "
                     "--reply-bytes", "1000"}};
   auto p = provider_at(up.url());
   auto flow = std::make_shared<flow_control>();
-  std::promise<void> first;
-  std::atomic<int> deltas{0};
-  std::promise<caf::expected<completion>> ended;
-  auto result = ended.get_future();
-  completion_options options;
-  options.flow = flow;
-  REQUIRE(p->start(asking("cut me off"), options,
-                   [&](std::string_view) {
-                     if (++deltas == 1)
-                       first.set_value();
-                     return true;
-                   },
-                   [&](caf::expected<completion> r) {
-                     ended.set_value(std::move(r));
-                   }));
-  options.flow.reset();
-  REQUIRE(first.get_future().wait_for(10s) == std::future_status::ready);
+  flowed_call call;
+  REQUIRE(call.start(*p, "cut me off", flow));
+  auto& result = call.result;
+  REQUIRE(call.first.get_future().wait_for(10s) == std::future_status::ready);
   REQUIRE(flow->cancel());
   CHECK_FALSE(flow->cancel()); // once
   REQUIRE(result.wait_for(2s) == std::future_status::ready);
