@@ -61,6 +61,18 @@ int decode(int status, int* sig) {
 
 } // namespace
 
+void barrier::arrive_and_wait() {
+  std::unique_lock<std::mutex> lock{mx_};
+  auto phase = phase_;
+  if (++arrived_ == parties_) {
+    arrived_ = 0;
+    ++phase_;
+    cv_.notify_all();
+    return;
+  }
+  cv_.wait(lock, [&] { return phase_ != phase; });
+}
+
 temp_dir::temp_dir() {
   std::random_device rd;
   auto base = std::filesystem::temp_directory_path();

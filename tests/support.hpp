@@ -4,8 +4,11 @@
 // spindle binary (or any command) as a child process.
 
 #include <chrono>
+#include <condition_variable>
+#include <cstddef>
 #include <filesystem>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -33,6 +36,22 @@ public:
 
 private:
   std::filesystem::path path_;
+};
+
+/// Holds `parties` threads at `arrive_and_wait` until all of them have
+/// arrived, then lets them all go; usable again for the next phase.
+class barrier {
+public:
+  explicit barrier(size_t parties) : parties_(parties) {
+  }
+  void arrive_and_wait();
+
+private:
+  std::mutex mx_;
+  std::condition_variable cv_;
+  size_t parties_;
+  size_t arrived_ = 0;
+  size_t phase_ = 0;
 };
 
 /// What a finished child process left behind.
