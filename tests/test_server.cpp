@@ -36,6 +36,15 @@ void check_error(const httplib::Result& r, int status, const std::string& code) 
   CHECK(body["error"]["code"] == code);
   CHECK(body["error"]["message"].is_string());
   CHECK_FALSE(body["error"]["message"].get<std::string>().empty());
+  // OpenAI's error object too: a type from the status, a param or null.
+  auto type = status == 401   ? "authentication_error"
+              : status == 404 ? "not_found_error"
+              : status == 409 ? "conflict_error"
+              : status == 504 ? "timeout_error"
+              : status >= 500 ? "api_error"
+                              : "invalid_request_error";
+  CHECK(body["error"]["type"] == type);
+  CHECK(body["error"].contains("param"));
 }
 
 } // namespace

@@ -151,6 +151,13 @@ make_request(const endpoint& ep, const std::vector<chat_message>& messages,
   }
   if (options.max_tokens > 0)
     body["max_tokens"] = options.max_tokens;
+  if (!options.parameters.empty()) {
+    auto extra = json::parse(options.parameters, nullptr, false);
+    if (extra.is_object())
+      for (auto& [key, value] : extra.items())
+        if (key != "model" && key != "messages" && key != "stream")
+          body[key] = value;
+  }
   http::request<http::string_body> req{http::verb::post, ep.target, 11};
   req.set(http::field::host, ep.authority);
   req.set(http::field::user_agent, std::string{"spindle/"} + version_string);

@@ -109,9 +109,33 @@ void reply(response& res, int status, const json& body) {
   res.set_content(dump(body), "application/json");
 }
 
+const char* error_type(int status) noexcept {
+  switch (status) {
+    case 401:
+      return "authentication_error";
+    case 403:
+      return "permission_error";
+    case 404:
+      return "not_found_error";
+    case 409:
+      return "conflict_error";
+    case 429:
+      return "rate_limit_error";
+    case 504:
+      return "timeout_error";
+    default:
+      return status >= 500 ? "api_error" : "invalid_request_error";
+  }
+}
+
 response error_response(const api_error& e) {
   response res;
-  reply(res, e.status, {{"error", {{"code", e.code}, {"message", e.message}}}});
+  reply(res, e.status,
+        {{"error",
+          {{"code", e.code},
+           {"message", e.message},
+           {"type", error_type(e.status)},
+           {"param", e.param.empty() ? json(nullptr) : json(e.param)}}}});
   return res;
 }
 
@@ -146,7 +170,8 @@ json parse_body(const request& req,
       throw api_error{400, "unknown_field",
                       "unknown field '" + key.substr(0, 64)
                         + "'; this route accepts: "
-                        + (list.empty() ? "no fields" : list)};
+                        + (list.empty() ? "no fields" : list),
+                      key.substr(0, 64)};
     }
   }
   return body;
@@ -156,11 +181,12 @@ std::string required_string(const json& body, const char* field) {
   auto it = body.find(field);
   if (it == body.end() || it->is_null())
     throw api_error{400, "malformed",
-                    std::string{"field '"} + field + "' is required"};
+                    std::string{"field '"} + field + "' is required", field};
   if (!it->is_string())
     throw api_error{400, "malformed",
                     std::string{"field '"} + field + "' must be a string, not "
-                      + type_name(*it)};
+                      + type_name(*it),
+                    field};
   return it->get<std::string>();
 }
 
@@ -172,7 +198,8 @@ std::optional<std::string> optional_string(const json& body,
   if (!it->is_string())
     throw api_error{400, "malformed",
                     std::string{"field '"} + field + "' must be a string, not "
-                      + type_name(*it)};
+                      + type_name(*it),
+                    field};
   return it->get<std::string>();
 }
 
@@ -183,7 +210,8 @@ std::optional<int64_t> optional_int(const json& body, const char* field) {
   if (!it->is_number_integer())
     throw api_error{400, "malformed",
                     std::string{"field '"} + field
-                      + "' must be an integer, not " + type_name(*it)};
+                      + "' must be an integer, not " + type_name(*it),
+                    field};
   return it->get<int64_t>();
 }
 

@@ -38,13 +38,22 @@ namespace http {
 
 using json = nlohmann::json;
 
-/// An error reply: `{"error":{"code":..., "message":...}}` with `status`.
+/// An error reply with `status`: `{"error":{"code":..., "message":...,
+/// "type":..., "param":...}}`, a superset of OpenAI's error object (`type`
+/// follows from the status, `param` names the offending field or is null).
 /// Handlers throw it; the router catches it at the edge.
 struct api_error {
   int status;
   std::string code;
   std::string message;
+  std::string param = {};
 };
+
+/// OpenAI's error type for an HTTP status: invalid_request_error (400,
+/// 413, 422, 431), authentication_error (401), permission_error (403),
+/// not_found_error (404), conflict_error (409), rate_limit_error (429),
+/// timeout_error (504), api_error (other 5xx).
+const char* error_type(int status) noexcept;
 
 /// Maps a spindle error to its reply (invalid_id -> 400, not_found -> 404,
 /// conflict -> 409, timeout -> 504, upstream_failure -> 502, ...).
@@ -181,6 +190,11 @@ public:
   http_metrics& metrics() noexcept {
     return metrics_;
   }
+  /// The threads of blocking handlers (and of providers without an
+  /// asynchronous form).
+  boost::asio::thread_pool& workers() noexcept {
+    return workers_;
+  }
 
   /// Logs and counts one finished request.
   void record(const std::string& route, const request& req, int status,
@@ -218,6 +232,7 @@ void add_thread_routes(router& r);
 void add_item_routes(router& r);
 void add_memory_routes(router& r);
 void add_task_routes(router& r);
+void add_openai_routes(router& r);
 
 } // namespace http
 } // namespace spindle

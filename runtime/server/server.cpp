@@ -170,6 +170,7 @@ server::server(runtime& rt, server_options options)
   http::add_item_routes(r);
   http::add_memory_routes(r);
   http::add_task_routes(r);
+  http::add_openai_routes(r);
   add_gauges(impl_->metrics, impl_->rt);
   add_connection_gauges();
 

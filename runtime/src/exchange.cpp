@@ -318,7 +318,7 @@ private:
   // 5. The reply, streamed by the provider on its own thread.
   void generate() {
     auto st = st_;
-    completion_options copts;
+    completion_options copts = st->req.completion;
     copts.timeout = opt().reply_timeout;
     copts.flow = st->cb.flow;
     delta_callback forward = [on_delta = st->cb.on_delta, gate = st->gate,

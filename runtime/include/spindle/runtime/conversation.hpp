@@ -58,6 +58,9 @@ struct exchange_request {
   conflict_policy on_conflict = conflict_policy::queue;
   /// History window (default 12), system prompt, memory and rewrite.
   build_options build;
+  /// The model call's model, max_tokens and parameters (empty: the
+  /// provider's defaults); the exchange sets its timeout and flow.
+  completion_options completion;
 };
 
 /// What an exchange did.

@@ -39,6 +39,12 @@ struct completion_options {
   std::string model;
   /// Upper bound on generated tokens; 0 uses the provider's default.
   uint32_t max_tokens = 0;
+  /// Further sampling parameters, as the text of a JSON object in OpenAI's
+  /// request format (`{"temperature":0.2,"stop":["\n"]}`); empty for
+  /// none. An OpenAI-compatible provider adds each field to its request
+  /// body (never over `model`, `messages` or `stream`); a provider without
+  /// such parameters ignores them.
+  std::string parameters;
   /// The consumer's backpressure (flow.hpp), or null. A provider that reads
   /// its reply from an upstream asks it between reads and stops reading
   /// while it is paused; its patience between bytes does not run out

@@ -1,0 +1,461 @@
+// OpenAI-compatible chat completions: POST /v1/chat/completions in OpenAI's
+// request and response formats, streamed as OpenAI streams, so that the
+// OpenAI SDKs talk to spindle unchanged (docs/api.md, "OpenAI-compatible
+// chat completions"). With a thread (a `thread_id` field or a
+// Spindle-Thread-Id header) spindle keeps the conversation; without one it
+// passes the messages through to its provider.
+
+#include <chrono>
+
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
+#include <spdlog/spdlog.h>
+
+#include "metrics.hpp"
+#include "router.hpp"
+#include "spindle/messages/error.hpp"
+#include "spindle/messages/ids.hpp"
+#include "spindle/messages/memory.hpp"
+#include "spindle/runtime/logging.hpp"
+#include "spindle/runtime/runtime.hpp"
+
+namespace spindle::http {
+
+namespace {
+
+// OpenAI request fields handed to the provider as they are.
+constexpr const char* passed_through[] = {
+  "temperature",      "top_p",           "stop",
+  "presence_penalty", "frequency_penalty", "seed",
+  "logit_bias",       "user",            "response_format",
+  "max_completion_tokens"};
+
+// OpenAI request fields accepted and not used: they change nothing in a
+// single text reply (storage and tracing options of OpenAI's service).
+constexpr const char* ignored[] = {"store", "metadata", "service_tier",
+                                   "parallel_tool_calls", "stream_options"};
+
+// spindle's own fields (sent by OpenAI SDKs as extra body fields).
+constexpr const char* spindle_fields[] = {"thread_id", "user_id",
+                                          "on_conflict", "max_turns"};
+
+constexpr const char* thread_header = "Spindle-Thread-Id";
+
+constexpr int64_t max_max_turns = 100000;
+
+[[noreturn]] void invalid(std::string message, std::string param) {
+  throw api_error{400, "invalid_argument", std::move(message),
+                  std::move(param)};
+}
+
+template <size_t N>
+bool listed(const char* const (&names)[N], const std::string& key) {
+  for (auto* name : names)
+    if (key == name)
+      return true;
+  return false;
+}
+
+// The text of a message's content: a string, or text parts.
+std::string content_text(const json& content, size_t index) {
+  auto param = "messages[" + std::to_string(index) + "].content";
+  if (content.is_string())
+    return content.get<std::string>();
+  if (!content.is_array())
+    invalid(param + " must be a string or an array of text parts", param);
+  std::string text;
+  for (auto& part : content) {
+    auto type = part.is_object() ? part.find("type") : part.end();
+    if (!part.is_object() || type == part.end() || *type != "text"
+        || !part.contains("text") || !part["text"].is_string())
+      invalid(param + " may hold only parts of type 'text' with a string "
+                      "'text' (images, audio and files are not supported)",
+              param);
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+struct chat_request {
+  std::vector<chat_message> messages;
+  std::string model;
+  bool stream = false;
+  completion_options completion;
+  // With a thread: the thread (or "new"), the new user message, the
+  // system prompt the request brings (empty: the builder's).
+  bool threaded = false;
+  std::string thread_id;
+  std::string content;
+  std::string system_prompt;
+  std::string user_id;
+  conflict_policy on_conflict = conflict_policy::queue;
+  uint64_t max_turns = builder_default_max_turns;
+};
+
+chat_request parse_chat(const request& req) {
+  if (req.body.empty())
+    throw api_error{400, "malformed",
+                    "the request body must be a JSON object; it is empty"};
+  auto body = json::parse(req.body, nullptr, false);
+  if (body.is_discarded())
+    throw api_error{400, "malformed", "the body is not valid JSON"};
+  if (!body.is_object())
+    throw api_error{400, "malformed", "the body must be a JSON object"};
+  chat_request out;
+  json parameters = json::object();
+  for (auto& [key, value] : body.items()) {
+    if (key == "model" || key == "messages" || key == "stream"
+        || key == "max_tokens" || key == "n" || key == "logprobs"
+        || key == "top_logprobs" || key == "tools" || key == "tool_choice"
+        || key == "functions" || key == "function_call"
+        || key == "modalities" || listed(ignored, key)
+        || listed(spindle_fields, key))
+      continue;
+    if (listed(passed_through, key)) {
+      parameters[key] = value;
+      continue;
+    }
+    throw api_error{400, "unknown_field",
+                    "unrecognized request argument supplied: "
+                      + key.substr(0, 64),
+                    key.substr(0, 64)};
+  }
+  out.model = required_string(body, "model");
+  if (out.model.empty())
+    invalid("model must not be empty", "model");
+  out.completion.model = out.model;
+  if (auto it = body.find("stream"); it != body.end() && !it->is_null()) {
+    if (!it->is_boolean())
+      invalid("stream must be a boolean", "stream");
+    out.stream = it->get<bool>();
+  }
+  if (auto n = optional_int(body, "max_tokens")) {
+    if (*n < 1 || *n > 1000000)
+      invalid("max_tokens must be between 1 and 1000000", "max_tokens");
+    out.completion.max_tokens = static_cast<uint32_t>(*n);
+  }
+  if (auto n = optional_int(body, "n"); n && *n != 1)
+    invalid("n must be 1: spindle generates one choice", "n");
+  if (auto it = body.find("logprobs");
+      it != body.end() && !it->is_null() && *it != false)
+    invalid("logprobs are not supported", "logprobs");
+  for (auto* key : {"tools", "functions"})
+    if (auto it = body.find(key); it != body.end() && !it->is_null()
+                                  && !(it->is_array() && it->empty()))
+      invalid(std::string{key} + " are not supported on this route yet: "
+                "spindle streams text replies",
+              key);
+  if (auto it = body.find("modalities"); it != body.end() && !it->is_null()
+                                         && *it != json::array({"text"}))
+    invalid("modalities must be [\"text\"]", "modalities");
+  if (!parameters.empty())
+    out.completion.parameters = dump(parameters);
+
+  auto messages = body.find("messages");
+  if (messages == body.end() || !messages->is_array() || messages->empty())
+    invalid("messages must be a non-empty array", "messages");
+  for (size_t i = 0; i < messages->size(); ++i) {
+    auto& m = (*messages)[i];
+    auto param = "messages[" + std::to_string(i) + "]";
+    if (!m.is_object())
+      invalid(param + " must be an object", param);
+    auto role = m.find("role");
+    if (role == m.end() || !role->is_string())
+      invalid(param + ".role must be a string", param + ".role");
+    auto r = role->get<std::string>();
+    if (r != "system" && r != "developer" && r != "user" && r != "assistant"
+        && r != "tool")
+      invalid(param + ".role must be system, developer, user, assistant or "
+                      "tool, not '"
+                + r.substr(0, 32) + "'",
+              param + ".role");
+    if (m.contains("tool_calls") && !m["tool_calls"].is_null())
+      invalid(param + ".tool_calls are not supported on this route yet",
+              param + ".tool_calls");
+    chat_message msg;
+    msg.role = r;
+    auto content = m.find("content");
+    if (content == m.end() || content->is_null())
+      invalid(param + ".content is required", param + ".content");
+    msg.content = content_text(*content, i);
+    if (r == "tool") {
+      auto id = m.find("tool_call_id");
+      if (id == m.end() || !id->is_string() || id->get<std::string>().empty())
+        invalid(param + ".tool_call_id is required for a tool message",
+                param + ".tool_call_id");
+      msg.tool_call_id = id->get<std::string>();
+    }
+    out.messages.push_back(std::move(msg));
+  }
+
+  // The thread: the body's field or the header (the same when both).
+  auto field = optional_string(body, "thread_id");
+  auto header = req.get_header_value(thread_header);
+  if (field && !header.empty() && *field != header)
+    invalid("thread_id and the Spindle-Thread-Id header name different "
+            "threads",
+            "thread_id");
+  if (field || !header.empty()) {
+    out.threaded = true;
+    out.thread_id = field ? *field : header;
+    if (auto err = validate_thread_id(out.thread_id))
+      fail(err);
+    auto& last = out.messages.back();
+    if (last.role != "user")
+      invalid("with a thread, the last message must be the user's new "
+              "message (spindle keeps the earlier turns)",
+              "messages");
+    out.content = last.content;
+    // Leading system (or developer) messages replace the system prompt.
+    for (auto& m : out.messages) {
+      if (m.role != "system" && m.role != "developer")
+        break;
+      if (!out.system_prompt.empty())
+        out.system_prompt += "\n\n";
+      out.system_prompt += m.content;
+    }
+  }
+  out.user_id = optional_string(body, "user_id").value_or("");
+  if (!out.user_id.empty())
+    if (auto err = validate_user_id(out.user_id))
+      fail(err);
+  if (auto policy = optional_string(body, "on_conflict")) {
+    auto parsed = parse_conflict_policy(*policy);
+    if (!parsed)
+      fail(parsed.error());
+    out.on_conflict = *parsed;
+  }
+  if (auto n = optional_int(body, "max_turns")) {
+    if (*n < 2 || *n > max_max_turns)
+      invalid("max_turns must be between 2 and "
+                + std::to_string(max_max_turns),
+              "max_turns");
+    out.max_turns = static_cast<uint64_t>(*n);
+  }
+  if (!out.threaded && (body.contains("user_id") || body.contains("on_conflict")
+                        || body.contains("max_turns")))
+    invalid("user_id, on_conflict and max_turns need a thread (thread_id or "
+            "the Spindle-Thread-Id header)",
+            "thread_id");
+  return out;
+}
+
+int64_t unix_seconds() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+           std::chrono::system_clock::now().time_since_epoch())
+    .count();
+}
+
+// What every object of one response shares.
+struct completion_head {
+  std::string id;
+  int64_t created;
+  std::string model;
+  std::string thread_id; // empty: stateless
+
+  json base(const char* object) const {
+    json out{{"id", id},
+             {"object", object},
+             {"created", created},
+             {"model", model},
+             {"system_fingerprint", nullptr}};
+    if (!thread_id.empty())
+      out["thread_id"] = thread_id;
+    return out;
+  }
+
+  json whole(const std::string& text, bool interrupted) const {
+    auto out = base("chat.completion");
+    out["choices"] = json::array(
+      {{{"index", 0},
+        {"message",
+         {{"role", "assistant"}, {"content", text}, {"refusal", nullptr}}},
+        {"logprobs", nullptr},
+        {"finish_reason", "stop"}}});
+    out["usage"] = nullptr;
+    if (interrupted)
+      out["interrupted"] = true;
+    return out;
+  }
+
+  std::string chunk(json delta, const char* finish) const {
+    auto out = base("chat.completion.chunk");
+    out["choices"] = json::array(
+      {{{"index", 0},
+        {"delta", std::move(delta)},
+        {"logprobs", nullptr},
+        {"finish_reason", finish ? json(finish) : json(nullptr)}}});
+    return "data: " + dump(out) + "\n\n";
+  }
+};
+
+std::string error_event(const api_error& e) {
+  json body{{"error",
+             {{"code", e.code},
+              {"message", e.message},
+              {"type", error_type(e.status)},
+              {"param", nullptr}}}};
+  return "data: " + dump(body) + "\n\n";
+}
+
+std::vector<std::pair<std::string, std::string>>
+stream_headers(const completion_head& head) {
+  std::vector<std::pair<std::string, std::string>> h{
+    {"Cache-Control", "no-cache"}};
+  if (!head.thread_id.empty())
+    h.emplace_back(thread_header, head.thread_id);
+  return h;
+}
+
+// A conversation spindle keeps: an exchange on the thread.
+void threaded(router& r, std::shared_ptr<async_call> call, chat_request c,
+              completion_head head) {
+  exchange_request x;
+  x.thread_id = c.thread_id;
+  x.content = std::move(c.content);
+  x.user_id = std::move(c.user_id);
+  x.on_conflict = c.on_conflict;
+  x.build.max_turns = c.max_turns;
+  x.build.system_prompt = std::move(c.system_prompt);
+  x.completion = std::move(c.completion);
+  auto* metrics = &r.metrics();
+  exchange_callbacks cb;
+  auto shared_head = std::make_shared<completion_head>(std::move(head));
+  if (!c.stream) {
+    cb.on_reply = [call, metrics, shared_head](const exchange_result& res) {
+      call->ctx.log["thread_id"] = res.thread_id;
+      call->ctx.log["turns"] = res.turns;
+      metrics->count("turns", 2);
+      response out;
+      reply(out, 200,
+            shared_head->whole(res.reply, res.interrupted || res.cancelled));
+      out.set_header(thread_header, res.thread_id);
+      call->send(std::move(out));
+    };
+    cb.done = [call](caf::expected<exchange_result> res) {
+      if (!res)
+        call->fail(res.error());
+    };
+    r.rt().start_exchange(std::move(x), std::move(cb));
+    return;
+  }
+  cb.on_held = [call, shared_head](const exchange_result&) {
+    call->ctx.log["streamed"] = true;
+    call->begin_stream(200, "text/event-stream",
+                       stream_headers(*shared_head));
+    call->write(shared_head->chunk({{"role", "assistant"}, {"content", ""}},
+                                   nullptr));
+  };
+  cb.on_delta = [call, shared_head](std::string_view delta) {
+    return call->write(
+      shared_head->chunk({{"content", std::string{delta}}}, nullptr));
+  };
+  cb.flow = call->flow();
+  cb.on_reply = [call, metrics, shared_head](const exchange_result& res) {
+    request_context line;
+    line.log["thread_id"] = res.thread_id;
+    line.log["turns"] = res.turns;
+    line.log["interrupted"] = res.interrupted;
+    metrics->count("turns", 2);
+    spdlog::info(log_fields("chat_completion", line.log));
+    call->write(shared_head->chunk(json::object(), "stop"));
+    call->write("data: [DONE]\n\n");
+    call->end_stream();
+  };
+  cb.done = [call](caf::expected<exchange_result> res) {
+    if (res)
+      return;
+    auto e = to_api_error(res.error());
+    call->fail(e); // before the stream started; a no-op after
+    call->write(error_event(e));
+    call->end_stream();
+  };
+  r.rt().start_exchange(std::move(x), std::move(cb));
+}
+
+// No thread: the messages go to the provider as they are.
+void stateless(router& r, std::shared_ptr<async_call> call, chat_request c,
+               completion_head head) {
+  auto provider = r.rt().provider();
+  if (!provider)
+    provider = std::make_shared<offline_provider>();
+  auto copts = std::move(c.completion);
+  copts.timeout = r.rt().options().conversation.reply_timeout;
+  copts.flow = c.stream ? call->flow() : std::make_shared<flow_control>();
+  // A client that goes away stops the upstream call at once.
+  call->on_gone([flow = copts.flow] { flow->cancel(); });
+  auto shared_head = std::make_shared<completion_head>(std::move(head));
+  delta_callback on_delta;
+  if (c.stream) {
+    call->ctx.log["streamed"] = true;
+    call->begin_stream(200, "text/event-stream",
+                       stream_headers(*shared_head));
+    call->write(shared_head->chunk({{"role", "assistant"}, {"content", ""}},
+                                   nullptr));
+    on_delta = [call, shared_head](std::string_view delta) {
+      return call->write(
+        shared_head->chunk({{"content", std::string{delta}}}, nullptr));
+    };
+  }
+  bool stream = c.stream;
+  completion_done done = [call, shared_head,
+                          stream](caf::expected<completion> res) {
+    if (!stream) {
+      if (!res)
+        return call->fail(res.error());
+      call->reply(200, shared_head->whole(res->text, res->interrupted));
+      return;
+    }
+    if (!res) {
+      call->write(error_event(to_api_error(res.error())));
+    } else {
+      call->write(shared_head->chunk(json::object(), "stop"));
+      call->write("data: [DONE]\n\n");
+    }
+    call->end_stream();
+  };
+  auto messages = std::move(c.messages);
+  if (provider->start(messages, copts, on_delta, done))
+    return;
+  // A provider with only the blocking form gets a worker thread.
+  boost::asio::post(r.workers(), [provider, messages = std::move(messages),
+                                  copts = std::move(copts),
+                                  on_delta = std::move(on_delta),
+                                  done = std::move(done)] {
+    caf::expected<completion> res = make_error(errc::upstream_failure,
+                                               "the provider failed");
+    try {
+      res = provider->complete(messages, copts, on_delta);
+    } catch (const std::exception& e) {
+      res = make_error(errc::upstream_failure, e.what());
+    }
+    done(std::move(res));
+  });
+}
+
+} // namespace
+
+void add_openai_routes(router& r) {
+  r.post_async(
+    R"(/v1/chat/completions)", "POST /v1/chat/completions",
+    [&r](std::shared_ptr<async_call> call) {
+      auto c = parse_chat(call->req());
+      completion_head head;
+      head.id = "chatcmpl-" + make_uuid_v4();
+      head.created = unix_seconds();
+      head.model = c.model;
+      call->ctx.log["model"] = c.model;
+      if (!c.threaded) {
+        stateless(r, std::move(call), std::move(c), std::move(head));
+        return;
+      }
+      // A new thread gets its ID here, so the first chunk can carry it.
+      if (c.thread_id == "new")
+        c.thread_id = make_uuid_v4();
+      head.thread_id = c.thread_id;
+      call->ctx.log["thread_id"] = c.thread_id;
+      threaded(r, std::move(call), std::move(c), std::move(head));
+    });
+}
+
+} // namespace spindle::http
