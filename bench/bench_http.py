@@ -30,6 +30,12 @@ What it measures
    store's writes per commit over the point (from /metrics), which shows how
    well group commit batches.
 
+5. POST /v1/chat/completions with a thread (OpenAI's format, the same
+   texts and thread IDs, offline provider) beside POST /v1/threads/{id}/
+   messages on the durable server, at 8 and 64 connections: three rounds
+   each, the two routes one right after the other in alternating order,
+   the ratio the rounds' median. Target: at least 0.9x.
+
 Every point is `wrk -t2 -cN -dSs --latency --timeout 10s` (-t1 at one
 connection); the tables give requests/sec, latency percentiles and any
 socket errors or non-2xx replies (a point with errors is flagged: its
@@ -62,7 +68,7 @@ Options:
     --duration S      seconds per point, overriding the above
     --rounds N        /healthz rounds per connection count (default 5, 1
                       with --quick)
-    --only WHAT       healthz or messages: run one part only
+    --only WHAT       healthz, messages or chat: run one part only
     --json PATH       write the tables as JSON in the benchmark report's
                       format ({"benchmark": "http", "machine", "tables"},
                       see bench/make_report.py), with every raw figure and
@@ -104,6 +110,8 @@ TARGET_CONNECTIONS = (8, 64)
 STOP_GRACE = 10.0       # seconds between SIGTERM and SIGKILL
 SPEEDUP_TARGET = 5.0    # messages/s over the thread-per-connection server, at 64
 STORE_TARGET = 0.8      # messages/s on a full store over an empty one, at 64
+CHAT_TARGET = 0.9       # chat completions/s over messages/s, same threads
+CHAT_ROUNDS = 3
 BASELINE_COMMIT = "2619959"  # the last commit with the thread-per-connection server
 
 # What people send to an assistant: short and long, questions and
@@ -372,6 +380,47 @@ def write_messages_lua(tmp):
     with open(path, "w", encoding="utf-8") as f:
         f.write(MESSAGES_LUA.format(threads=THREADS, count=len(MESSAGES),
                                     bodies="\n".join(bodies)))
+    return path
+
+
+CHAT_LUA = """-- POST /v1/chat/completions in OpenAI's format with a thread_id,
+-- K over {threads} thread IDs, texts taken in turn from {count} messages.
+local texts = {{
+{texts}
+}}
+local headers = {{ ["Content-Type"] = "application/json" }}
+local counter = 0
+
+local threads = {{}}
+function setup(thread)
+  thread:set("offset", #threads * 7919)
+  table.insert(threads, thread)
+end
+
+function init(args)
+  counter = offset or 0
+end
+
+function request()
+  local body = '{{"model":"bench","thread_id":"bench-' .. (counter % {threads})
+    .. '","messages":[{{"role":"user","content":' .. texts[(counter % #texts) + 1]
+    .. '}}]}}'
+  counter = counter + 1
+  return wrk.format("POST", "/v1/chat/completions", headers, body)
+end
+"""
+
+
+def write_chat_lua(tmp):
+    texts = []
+    for text in MESSAGES:
+        encoded = json.dumps(text, ensure_ascii=False)
+        assert "]==]" not in encoded
+        texts.append(f"  [==[{encoded}]==],")
+    path = os.path.join(tmp, "chat.lua")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(CHAT_LUA.format(threads=THREADS, count=len(MESSAGES),
+                                texts="\n".join(texts)))
     return path
 
 
@@ -717,6 +766,8 @@ def report_document(result, seconds):
     if "store" in result:
         tables.append(store_report_table(result["store"], seconds,
                                          result.get("populated", {})))
+    if "chat" in result:
+        tables.append(chat_report_table(result["chat"], seconds))
     return {"benchmark": "http", "machine": machine(), "tables": tables,
             "figures": result}
 
@@ -804,6 +855,79 @@ def bench_messages(durable_url, memory_url, lua, conns, seconds, log,
     return points
 
 
+def bench_chat(url, messages_lua, chat_lua, conns, seconds, rounds, log):
+    # The threads exist already (bench_messages warmed them); one short
+    # warm-up of the chat route.
+    run_wrk(url, min(8, conns[-1]), 1, chat_lua)
+    points = []
+    for c in conns:
+        runs = []
+        for i in range(rounds):
+            order = ("messages", "chat") if i % 2 == 0 else ("chat", "messages")
+            r = {}
+            for part in order:
+                r[part] = run_wrk(url, c, seconds,
+                                  messages_lua if part == "messages"
+                                  else chat_lua)
+            r["ratio"] = r["chat"]["requests_per_sec"] / \
+                r["messages"]["requests_per_sec"]
+            runs.append(r)
+        runs.sort(key=lambda r: r["ratio"])
+        median = runs[len(runs) // 2]
+        p = {"connections": c, "messages": median["messages"],
+             "chat": median["chat"], "ratio": median["ratio"],
+             "rounds": [r["ratio"] for r in runs]}
+        log(f"  chat c={c}: chat {p['chat']['requests_per_sec']:,.0f}/s, "
+            f"messages {p['messages']['requests_per_sec']:,.0f}/s, rounds "
+            + " ".join(f"{x:.2f}x" for x in p["rounds"])
+            + f", median {p['ratio']:.2f}x")
+        points.append(p)
+    return points
+
+
+def chat_table(points):
+    rows = []
+    for p in points:
+        m, ch = p["messages"], p["chat"]
+        rows.append([p["connections"], fmt_rps(m), fmt_rps(ch),
+                     f"{p['ratio']:.2f}x",
+                     " ".join(f"{x:.2f}" for x in p["rounds"]),
+                     "yes" if p["ratio"] >= CHAT_TARGET else "**no**",
+                     lat(m, "p99"), lat(ch, "p99")])
+    return table(["connections", "messages req/s", "chat req/s",
+                  "chat/messages", "rounds", f"≥ {CHAT_TARGET}x",
+                  "messages p99", "chat p99"], rows)
+
+
+def chat_report_table(points, seconds):
+    rows = []
+    for p in points:
+        m, ch = p["messages"], p["chat"]
+        rows.append([p["connections"], round(m["requests_per_sec"]),
+                     round(ch["requests_per_sec"]), f"{p['ratio']:.2f}x",
+                     " ".join(f"{x:.2f}x" for x in p["rounds"]),
+                     ms_cell(m, "p99"), ms_cell(ch, "p99"),
+                     m["errors"] + ch["errors"]])
+    return {
+        "title": "POST /v1/chat/completions with a thread beside POST "
+                 "/v1/threads/{id}/messages (offline provider, durable)",
+        "columns": ["connections", "messages req/s", "chat req/s",
+                    "chat / messages", "rounds", "messages p99 ms",
+                    "chat p99 ms", "errors"],
+        "rows": rows,
+        "notes": [
+            f"The same message texts on the same {THREADS} threads of one "
+            f"durable server, each request one exchange (both turns "
+            f"stored); the chat route in OpenAI's format with a thread_id "
+            f"field. {len(points[0]['rounds']) if points else 0} rounds of "
+            f"`wrk -cN -d{seconds}s` per "
+            f"route at each connection count, the routes' order "
+            f"alternating; the figures are the median round's.",
+            f"Target: chat / messages ≥ {CHAT_TARGET:g}x.",
+        ],
+    }
+
+
 def bench_store(empty_url, full_url, lua, conns, seconds, log):
     for url in (empty_url, full_url):
         warm_threads(url, lua, conns[-1])
@@ -861,7 +985,7 @@ def main():
                     help="GET /healthz rounds per connection count, the "
                          "servers' order alternating (default: 1 with "
                          "--quick, else 5); the ratio is the rounds' median")
-    ap.add_argument("--only", choices=("healthz", "messages"),
+    ap.add_argument("--only", choices=("healthz", "messages", "chat"),
                     help="run one part only")
     ap.add_argument("--json", metavar="PATH",
                     help="write every figure to this JSON file")
@@ -889,6 +1013,9 @@ def main():
     message_conns = [8, 64] if args.quick else [1, 8, 64, 512]
     do_health = args.only in (None, "healthz")
     do_messages = args.only in (None, "messages")
+    do_chat = args.only in (None, "chat")
+    chat_conns = [8, 64]
+    chat_rounds = 1 if args.quick else CHAT_ROUNDS
     baseline = None
     if args.baseline_exe and do_messages:
         baseline = os.path.abspath(args.baseline_exe)
@@ -907,6 +1034,8 @@ def main():
             "healthz_rounds": rounds if do_health else 0,
             "healthz_connections": health_conns if do_health else [],
             "messages_connections": message_conns if do_messages else [],
+            "chat_connections": chat_conns if do_chat else [],
+            "chat_rounds": chat_rounds if do_chat else 0,
             "message_threads": THREADS, "message_texts": len(MESSAGES),
             "target": {"healthz_spindle_over_nginx": TARGET,
                        "at_connections": list(TARGET_CONNECTIONS)},
@@ -942,6 +1071,16 @@ def main():
             result["messages"] = bench_messages(dur_url, mem_url, lua,
                                                 message_conns, seconds, log,
                                                 base_url)
+        if do_chat:
+            if not do_messages:
+                data = os.path.join(tmp, "data")
+                _, dur_url, _ = start_spindle(exe, tmp, "durable", data,
+                                              stack)
+                log(f"  spindle --data {data} at {dur_url}")
+                warm_threads(dur_url, write_messages_lua(tmp), 8)
+            result["chat"] = bench_chat(dur_url, write_messages_lua(tmp),
+                                        write_chat_lua(tmp), chat_conns,
+                                        seconds, chat_rounds, log)
         if args.full_store:
             lua = write_messages_lua(tmp)
             full = os.path.join(tmp, "full")
@@ -977,6 +1116,13 @@ def main():
                   f"{BASELINE_COMMIT}), durable. Target: durable/before ≥ "
                   f"{SPEEDUP_TARGET:g}x at 64 connections.")
         print()
+    if do_chat:
+        print("### POST /v1/chat/completions with a thread beside POST "
+              "/v1/threads/{id}/messages (offline provider, durable, same "
+              "threads and texts)\n")
+        print(chat_table(result["chat"]))
+        print(f"\nTarget: chat/messages ≥ {CHAT_TARGET}x; the median of "
+              f"{chat_rounds} rounds in alternating order.\n")
     if "store" in result:
         print("### POST /v1/threads/{id}/messages, durable: a store of "
               f"{result['populated'].get('turns')} turns and "
@@ -985,7 +1131,7 @@ def main():
         print(store_table(result["store"]))
         print(f"\nTarget: full/empty ≥ {STORE_TARGET:g}x.\n")
     bad = [f"{part} c={p['connections']}"
-           for part in ("healthz", "messages", "store")
+           for part in ("healthz", "messages", "store", "chat")
            for p in result.get(part, [])
            for r in p.values() if isinstance(r, dict) and r.get("errors")]
     if bad:
