@@ -35,6 +35,7 @@ struct serve_args {
   std::string log_level = "info";
   std::string log_format = "text";
   double shutdown_grace_s = 10;
+  long idempotency_s = 86400;
   long delta_delay_ms = 0;
   std::string sync = "full";
   uint64_t max_resident = activation_options{}.max_resident;
@@ -126,6 +127,7 @@ int serve(serve_args args) {
   }
   args.http.shutdown_grace = std::chrono::milliseconds(
     static_cast<long>(args.shutdown_grace_s * 1000));
+  args.http.idempotency_retention = std::chrono::seconds(args.idempotency_s);
   server srv{**rt, args.http};
   auto port = srv.bind();
   if (!port) {
@@ -298,6 +300,11 @@ void add_serve(CLI::App& app, registry& commands) {
                   "100; 0: never)")
     ->envname("SPINDLE_STORE_LINGER_US")
     ->check(CLI::Range(0L, 100000L));
+  sub->add_option("--idempotency-retention", args->idempotency_s,
+                  "seconds the answer to a request with an Idempotency-Key "
+                  "is kept for its retries (default 86400)")
+    ->envname("SPINDLE_IDEMPOTENCY_RETENTION")
+    ->check(CLI::Range(1L, 86400L * 30));
   commands.on(sub, [args] { return serve(*args); });
 }
 

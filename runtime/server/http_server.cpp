@@ -67,6 +67,13 @@ std::string request::get_header_value(std::string_view name) const {
   return {};
 }
 
+bool request::has_header(std::string_view name) const {
+  for (auto& h : headers)
+    if (iequals(h.first, name))
+      return true;
+  return false;
+}
+
 std::string percent_decode(std::string_view text, bool plus_is_space) {
   std::string out;
   out.reserve(text.size());

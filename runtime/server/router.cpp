@@ -5,6 +5,7 @@
 #include <caf/logger.hpp>
 #include <spdlog/spdlog.h>
 
+#include "idempotency.hpp"
 #include "metrics.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/runtime/logging.hpp"
@@ -427,6 +428,176 @@ response router::refusal(const request& req, int status,
   return error_response(api_error{status, code, message});
 }
 
+namespace {
+
+// Passes a keyed request's reply on to the client and hands it, whole, to
+// the idempotency store: a whole reply before it is sent, a stream's
+// chunks as they are written and the stream once it ended (before its
+// end reaches the client). Recording and the client's side may run on
+// different threads, one call at a time (the responder's contract).
+class recording_responder
+  : public responder,
+    public std::enable_shared_from_this<recording_responder> {
+public:
+  recording_responder(responder_ptr inner,
+                      std::shared_ptr<idempotency_store> store,
+                      std::string key, boost::asio::thread_pool& workers)
+    : inner_(std::move(inner)), store_(std::move(store)),
+      key_(std::move(key)), workers_(workers) {
+  }
+
+  ~recording_responder() override {
+    // Dropped without an answer: the inner responder sends a 500, and the
+    // key is let go (the waiting retries get the same 500).
+    if (!ended_.exchange(true)) {
+      stored_reply r;
+      r.status = 500;
+      r.content_type = "application/json";
+      r.body = error_response(api_error{500, "internal",
+                                        "the request was not answered"})
+                 .body;
+      (void) store_->finish(key_, r);
+    }
+  }
+
+  void send(response res) override {
+    if (ended_.exchange(true))
+      return;
+    reply_.status = res.status == -1 ? 200 : res.status;
+    reply_.content_type = res.content_type;
+    reply_.headers = res.headers;
+    reply_.body = res.body;
+    // Recorded (a database write) off the loop, then sent.
+    boost::asio::post(workers_, [self = keep(), res = std::move(res)]() mutable {
+      self->record();
+      self->inner_->send(std::move(res));
+    });
+  }
+
+  void begin_stream(int status, std::string content_type,
+                    std::vector<std::pair<std::string, std::string>> headers)
+    override {
+    reply_.status = status;
+    reply_.content_type = content_type;
+    reply_.headers = headers;
+    inner_->begin_stream(status, std::move(content_type), std::move(headers));
+  }
+
+  bool write(std::string chunk) override {
+    reply_.body += chunk;
+    return inner_->write(std::move(chunk));
+  }
+
+  std::shared_ptr<flow_control> flow() override {
+    return inner_->flow();
+  }
+
+  void end_stream() override {
+    if (ended_.exchange(true))
+      return;
+    boost::asio::post(workers_, [self = keep()] {
+      self->record();
+      self->inner_->end_stream();
+    });
+  }
+
+  bool gone() const noexcept override {
+    return inner_->gone();
+  }
+
+  void on_gone(std::function<void()> f) override {
+    inner_->on_gone(std::move(f));
+  }
+
+private:
+  std::shared_ptr<recording_responder> keep() {
+    return shared_from_this();
+  }
+
+  void record() {
+    if (auto err = store_->finish(key_, reply_))
+      spdlog::warn("idempotency: the answer for a key could not be stored; "
+                   "a retry will run again: {}",
+                   describe(err));
+  }
+
+  responder_ptr inner_;
+  std::shared_ptr<idempotency_store> store_;
+  std::string key_;
+  boost::asio::thread_pool& workers_;
+  stored_reply reply_;
+  std::atomic<bool> ended_{false};
+};
+
+response replayed(const stored_reply& r) {
+  response res;
+  res.status = r.status;
+  res.set_content(r.body, r.content_type);
+  for (auto& h : r.headers)
+    res.set_header(h.first, h.second);
+  res.set_header("Idempotent-Replayed", "true");
+  return res;
+}
+
+} // namespace
+
+void router::set_idempotency(std::shared_ptr<idempotency_store> store) {
+  idempotency_ = std::move(store);
+}
+
+void router::idempotent(const std::string& route) {
+  bool found = false;
+  for (auto& e : routes_)
+    if (e.route == route)
+      found = e.idempotent = true;
+  if (!found)
+    throw std::logic_error{"no route named " + route};
+}
+
+void router::dispatch_keyed(const route_entry* e, std::shared_ptr<request> req,
+                            responder_ptr res, std::string key) {
+  if (auto problem = idempotency_store::check_key(key); !problem.empty()) {
+    record(e->route, *req, 400, 0, json::object());
+    res->send(error_response(
+      api_error{400, "invalid_argument", problem, "Idempotency-Key"}));
+    return;
+  }
+  // Claiming may read the database: off the loop.
+  boost::asio::post(workers_, [this, e, req = std::move(req),
+                               res = std::move(res),
+                               key = std::move(key)]() mutable {
+    auto fp = idempotency_store::fingerprint(req->method, req->path,
+                                             req->body);
+    stored_reply reply;
+    auto route = e->route;
+    auto answer = [this, route, req, res](const stored_reply& r) {
+      record(route, *req, r.status, 0, {{"idempotent_replay", true}});
+      res->send(replayed(r));
+    };
+    switch (idempotency_->claim(key, fp, reply, answer)) {
+      case idempotency_store::claim_result::mismatch:
+        record(route, *req, 422, 0, json::object());
+        res->send(error_response(api_error{
+          422, "idempotency_mismatch",
+          "the Idempotency-Key '" + key.substr(0, 64)
+            + "' was used for another request (method, path or body); "
+              "use a new key for a new request",
+          "Idempotency-Key"}));
+        return;
+      case idempotency_store::claim_result::replay:
+        answer(reply);
+        return;
+      case idempotency_store::claim_result::waiting:
+        return; // `answer` runs once the running request ends
+      case idempotency_store::claim_result::run:
+        break;
+    }
+    auto recorder = std::make_shared<recording_responder>(
+      std::move(res), idempotency_, std::move(key), workers_);
+    run(e, std::move(req), std::move(recorder));
+  });
+}
+
 void router::dispatch(std::shared_ptr<request> req, responder_ptr res) {
   std::vector<std::string> captures;
   auto* e = match(*req, captures);
@@ -444,6 +615,18 @@ void router::dispatch(std::shared_ptr<request> req, responder_ptr res) {
                 "this route requires 'Authorization: Bearer <token>'"}));
     return;
   }
+  if (e->idempotent && idempotency_) {
+    auto key = req->get_header_value("Idempotency-Key");
+    if (!key.empty() || req->has_header("Idempotency-Key")) {
+      dispatch_keyed(e, std::move(req), std::move(res), std::move(key));
+      return;
+    }
+  }
+  run(e, std::move(req), std::move(res));
+}
+
+void router::run(const route_entry* e, std::shared_ptr<request> req,
+                 responder_ptr res) {
   if (e->async) {
     auto call = std::make_shared<async_call>(*this, e->route, std::move(req),
                                              std::move(res));

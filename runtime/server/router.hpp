@@ -36,6 +36,8 @@ class http_metrics;
 
 namespace http {
 
+class idempotency_store;
+
 using json = nlohmann::json;
 
 /// An error reply with `status`: `{"error":{"code":..., "message":...,
@@ -174,6 +176,12 @@ public:
   /// Routes one request (on its connection's loop).
   void dispatch(std::shared_ptr<request> req, responder_ptr res);
 
+  /// Where the answers to requests with an Idempotency-Key are kept;
+  /// without one the header is ignored.
+  void set_idempotency(std::shared_ptr<idempotency_store> store);
+  /// Marks a registered route (by its name) as honouring Idempotency-Key.
+  void idempotent(const std::string& route);
+
   /// The reply to a request refused before routing (and its log line).
   response refusal(const request& req, int status, const std::string& message);
 
@@ -208,7 +216,13 @@ private:
     handler blocking;
     async_handler async;
     bool open = false;
+    bool idempotent = false;
   };
+
+  void run(const route_entry* e, std::shared_ptr<request> req,
+           responder_ptr res);
+  void dispatch_keyed(const route_entry* e, std::shared_ptr<request> req,
+                      responder_ptr res, std::string key);
 
   void add(const std::string& method, const std::string& pattern,
            const std::string& route, handler h, async_handler a, bool open);
@@ -221,6 +235,7 @@ private:
   boost::asio::thread_pool& workers_;
   std::vector<route_entry> routes_;
   std::atomic<bool> stopping_{false};
+  std::shared_ptr<idempotency_store> idempotency_;
 };
 
 /// True when `req` carries the configured bearer token (or none is set).

@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "http_server.hpp"
+#include "idempotency.hpp"
 #include "metrics.hpp"
 #include "router.hpp"
 #include "spindle/runtime/io_pool.hpp"
@@ -171,6 +172,13 @@ server::server(runtime& rt, server_options options)
   http::add_memory_routes(r);
   http::add_task_routes(r);
   http::add_openai_routes(r);
+  // A retry with the same Idempotency-Key gets the first answer.
+  for (auto* route :
+       {"POST /v1/threads/{id}/messages",
+        "POST /v1/threads/{id}/messages/stream",
+        "POST /v1/threads/{id}/items", "POST /v1/memories",
+        "POST /v1/orchestrations", "POST /v1/chat/completions"})
+    r.idempotent(route);
   add_gauges(impl_->metrics, impl_->rt);
   add_connection_gauges();
 
@@ -254,6 +262,11 @@ server::~server() {
 
 caf::expected<int> server::bind() {
   auto& opts = impl_->options;
+  auto keys = http::idempotency_store::open(impl_->rt.options().storage,
+                                            opts.idempotency_retention);
+  if (!keys)
+    return keys.error();
+  impl_->routes.set_idempotency(std::move(*keys));
   return impl_->http->listen(opts.bind, opts.port);
 }
 

@@ -166,6 +166,20 @@ const char* const migrations[] = {
   "  indexed_through INTEGER NOT NULL"
   ");"
   "INSERT INTO memory_index_state(id, indexed_through) VALUES (0, 0);",
+  // 5 -> 6: answers to requests that carried an Idempotency-Key
+  // (docs/api.md, "Idempotent retries"), kept in their own file
+  // (`idempotency.db`) for a retention time: the key, a fingerprint of
+  // the request (method, path, body), and the reply replayed to a retry.
+  "CREATE TABLE idempotency_keys ("
+  "  key TEXT PRIMARY KEY NOT NULL,"
+  "  fingerprint TEXT NOT NULL,"
+  "  status INTEGER NOT NULL,"
+  "  content_type TEXT NOT NULL,"
+  "  headers TEXT NOT NULL,"
+  "  body BLOB NOT NULL,"
+  "  created_ms INTEGER NOT NULL"
+  ") WITHOUT ROWID;"
+  "CREATE INDEX idempotency_keys_by_age ON idempotency_keys(created_ms);",
 };
 
 static_assert(sizeof(migrations) / sizeof(migrations[0])

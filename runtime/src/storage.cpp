@@ -607,6 +607,13 @@ std::string memory_database_path(const storage_options& options) {
   return (std::filesystem::path{options.data_dir} / "memory.db").string();
 }
 
+std::string idempotency_database_path(const storage_options& options) {
+  if (options.in_memory())
+    return ":memory:";
+  return (std::filesystem::path{options.data_dir} / "idempotency.db")
+    .string();
+}
+
 caf::expected<counter_store_actor>
 spawn_counter_store(caf::actor_system& sys, const storage_options& options) {
   if (options.in_memory())

@@ -61,6 +61,9 @@ struct server_options {
   size_t send_buffer = 0;
   /// How long a stopping server waits for in-flight requests.
   std::chrono::milliseconds shutdown_grace{10000};
+  /// How long the answer to a request with an Idempotency-Key is kept for
+  /// its retries (docs/api.md, "Idempotent retries").
+  std::chrono::seconds idempotency_retention{24 * 3600};
 };
 
 /// Counters of the connection layer (see /metrics).
@@ -88,7 +91,8 @@ public:
   server& operator=(const server&) = delete;
 
   /// Binds the listening socket and returns the port it listens on.
-  /// Errors: `io_failure` naming the address.
+  /// Errors: `io_failure` naming the address; `storage_failure` when the
+  /// data directory's `idempotency.db` cannot be opened.
   caf::expected<int> bind();
 
   /// Serves until `stop()`; returns once in-flight requests are done (or

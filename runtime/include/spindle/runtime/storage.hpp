@@ -94,6 +94,11 @@ std::string database_path(const storage_options& options);
 /// holds the lock the state store's commits need (docs/storage.md).
 std::string memory_database_path(const storage_options& options);
 
+/// The answers kept for idempotent retries (`idempotency.db`, beside
+/// `database_path`; ":memory:" for an in-memory configuration): a file of
+/// its own, so that recording an answer never waits for the state store.
+std::string idempotency_database_path(const storage_options& options);
+
 /// Opens the durable store and spawns the actor that serves counters from
 /// it (detached: SQLite blocks). For an in-memory configuration it spawns a
 /// store that keeps marks in a map. Errors: `storage_failure` naming the

@@ -1,0 +1,246 @@
+#include "idempotency.hpp"
+
+#include <openssl/evp.h>
+#include <spdlog/spdlog.h>
+
+#include <nlohmann/json.hpp>
+
+#include "spindle/messages/error.hpp"
+#include "spindle/runtime/database.hpp"
+
+namespace spindle::http {
+
+namespace {
+
+using json = nlohmann::json;
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+           std::chrono::system_clock::now().time_since_epoch())
+    .count();
+}
+
+std::string headers_text(
+  const std::vector<std::pair<std::string, std::string>>& headers) {
+  json out = json::array();
+  for (auto& [name, value] : headers)
+    out.push_back({name, value});
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+std::vector<std::pair<std::string, std::string>>
+headers_of(std::string_view text) {
+  std::vector<std::pair<std::string, std::string>> out;
+  auto parsed = json::parse(text, nullptr, false);
+  if (!parsed.is_array())
+    return out;
+  for (auto& h : parsed)
+    if (h.is_array() && h.size() == 2 && h[0].is_string()
+        && h[1].is_string())
+      out.emplace_back(h[0].get<std::string>(), h[1].get<std::string>());
+  return out;
+}
+
+bool success(int status) {
+  return status >= 200 && status < 300;
+}
+
+// How often a claim prunes expired answers.
+constexpr uint64_t prune_every = 1024;
+
+} // namespace
+
+idempotency_store::idempotency_store(std::unique_ptr<database> db,
+                                     std::chrono::seconds retention)
+  : db_(std::move(db)), retention_(retention) {
+}
+
+idempotency_store::~idempotency_store() = default;
+
+caf::expected<std::unique_ptr<idempotency_store>>
+idempotency_store::open(const storage_options& storage,
+                        std::chrono::seconds retention) {
+  std::unique_ptr<database> db;
+  if (!storage.in_memory()) {
+    auto opened = database::open(idempotency_database_path(storage),
+                                 storage.sync);
+    if (!opened)
+      return opened.error();
+    db = std::move(*opened);
+  }
+  std::unique_ptr<idempotency_store> out{
+    new idempotency_store(std::move(db), retention)};
+  out->prune();
+  return out;
+}
+
+std::string idempotency_store::check_key(std::string_view key) {
+  if (key.empty())
+    return "the Idempotency-Key header is empty";
+  if (key.size() > max_key_bytes)
+    return "the Idempotency-Key header is longer than "
+           + std::to_string(max_key_bytes) + " bytes";
+  for (char c : key)
+    if (c < 0x21 || c > 0x7e)
+      return "the Idempotency-Key header may hold only printable ASCII "
+             "characters without spaces";
+  return {};
+}
+
+std::string idempotency_store::fingerprint(std::string_view method,
+                                           std::string_view path,
+                                           std::string_view body) {
+  std::string input;
+  input.reserve(method.size() + path.size() + body.size() + 2);
+  input.append(method).append(1, ' ').append(path).append(1, '\n');
+  input.append(body);
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  EVP_Digest(input.data(), input.size(), digest, &size, EVP_sha256(),
+             nullptr);
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(size * 2);
+  for (unsigned int i = 0; i < size; ++i) {
+    out += hex[digest[i] >> 4];
+    out += hex[digest[i] & 15];
+  }
+  return out;
+}
+
+std::optional<std::pair<std::string, stored_reply>>
+idempotency_store::read(const std::string& key) {
+  auto stmt = db_->prepare(
+    "SELECT fingerprint, status, content_type, headers, body "
+    "FROM idempotency_keys WHERE key = ?1 AND created_ms >= ?2;");
+  if (!stmt) {
+    spdlog::warn("idempotency: cannot read keys: {}", describe(stmt.error()));
+    return std::nullopt;
+  }
+  stmt->bind(1, std::string_view{key});
+  stmt->bind(2, now_ms() - retention_.count() * 1000);
+  auto row = stmt->step();
+  if (!row || !*row)
+    return std::nullopt;
+  stored_reply reply;
+  reply.status = static_cast<int>(stmt->column_int64(1));
+  reply.content_type = stmt->column_text(2);
+  reply.headers = headers_of(stmt->column_view(3));
+  reply.body = std::string{stmt->column_view(4)};
+  return std::make_pair(stmt->column_text(0), std::move(reply));
+}
+
+idempotency_store::claim_result
+idempotency_store::claim(const std::string& key,
+                         const std::string& fingerprint, stored_reply& reply,
+                         std::function<void(const stored_reply&)> ready) {
+  std::lock_guard<std::mutex> guard{mx_};
+  if (++claims_ % prune_every == 0)
+    prune_locked();
+  if (auto i = keys_.find(key); i != keys_.end()) {
+    auto& e = i->second;
+    if (e.fingerprint != fingerprint)
+      return claim_result::mismatch;
+    if (e.running) {
+      e.waiting.push_back(std::move(ready));
+      return claim_result::waiting;
+    }
+    if (e.reply
+        && std::chrono::steady_clock::now() - e.stored_at < retention_) {
+      reply = *e.reply;
+      return claim_result::replay;
+    }
+    keys_.erase(i); // expired
+  } else if (db_) {
+    if (auto stored = read(key)) {
+      if (stored->first != fingerprint)
+        return claim_result::mismatch;
+      reply = std::move(stored->second);
+      return claim_result::replay;
+    }
+  }
+  entry e;
+  e.fingerprint = fingerprint;
+  keys_.emplace(key, std::move(e));
+  return claim_result::run;
+}
+
+caf::error idempotency_store::finish(const std::string& key,
+                                     const stored_reply& reply) {
+  caf::error err;
+  std::vector<std::function<void(const stored_reply&)>> waiting;
+  {
+    std::lock_guard<std::mutex> guard{mx_};
+    auto i = keys_.find(key);
+    if (i == keys_.end())
+      return caf::none;
+    if (success(reply.status) && db_) {
+      auto stmt = db_->prepare(
+        "INSERT OR REPLACE INTO idempotency_keys(key, fingerprint, status, "
+        "content_type, headers, body, created_ms) "
+        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7);");
+      if (stmt) {
+        stmt->bind(1, std::string_view{key})
+          .bind(2, std::string_view{i->second.fingerprint})
+          .bind(3, static_cast<int64_t>(reply.status))
+          .bind(4, std::string_view{reply.content_type});
+        auto headers = headers_text(reply.headers);
+        stmt->bind(5, std::string_view{headers})
+          .bind_blob(6, reply.body)
+          .bind(7, now_ms());
+        err = stmt->run();
+      } else {
+        err = stmt.error();
+      }
+    }
+    waiting = std::move(i->second.waiting);
+    if (success(reply.status) && !db_) {
+      i->second.running = false;
+      i->second.reply = reply;
+      i->second.stored_at = std::chrono::steady_clock::now();
+      i->second.waiting.clear();
+    } else {
+      // Stored in the file (read from there from now on), or an error:
+      // forgotten, so that a later retry runs again.
+      keys_.erase(i);
+    }
+  }
+  for (auto& w : waiting)
+    w(reply);
+  return err;
+}
+
+void idempotency_store::prune() {
+  std::lock_guard<std::mutex> guard{mx_};
+  prune_locked();
+}
+
+void idempotency_store::prune_locked() {
+  auto horizon = std::chrono::steady_clock::now() - retention_;
+  for (auto i = keys_.begin(); i != keys_.end();)
+    if (!i->second.running && i->second.stored_at < horizon)
+      i = keys_.erase(i);
+    else
+      ++i;
+  if (db_)
+    if (auto err = db_->exec(
+          "DELETE FROM idempotency_keys WHERE created_ms < "
+          + std::to_string(now_ms() - retention_.count() * 1000) + ";"))
+      spdlog::warn("idempotency: cannot prune keys: {}", describe(err));
+}
+
+uint64_t idempotency_store::size() {
+  std::lock_guard<std::mutex> guard{mx_};
+  uint64_t n = keys_.size();
+  if (db_) {
+    auto stmt = db_->prepare("SELECT count(*) FROM idempotency_keys;");
+    if (stmt) {
+      auto row = stmt->step();
+      if (row && *row)
+        n += static_cast<uint64_t>(stmt->column_int64(0));
+    }
+  }
+  return n;
+}
+
+} // namespace spindle::http
