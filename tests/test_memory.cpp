@@ -737,3 +737,198 @@ TEST_CASE("memory: stores from many threads at once are committed together "
               == std::string::npos);
   }
 }
+
+TEST_CASE("memory: deleting a user's entries removes them from retrieval "
+          "and listing for good - other scopes keep theirs - IDs are never "
+          "used again") {
+  test::temp_dir dir;
+  int64_t highest = 0;
+  {
+    runtime rt{durable_memory(dir, 2)};
+    for (int i = 0; i < 5; ++i)
+      REQUIRE(rt.store_memory("Ada grows tomatoes, note " + std::to_string(i)
+                                + ".",
+                              memory_tags("ada", "t1")));
+    REQUIRE(rt.store_memory("Bob grows tomatoes too.",
+                            memory_tags("bob", "")));
+    REQUIRE(rt.store_memory("Someone grows tomatoes.", memory_tags("", "t1")));
+    // The readers keep what they read: warm them.
+    for (int i = 0; i < 4; ++i)
+      REQUIRE(rt.retrieve_memory("ada", "t1", "tomatoes")->matched == 5);
+    auto gone = rt.delete_memories("ada", "");
+    REQUIRE(gone);
+    CHECK(*gone == 5);
+    for (int i = 0; i < 4; ++i) {
+      auto s = rt.retrieve_memory("ada", "t1", "tomatoes");
+      REQUIRE(s);
+      CHECK(s->matched == 0);
+      CHECK(s->text.empty());
+    }
+    auto listed = rt.list_memories({"ada", "", 100, 0});
+    REQUIRE(listed);
+    CHECK(listed->entries.empty());
+    CHECK(rt.retrieve_memory("bob", "t9", "tomatoes")->matched == 1);
+    CHECK(rt.retrieve_memory("", "t1", "tomatoes")->matched == 1);
+    // The anonymous entries of a thread go by the thread.
+    auto anonymous = rt.delete_memories("", "t1");
+    REQUIRE(anonymous);
+    CHECK(*anonymous == 1);
+    CHECK(rt.retrieve_memory("", "t1", "tomatoes")->matched == 0);
+    CHECK(rt.retrieve_memory("bob", "t9", "tomatoes")->matched == 1);
+    auto bob = rt.list_memories({"bob", "", 100, 0});
+    REQUIRE(bob);
+    REQUIRE(bob->entries.size() == 1);
+    highest = bob->entries[0].id;
+    // Deleting the newest entry does not make its ID free.
+    REQUIRE(rt.delete_memory(highest));
+    auto again = rt.store_memory("Bob sold the tomatoes.",
+                                 memory_tags("bob", ""));
+    REQUIRE(again);
+    CHECK(*again > highest);
+    highest = *again;
+  }
+  // Gone after a restart too.
+  runtime rt{durable_memory(dir, 2)};
+  CHECK(rt.retrieve_memory("ada", "t1", "tomatoes")->matched == 0);
+  CHECK(rt.list_memories({"ada", "", 100, 0})->entries.empty());
+  auto bob = rt.list_memories({"bob", "", 100, 0});
+  REQUIRE(bob);
+  REQUIRE(bob->entries.size() == 1);
+  CHECK(bob->entries[0].content == "Bob sold the tomatoes.");
+  auto next = rt.store_memory("Bob bought seeds.", memory_tags("bob", ""));
+  REQUIRE(next);
+  CHECK(*next > highest);
+}
+
+TEST_CASE("memory: deleting one entry takes it out of retrieval and of its "
+          "term lists - a store after it is seen and the deleted one never "
+          "again") {
+  test::temp_dir dir;
+  runtime rt{durable_memory(dir, 2)};
+  std::vector<int64_t> ids;
+  for (auto* text : {"Cats like fish.", "Cats like naps.", "Cats like boxes."})
+    ids.push_back(*rt.store_memory(text, memory_tags("cy", "")));
+  for (int i = 0; i < 4; ++i)
+    REQUIRE(rt.retrieve_memory("cy", "t", "cats")->matched == 3);
+  auto gone = rt.delete_memory(ids[1]);
+  REQUIRE(gone);
+  CHECK(*gone);
+  for (int i = 0; i < 4; ++i) {
+    auto s = rt.retrieve_memory("cy", "t", "cats naps");
+    REQUIRE(s);
+    CHECK(s->matched == 2);
+    CHECK(s->text.find("naps") == std::string::npos);
+  }
+  // The scope's count comes back to 3 with a new entry: the readers must
+  // not take their lists for current (they held the deleted entry).
+  REQUIRE(rt.store_memory("Cats like yarn.", memory_tags("cy", "")));
+  for (int i = 0; i < 4; ++i) {
+    auto s = rt.retrieve_memory("cy", "t", "cats");
+    REQUIRE(s);
+    CHECK(s->matched == 3);
+    CHECK(s->text.find("yarn") != std::string::npos);
+    CHECK(s->text.find("naps") == std::string::npos);
+  }
+  // A deletion and a store with no retrieval between them: the count is
+  // where it was when the readers read their lists, the lists are not.
+  REQUIRE(*rt.delete_memory(ids[2]));
+  REQUIRE(rt.store_memory("Cats like milk.", memory_tags("cy", "")));
+  for (int i = 0; i < 4; ++i) {
+    auto s = rt.retrieve_memory("cy", "t", "cats");
+    REQUIRE(s);
+    CHECK(s->matched == 3);
+    CHECK(s->text.find("milk") != std::string::npos);
+    CHECK(s->text.find("boxes") == std::string::npos);
+  }
+  REQUIRE(*rt.delete_memory(ids[0]));
+  REQUIRE(rt.store_memory("Cats like fish.", memory_tags("cy", "")));
+  auto listed = rt.list_memories({"cy", "", 100, 0});
+  REQUIRE(listed);
+  REQUIRE(listed->entries.size() == 3);
+  CHECK(listed->entries[0].content == "Cats like fish."); // newest first
+  CHECK(listed->entries[1].content == "Cats like milk.");
+  CHECK(listed->entries[2].content == "Cats like yarn.");
+  // Twice, or an unknown ID: nothing to delete.
+  CHECK_FALSE(*rt.delete_memory(ids[1]));
+  CHECK_FALSE(*rt.delete_memory(999999));
+  // Bad requests change nothing.
+  CHECK_FALSE(rt.delete_memories("", ""));
+  CHECK_FALSE(rt.delete_memories("../x", ""));
+  CHECK_FALSE(rt.list_memories({"cy", "t", 100, 0}));
+  CHECK_FALSE(rt.list_memories({"cy", "", 0, 0}));
+  CHECK(rt.list_memories({"cy", "", 100, 0})->entries.size() == 3);
+}
+
+TEST_CASE("memory: listing walks a scope newest first in pages - every "
+          "entry exactly once") {
+  runtime rt; // in memory: one actor serves everything
+  for (int i = 0; i < 25; ++i)
+    REQUIRE(rt.store_memory("Entry " + std::to_string(i) + " of the walk.",
+                            memory_tags("walker", "t" + std::to_string(i % 3))));
+  std::vector<int64_t> seen;
+  memory_list_request req{"walker", "", 7, 0};
+  for (int pages = 0; pages < 10; ++pages) {
+    auto page = rt.list_memories(req);
+    REQUIRE(page);
+    CHECK(page->entries.size() <= 7);
+    for (auto& e : page->entries)
+      seen.push_back(e.id);
+    if (page->next_before == 0)
+      break;
+    req.before = page->next_before;
+  }
+  REQUIRE(seen.size() == 25);
+  CHECK(std::is_sorted(seen.rbegin(), seen.rend()));
+  CHECK(std::adjacent_find(seen.begin(), seen.end()) == seen.end());
+}
+
+TEST_CASE("memory: after an acknowledged deletion no retrieval shows the "
+          "entry - whichever reader serves it - while other clients store "
+          "delete and retrieve") {
+  test::temp_dir dir;
+  runtime rt{durable_memory(dir, 3)};
+  constexpr size_t clients = 6, rounds = 40;
+  std::atomic<size_t> unseen{0}, ghosts{0}, errors{0};
+  std::vector<std::thread> pool;
+  for (size_t c = 0; c < clients; ++c)
+    pool.emplace_back([&, c] {
+      // A user of its own: no other client's entries outrank its own.
+      auto user = "d" + std::to_string(c);
+      for (size_t r = 0; r < rounds; ++r) {
+        auto marker = "mark" + std::to_string(c) + "x" + std::to_string(r);
+        auto id = rt.store_memory("Client " + std::to_string(c) + " keeps "
+                                    + marker + " in the shed.",
+                                  memory_tags(user, ""));
+        if (!id) {
+          ++errors;
+          continue;
+        }
+        auto before = rt.retrieve_memory(user, "t", "the shed");
+        if (!before || before->text.find(marker) == std::string::npos)
+          ++unseen;
+        // Every other round deletes the one entry, else the whole user.
+        bool deleted = false;
+        if (r % 2 == 0) {
+          auto one = rt.delete_memory(*id);
+          deleted = one && *one;
+        } else {
+          auto all = rt.delete_memories(user, "");
+          deleted = all && *all == 1;
+        }
+        if (!deleted) {
+          ++errors;
+          continue;
+        }
+        auto after = rt.retrieve_memory(user, "t", "the shed " + marker);
+        if (!after)
+          ++errors;
+        else if (after->text.find(marker) != std::string::npos)
+          ++ghosts;
+      }
+    });
+  for (auto& t : pool)
+    t.join();
+  CHECK(errors == 0);
+  CHECK(unseen == 0);
+  CHECK(ghosts == 0);
+}

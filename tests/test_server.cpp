@@ -357,3 +357,74 @@ TEST_CASE("server: bad flags are refused with exit code 2 and a message") {
   CHECK(linger.exit_code == 2);
   CHECK(linger.err.find("store-linger-us") != std::string::npos);
 }
+
+TEST_CASE("server: memory entries are listed in pages and deleted by user "
+          "or one by one - bad requests are refused and change nothing") {
+  server_process srv;
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 5; ++i) {
+    auto r = cli.Post("/v1/memories",
+                      json{{"content", "Fact " + std::to_string(i) + " about owls."},
+                           {"user_id", "olga"},
+                           {"thread_id", "t" + std::to_string(i)}}
+                        .dump(),
+                      "application/json");
+    ids.push_back(body_of(r)["id"].get<int64_t>());
+  }
+  REQUIRE(cli.Post("/v1/memories",
+                   R"({"content":"Owls of Oslo.","thread_id":"t9"})",
+                   "application/json")
+            ->status
+          == 201);
+  // Pages of two, newest first, every entry once.
+  std::vector<int64_t> walked;
+  std::string path = "/v1/memories/entries?user_id=olga&limit=2";
+  for (int pages = 0; pages < 5; ++pages) {
+    auto page = body_of(cli.Get(path));
+    for (auto& e : page["entries"]) {
+      walked.push_back(e["id"].get<int64_t>());
+      CHECK(e["user_id"] == "olga");
+      CHECK(e["content"].get<std::string>().find("owls") != std::string::npos);
+    }
+    if (page["next_cursor"].is_null())
+      break;
+    path = "/v1/memories/entries?user_id=olga&limit=2&cursor="
+           + page["next_cursor"].get<std::string>();
+  }
+  CHECK(walked == std::vector<int64_t>(ids.rbegin(), ids.rend()));
+  // Bad requests.
+  check_error(cli.Get("/v1/memories/entries?user_id=olga&cursor=abc"), 400,
+              "invalid_argument");
+  check_error(cli.Get("/v1/memories/entries?user_id=olga&limit=0"), 400,
+              "invalid_argument");
+  check_error(cli.Get("/v1/memories/entries"), 400, "invalid_argument");
+  check_error(cli.Get("/v1/memories/entries?user_id=olga&sort=asc"), 400,
+              "unknown_field");
+  check_error(cli.Delete("/v1/memories"), 400, "invalid_argument");
+  check_error(cli.Delete("/v1/memories?user_id=olga&thread_id=t1"), 400,
+              "invalid_argument");
+  check_error(cli.Delete("/v1/memories?user_id=../x"), 400, "invalid_id");
+  check_error(cli.Delete("/v1/memories/abc"), 400, "invalid_id");
+  check_error(cli.Delete("/v1/memories/999999"), 404, "not_found");
+  CHECK(body_of(cli.Get("/v1/memories/entries?user_id=olga"))["entries"].size()
+        == 5);
+  // One entry.
+  auto one = cli.Delete("/v1/memories/" + std::to_string(ids[2]));
+  CHECK(body_of(one)["deleted"] == true);
+  check_error(cli.Delete("/v1/memories/" + std::to_string(ids[2])), 404,
+              "not_found");
+  auto snippet = body_of(cli.Get("/v1/memories?user_id=olga&thread_id=t1&q=owls"));
+  CHECK(snippet["matched"] == 4);
+  CHECK(snippet["snippet"].get<std::string>().find("Fact 2 ") == std::string::npos);
+  // The whole user.
+  auto all = cli.Delete("/v1/memories?user_id=olga");
+  CHECK(body_of(all)["deleted"] == 4);
+  CHECK(body_of(cli.Get("/v1/memories/entries?user_id=olga"))["entries"].empty());
+  CHECK(body_of(cli.Get("/v1/memories?user_id=olga&thread_id=t1&q=owls"))["matched"] == 0);
+  // The anonymous entry of t9 stays, and goes by its thread.
+  auto anon = body_of(cli.Get("/v1/memories/entries?thread_id=t9"));
+  REQUIRE(anon["entries"].size() == 1);
+  CHECK(anon["entries"][0]["user_id"].is_null());
+  CHECK(body_of(cli.Delete("/v1/memories?thread_id=t9"))["deleted"] == 1);
+}

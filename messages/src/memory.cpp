@@ -182,6 +182,31 @@ caf::error validate_memory_query(const memory_query& q) {
   return caf::none;
 }
 
+caf::error validate_memory_list_request(const memory_list_request& r) {
+  if (r.user_id.empty() && r.thread_id.empty())
+    return make_error(errc::invalid_argument,
+                      "user_id or thread_id is required: a user's entries, "
+                      "or a thread's entries stored without a user");
+  if (!r.user_id.empty() && !r.thread_id.empty())
+    return make_error(errc::invalid_argument,
+                      "give user_id or thread_id, not both: a user's "
+                      "entries are listed from every thread");
+  if (!r.user_id.empty())
+    if (auto err = validate_user_id(r.user_id))
+      return err;
+  if (!r.thread_id.empty())
+    if (auto err = validate_thread_id(r.thread_id))
+      return err;
+  if (r.limit < 1 || r.limit > max_memory_listing)
+    return make_error(errc::invalid_argument,
+                      "limit must be between 1 and "
+                        + std::to_string(max_memory_listing));
+  if (r.before < 0)
+    return make_error(errc::invalid_argument,
+                      "cursor must not be negative");
+  return caf::none;
+}
+
 size_t memory_snippet_builder::room() const noexcept {
   constexpr size_t bullet = 2; // "- "
   auto used = out_.text.size() + (out_.text.empty() ? 0 : 1) + bullet;

@@ -1,10 +1,56 @@
 // Long-term memory routes (D8).
 
+#include <optional>
+
 #include "router.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/runtime/runtime.hpp"
 
 namespace spindle::http {
+
+namespace {
+
+// Refuses query parameters the route does not know.
+void only_params(const request& req,
+                 std::initializer_list<const char*> allowed) {
+  for (auto& [key, value] : req.params) {
+    bool known = false;
+    for (auto* name : allowed)
+      known = known || key == name;
+    if (known)
+      continue;
+    std::string list;
+    for (auto* name : allowed)
+      list += (list.empty() ? "" : ", ") + std::string{name};
+    throw api_error{400, "unknown_field",
+                    "unknown query parameter '" + key.substr(0, 64)
+                      + "'; this route accepts: " + list,
+                    key.substr(0, 64)};
+  }
+}
+
+// A positive decimal integer, whole; nullopt for anything else.
+std::optional<int64_t> positive_int(const std::string& text) {
+  size_t used = 0;
+  int64_t value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (...) {
+    return std::nullopt;
+  }
+  if (used != text.size() || value < 1)
+    return std::nullopt;
+  return value;
+}
+
+json record_json(const memory_record& m) {
+  json out{{"id", m.id}, {"content", m.content}, {"created", m.created_ms}};
+  out["user_id"] = m.user_id.empty() ? json(nullptr) : json(m.user_id);
+  out["thread_id"] = m.thread_id.empty() ? json(nullptr) : json(m.thread_id);
+  return out;
+}
+
+} // namespace
 
 void add_memory_routes(router& r) {
   r.post(R"(/v1/memories)", "POST /v1/memories",
@@ -30,13 +76,7 @@ void add_memory_routes(router& r) {
   r.get(R"(/v1/memories)", "GET /v1/memories",
         [&r](const request& req, response& res,
              request_context&) {
-          for (auto& [key, value] : req.params)
-            if (key != "user_id" && key != "thread_id" && key != "q"
-                && key != "max_chars")
-              throw api_error{400, "unknown_field",
-                              "unknown query parameter '" + key.substr(0, 64)
-                                + "'; this route accepts: user_id, "
-                                  "thread_id, q, max_chars"};
+          only_params(req, {"user_id", "thread_id", "q", "max_chars"});
           auto user = req.get_param_value("user_id");
           auto thread = req.get_param_value("thread_id");
           auto query = req.get_param_value("q");
@@ -54,6 +94,81 @@ void add_memory_routes(router& r) {
           reply(res, 200, {{"snippet", snippet->text},
                            {"entries", snippet->entries},
                            {"matched", snippet->matched}});
+        });
+
+  r.get(R"(/v1/memories/entries)", "GET /v1/memories/entries",
+        [&r](const request& req, response& res, request_context&) {
+          only_params(req, {"user_id", "thread_id", "limit", "cursor"});
+          memory_list_request lr;
+          lr.user_id = req.get_param_value("user_id");
+          lr.thread_id = req.get_param_value("thread_id");
+          if (auto limit = query_int(req, "limit")) {
+            if (*limit < 1 || *limit > int64_t{max_memory_listing})
+              throw api_error{400, "invalid_argument",
+                              "limit must be between 1 and "
+                                + std::to_string(max_memory_listing),
+                              "limit"};
+            lr.limit = static_cast<uint64_t>(*limit);
+          }
+          if (req.has_param("cursor")) {
+            // A cursor is what an earlier page's next_cursor said.
+            auto cursor = req.get_param_value("cursor");
+            auto before = positive_int(cursor);
+            if (!before)
+              throw api_error{400, "invalid_argument",
+                              "cursor '" + cursor.substr(0, 64)
+                                + "' was not issued by this route: pass "
+                                  "an earlier page's next_cursor",
+                              "cursor"};
+            lr.before = *before;
+          }
+          auto page = r.rt().list_memories(lr);
+          if (!page)
+            fail(page.error());
+          json entries = json::array();
+          for (auto& m : page->entries)
+            entries.push_back(record_json(m));
+          reply(res, 200,
+                {{"entries", std::move(entries)},
+                 {"next_cursor", page->next_before > 0
+                                   ? json(std::to_string(page->next_before))
+                                   : json(nullptr)}});
+        });
+
+  r.del(R"(/v1/memories)", "DELETE /v1/memories",
+        [&r](const request& req, response& res, request_context& ctx) {
+          only_params(req, {"user_id", "thread_id"});
+          auto user = req.get_param_value("user_id");
+          auto thread = req.get_param_value("thread_id");
+          if (user.empty() == thread.empty())
+            throw api_error{400, "invalid_argument",
+                            "give user_id (every memory of the user) or "
+                            "thread_id (a thread's memories stored without a "
+                            "user), one of them",
+                            "user_id"};
+          auto n = r.rt().delete_memories(user, thread);
+          if (!n)
+            fail(n.error());
+          ctx.log["deleted"] = *n;
+          reply(res, 200, {{"deleted", *n}});
+        });
+
+  r.del(R"(/v1/memories/([^/]+))", "DELETE /v1/memories/{id}",
+        [&r](const request& req, response& res, request_context&) {
+          auto& text = req.matches[1];
+          auto parsed = positive_int(text);
+          if (!parsed)
+            throw api_error{400, "invalid_id",
+                            "a memory entry's ID is a positive integer, not '"
+                              + text.substr(0, 64) + "'"};
+          auto id = *parsed;
+          auto gone = r.rt().delete_memory(id);
+          if (!gone)
+            fail(gone.error());
+          if (!*gone)
+            throw api_error{404, "not_found",
+                            "memory entry " + text + " does not exist"};
+          reply(res, 200, {{"id", id}, {"deleted", true}});
         });
 }
 

@@ -180,6 +180,16 @@ const char* const migrations[] = {
   "  created_ms INTEGER NOT NULL"
   ") WITHOUT ROWID;"
   "CREATE INDEX idempotency_keys_by_age ON idempotency_keys(created_ms);",
+  // 6 -> 7: memories can be listed and deleted (docs/memory.md,
+  // "Listing and deleting"). A scope's `version` counts every change to
+  // it (stores and deletions): a reader keeps a term's list while the
+  // version it was read with stands (a count of entries can come back to
+  // the same value after a deletion and a store). The indexes find a
+  // user's entries, and a thread's anonymous ones, newest first.
+  "ALTER TABLE memory_scopes ADD COLUMN version INTEGER NOT NULL DEFAULT 0;"
+  "CREATE INDEX memories_by_user ON memories(user_id, id);"
+  "CREATE INDEX memories_anonymous ON memories(thread_id, id) "
+  "WHERE user_id = '';",
 };
 
 static_assert(sizeof(migrations) / sizeof(migrations[0])

@@ -156,6 +156,51 @@ memory_server(memory_pointer self, std::shared_ptr<memory_connection> conn,
       flush_stores(self);
     },
     [self](caf::get_atom, memory_atom,
+           const memory_list_request& r) -> caf::result<memory_listing> {
+      flush_stores(self); // in-memory: the stores before it are listed
+      auto got = self->state.conn.reader->list(r);
+      if (auto& picture = self->state.loads)
+        picture->pending[self->state.index].fetch_sub(
+          1, std::memory_order_relaxed);
+      if (!got)
+        return std::move(got.error());
+      return std::move(*got);
+    },
+    [self](caf::delete_atom, memory_atom, const std::string& user_id,
+           const std::string& thread_id) -> caf::result<uint64_t> {
+      auto& st = self->state;
+      if (!st.conn.writer)
+        return make_error(errc::unavailable,
+                          "this memory connection only reads");
+      if (user_id.empty() && thread_id.empty())
+        return make_error(errc::invalid_argument,
+                          "user_id or thread_id is required");
+      if (!user_id.empty())
+        if (auto err = validate_user_id(user_id))
+          return err;
+      if (!thread_id.empty())
+        if (auto err = validate_thread_id(thread_id))
+          return err;
+      // The stores sent before it are committed first.
+      flush_stores(self);
+      auto n = st.conn.writer->delete_scope(user_id, thread_id);
+      if (!n)
+        return std::move(n.error());
+      return *n;
+    },
+    [self](caf::delete_atom, memory_atom,
+           int64_t id) -> caf::result<uint64_t> {
+      auto& st = self->state;
+      if (!st.conn.writer)
+        return make_error(errc::unavailable,
+                          "this memory connection only reads");
+      flush_stores(self);
+      auto n = st.conn.writer->delete_entry(id);
+      if (!n)
+        return std::move(n.error());
+      return *n;
+    },
+    [self](caf::get_atom, memory_atom,
            const memory_query& q) -> caf::result<memory_snippet> {
       // A retrieval sees every store that arrived before it (the
       // in-memory actor serves both).
@@ -240,9 +285,12 @@ struct memory_routing {
                   const caf::actor_pool::actor_vec&,
                   caf::mailbox_element_ptr& ptr, caf::execution_unit* host) {
     auto& content = ptr->content();
+    // Stores and deletions go to the writer, reads to a reader.
     bool store = content.match_element<caf::atom_value>(0)
-                 && content.get_as<caf::atom_value>(0)
-                      == caf::put_atom::value;
+                 && (content.get_as<caf::atom_value>(0)
+                       == caf::put_atom::value
+                     || content.get_as<caf::atom_value>(0)
+                          == caf::delete_atom::value);
     auto target = store ? writer : readers[pick()];
     guard.unlock();
     // A reader that died is avoided from then on: its count of

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <list>
 #include <map>
 #include <unordered_map>
@@ -232,22 +233,33 @@ struct memory_writer::impl {
   statement insert_entry, find_scope, add_scope, grow_scope;
   statement read_term, insert_term, update_term, set_indexed, read_indexed,
     unindexed;
+  statement highest_id, read_row, delete_row, delete_term, shrink_scope,
+    clear_scope, delete_scope_terms, delete_user_rows, delete_thread_rows;
+  // The next entry's ID: above every ID ever stored, so that a deleted
+  // entry's ID is never used again (a reader may still keep its text).
+  // 0 until the first store reads it.
+  int64_t next_id = 0;
   lru_cache<std::string, written_term> written{writer_cache_bytes};
   std::string cache_key;
+
+  // The ID of a scope (as scope_key names it), or 0 if it has none.
+  caf::expected<int64_t> existing_scope(std::string_view user,
+                                        std::string_view thread) {
+    resetting r{find_scope};
+    find_scope.bind(1, user).bind(2, thread);
+    auto row = find_scope.step();
+    if (!row)
+      return row.error();
+    return *row ? find_scope.column_int64(0) : 0;
+  }
 
   // The scope's ID, created if missing.
   caf::expected<int64_t> scope_id(const std::string& user_id,
                                   const std::string& thread_id) {
     auto [user, thread] = scope_key(user_id, thread_id);
-    {
-      resetting r{find_scope};
-      find_scope.bind(1, user).bind(2, thread);
-      auto row = find_scope.step();
-      if (!row)
-        return row.error();
-      if (*row)
-        return find_scope.column_int64(0);
-    }
+    auto found = existing_scope(user, thread);
+    if (!found || *found != 0)
+      return found;
     add_scope.bind(1, user).bind(2, thread);
     if (auto err = add_scope.run())
       return err;
@@ -362,6 +374,114 @@ struct memory_writer::impl {
 memory_writer::memory_writer(std::unique_ptr<impl> p) : impl_(std::move(p)) {
 }
 
+caf::expected<uint64_t>
+memory_writer::delete_scope(const std::string& user_id,
+                            const std::string& thread_id) {
+  auto& p = *impl_;
+  auto [user, thread] = scope_key(user_id, thread_id);
+  uint64_t deleted = 0;
+  auto err = p.transaction([&]() -> caf::error {
+    auto& rows = user.empty() ? p.delete_thread_rows : p.delete_user_rows;
+    rows.bind(1, user.empty() ? thread : user);
+    if (auto failed = rows.run())
+      return failed;
+    deleted = static_cast<uint64_t>(p.db->changes());
+    auto scope = p.existing_scope(user, thread);
+    if (!scope)
+      return scope.error();
+    if (*scope == 0)
+      return caf::none; // never stored into
+    p.delete_scope_terms.bind(1, *scope);
+    if (auto failed = p.delete_scope_terms.run())
+      return failed;
+    p.clear_scope.bind(1, *scope);
+    if (auto failed = p.clear_scope.run())
+      return failed;
+    p.touched.emplace_back(std::string{user}, std::string{thread});
+    return caf::none;
+  });
+  p.written.clear(); // it may hold rows of the scope
+  if (err)
+    return err;
+  return deleted;
+}
+
+caf::expected<uint64_t> memory_writer::delete_entry(int64_t id) {
+  auto& p = *impl_;
+  uint64_t deleted = 0;
+  auto err = p.transaction([&]() -> caf::error {
+    std::string user_id, thread_id, content;
+    {
+      resetting r{p.read_row};
+      p.read_row.bind(1, id);
+      auto row = p.read_row.step();
+      if (!row)
+        return row.error();
+      if (!*row)
+        return caf::none;
+      user_id = p.read_row.column_text(0);
+      thread_id = p.read_row.column_text(1);
+      content = p.read_row.column_text(2);
+    }
+    p.delete_row.bind(1, id);
+    if (auto failed = p.delete_row.run())
+      return failed;
+    deleted = 1;
+    auto [user, thread] = scope_key(user_id, thread_id);
+    auto found = p.existing_scope(user, thread);
+    if (!found)
+      return found.error();
+    if (*found == 0)
+      return caf::none; // not indexed yet (catch_up indexes the rest)
+    auto scope = *found;
+    auto words = memory_words(content);
+    std::map<std::string, uint64_t> tf;
+    for (auto& w : words)
+      ++tf[w];
+    std::vector<posting> list;
+    for (auto& [term, n] : tf) {
+      int64_t df = 0;
+      list.clear();
+      {
+        resetting r{p.read_term};
+        p.read_term.bind(1, scope).bind(2, std::string_view{term});
+        auto row = p.read_term.step();
+        if (!row)
+          return row.error();
+        if (!*row)
+          continue;
+        df = p.read_term.column_int64(0);
+        decode(p.read_term.column_view(1), list);
+      }
+      list.erase(std::remove_if(list.begin(), list.end(),
+                                [id](const posting& x) { return x.id == id; }),
+                 list.end());
+      if (df <= 1) {
+        p.delete_term.bind(1, scope).bind(2, std::string_view{term});
+        if (auto failed = p.delete_term.run())
+          return failed;
+        continue;
+      }
+      p.update_term.bind(1, scope)
+        .bind(2, std::string_view{term})
+        .bind(3, df - 1)
+        .bind_blob(4, encode(list));
+      if (auto failed = p.update_term.run())
+        return failed;
+    }
+    p.shrink_scope.bind(1, scope).bind(2,
+                                       static_cast<int64_t>(words.size()));
+    if (auto failed = p.shrink_scope.run())
+      return failed;
+    p.touched.emplace_back(std::string{user}, std::string{thread});
+    return caf::none;
+  });
+  p.written.clear(); // it may hold the rows just rewritten
+  if (err)
+    return err;
+  return deleted;
+}
+
 memory_writer::~memory_writer() = default;
 
 caf::expected<std::unique_ptr<memory_writer>>
@@ -375,13 +495,31 @@ memory_writer::open(database& db, std::shared_ptr<memory_changes> changes) {
      {&p->commit, "COMMIT;"},
      {&p->rollback, "ROLLBACK;"},
      {&p->insert_entry, "INSERT INTO memories(user_id, thread_id, content, "
-                        "created_ms) VALUES(?1, ?2, ?3, ?4);"},
+                        "created_ms, id) VALUES(?1, ?2, ?3, ?4, ?5);"},
+     {&p->highest_id, "SELECT max(coalesce((SELECT max(id) FROM memories), "
+                      "0), coalesce((SELECT indexed_through FROM "
+                      "memory_index_state WHERE id = 0), 0));"},
+     {&p->read_row, "SELECT user_id, thread_id, content FROM memories "
+                    "WHERE id = ?1;"},
+     {&p->delete_row, "DELETE FROM memories WHERE id = ?1;"},
+     {&p->delete_term, "DELETE FROM memory_terms "
+                       "WHERE scope = ?1 AND term = ?2;"},
+     {&p->shrink_scope, "UPDATE memory_scopes SET entries = entries - 1, "
+                        "words = max(0, words - ?2), version = version + 1 "
+                        "WHERE id = ?1;"},
+     {&p->clear_scope, "UPDATE memory_scopes SET entries = 0, words = 0, "
+                       "version = version + 1 WHERE id = ?1;"},
+     {&p->delete_scope_terms, "DELETE FROM memory_terms WHERE scope = ?1;"},
+     {&p->delete_user_rows, "DELETE FROM memories WHERE user_id = ?1;"},
+     {&p->delete_thread_rows, "DELETE FROM memories "
+                              "WHERE user_id = '' AND thread_id = ?1;"},
      {&p->find_scope, "SELECT id FROM memory_scopes "
                       "WHERE user_id = ?1 AND thread_id = ?2;"},
      {&p->add_scope, "INSERT INTO memory_scopes(user_id, thread_id) "
                      "VALUES(?1, ?2);"},
      {&p->grow_scope, "UPDATE memory_scopes SET entries = entries + ?2, "
-                      "words = words + ?3 WHERE id = ?1;"},
+                      "words = words + ?3, version = version + 1 "
+                      "WHERE id = ?1;"},
      {&p->read_term, "SELECT df, recent FROM memory_terms "
                      "WHERE scope = ?1 AND term = ?2;"},
      {&p->insert_term, "INSERT INTO memory_terms(scope, term, df, recent) "
@@ -443,14 +581,22 @@ memory_writer::store_all(const std::vector<memory_entry>& entries) {
     std::vector<entry_row> rows;
     rows.reserve(entries.size());
     auto now = unix_time_ms();
+    if (p.next_id == 0) {
+      resetting r{p.highest_id};
+      auto row = p.highest_id.step();
+      if (!row)
+        return row.error();
+      p.next_id = (*row ? p.highest_id.column_int64(0) : 0) + 1;
+    }
     for (auto& e : entries) {
+      auto id = p.next_id++;
       p.insert_entry.bind(1, std::string_view{e.scope.user_id})
         .bind(2, std::string_view{e.scope.thread_id})
         .bind(3, std::string_view{e.content})
-        .bind(4, now);
+        .bind(4, now)
+        .bind(5, id);
       if (auto failed = p.insert_entry.run())
         return failed;
-      auto id = static_cast<int64_t>(sqlite3_last_insert_rowid(p.db->handle()));
       ids.push_back(id);
       rows.push_back(entry_row{id, e.scope.user_id, e.scope.thread_id,
                                e.content});
@@ -538,7 +684,7 @@ size_t cost(const cached_entry& e) {
 // transaction that changes its lists). Empty: the scope has no entry with
 // the term.
 struct cached_list {
-  int64_t entries = 0;
+  int64_t version = 0; // the scope's, when the list was read
   std::vector<scored> hits; // newest first
 };
 
@@ -553,6 +699,7 @@ struct cached_scope {
   bool exists = false;
   int64_t id = 0;
   int64_t entries = 0;
+  int64_t version = 0;
   double average_words = 1.0;
 };
 
@@ -560,11 +707,11 @@ size_t cost(const cached_scope&) {
   return 160;
 }
 
-// What a reader keeps. An entry never changes once stored (spindle
-// neither updates nor deletes one, and one process owns a database), so a
-// kept entry is never stale; a kept list is checked against its scope's
-// count of entries, and a kept scope against its change counter, on every
-// use. Retrievals only ever read the newest entries of each term, which
+// What a reader keeps. An entry never changes once stored (spindle never
+// updates one, never gives a deleted entry's ID to another, and one process
+// owns a database), so a kept entry is never stale; a kept list is checked
+// against its scope's version (raised by every store and deletion), and a
+// kept scope against its change counter, on every use. Retrievals only ever read the newest entries of each term, which
 // keeps the set they need small.
 struct reader_caches {
   explicit reader_caches(size_t bytes)
@@ -582,7 +729,7 @@ struct memory_reader::impl {
     : changes(std::move(c)), keep(bytes) {
   }
 
-  statement find_scope, read_term, read_entry;
+  statement find_scope, read_term, read_entry, list_user, list_thread;
   std::shared_ptr<const memory_changes> changes;
   memory_retrieval_cost cost;
   reader_caches keep;
@@ -623,6 +770,7 @@ struct memory_reader::impl {
       out.exists = true;
       out.id = find_scope.column_int64(0);
       out.entries = find_scope.column_int64(1);
+      out.version = find_scope.column_int64(3);
       auto words = find_scope.column_int64(2);
       if (out.entries > 0 && words > 0)
         out.average_words = static_cast<double>(words)
@@ -636,9 +784,10 @@ struct memory_reader::impl {
   // Reads a term's list of a scope and scores its entries.
   caf::expected<cached_list> read_list(int64_t scope, const std::string& term,
                                        int64_t scope_entries,
+                                       int64_t scope_version,
                                        double average_words) {
     cached_list out;
-    out.entries = scope_entries;
+    out.version = scope_version;
     resetting r{read_term};
     read_term.bind(1, scope).bind(2, std::string_view{term});
     auto row = read_term.step();
@@ -680,9 +829,9 @@ struct memory_reader::impl {
       key.assign(reinterpret_cast<const char*>(&scope->id), sizeof scope->id);
       key += term;
       auto kept = keep.lists.find(key);
-      if (kept == nullptr || kept->entries != scope->entries) {
+      if (kept == nullptr || kept->version != scope->version) {
         auto read = read_list(scope->id, term, scope->entries,
-                              scope->average_words);
+                              scope->version, scope->average_words);
         if (!read)
           return read.error();
         kept = keep.lists.put(key, std::move(*read));
@@ -810,8 +959,16 @@ memory_reader::open(database& db,
                                                   : nullptr,
                                   cache_bytes);
   auto err = prepare_all(
-    db, {{&p->find_scope, "SELECT id, entries, words FROM memory_scopes "
+    db, {{&p->find_scope, "SELECT id, entries, words, version "
+                          "FROM memory_scopes "
                           "WHERE user_id = ?1 AND thread_id = ?2;"},
+         {&p->list_user, "SELECT id, user_id, thread_id, content, created_ms "
+                         "FROM memories WHERE user_id = ?1 AND id < ?2 "
+                         "ORDER BY id DESC LIMIT ?3;"},
+         {&p->list_thread, "SELECT id, user_id, thread_id, content, "
+                           "created_ms FROM memories WHERE user_id = '' AND "
+                           "thread_id = ?1 AND id < ?2 "
+                           "ORDER BY id DESC LIMIT ?3;"},
          {&p->read_term, "SELECT df, recent FROM memory_terms "
                          "WHERE scope = ?1 AND term = ?2;"},
          {&p->read_entry, "SELECT user_id, thread_id, content FROM memories "
@@ -838,6 +995,38 @@ memory_reader::retrieve(const memory_query& q) {
 
 const memory_retrieval_cost& memory_reader::last_cost() const noexcept {
   return impl_->cost;
+}
+
+caf::expected<memory_listing>
+memory_reader::list(const memory_list_request& r) {
+  if (auto err = validate_memory_list_request(r))
+    return err;
+  auto& p = *impl_;
+  auto& stmt = r.user_id.empty() ? p.list_thread : p.list_user;
+  resetting reset{stmt};
+  auto before = r.before > 0 ? r.before : std::numeric_limits<int64_t>::max();
+  // One more than asked: whether a next page exists.
+  stmt.bind(1, std::string_view{r.user_id.empty() ? r.thread_id : r.user_id})
+    .bind(2, before)
+    .bind(3, static_cast<int64_t>(r.limit + 1));
+  memory_listing out;
+  for (;;) {
+    auto row = stmt.step();
+    if (!row)
+      return row.error();
+    if (!*row)
+      break;
+    if (out.entries.size() == r.limit) {
+      out.next_before = out.entries.back().id;
+      break;
+    }
+    out.entries.push_back(memory_record{stmt.column_int64(0),
+                                        stmt.column_text(1),
+                                        stmt.column_text(2),
+                                        stmt.column_text(3),
+                                        stmt.column_int64(4)});
+  }
+  return out;
 }
 
 } // namespace spindle

@@ -150,6 +150,36 @@ runtime::retrieve_memory(const std::string& user_id,
                                            max_chars});
 }
 
+caf::expected<memory_listing>
+runtime::list_memories(memory_list_request request) {
+  if (running() && !memory_)
+    return make_error(errc::unavailable, "long-term memory is disabled");
+  if (auto err = validate_memory_list_request(request))
+    return err;
+  return call<memory_listing>(memory_, options_.default_timeout,
+                              caf::get_atom::value, memory_atom::value,
+                              std::move(request));
+}
+
+caf::expected<uint64_t> runtime::delete_memories(const std::string& user_id,
+                                                 const std::string& thread_id) {
+  if (running() && !memory_)
+    return make_error(errc::unavailable, "long-term memory is disabled");
+  return call<uint64_t>(memory_, options_.default_timeout,
+                        caf::delete_atom::value, memory_atom::value, user_id,
+                        thread_id);
+}
+
+caf::expected<bool> runtime::delete_memory(int64_t id) {
+  if (running() && !memory_)
+    return make_error(errc::unavailable, "long-term memory is disabled");
+  auto n = call<uint64_t>(memory_, options_.default_timeout,
+                          caf::delete_atom::value, memory_atom::value, id);
+  if (!n)
+    return n.error();
+  return *n > 0;
+}
+
 void runtime::send_message_async(exchange_request request,
                                  delta_callback on_delta, exchange_done done) {
   exchange_callbacks callbacks;

@@ -158,6 +158,59 @@ std::vector<std::string> memory_words(std::string_view text);
 /// This function is thread-safe.
 std::vector<std::string> memory_query_terms(std::string_view message);
 
+/// One stored entry, as a listing shows it.
+struct memory_record {
+  int64_t id = 0;
+  std::string user_id;
+  std::string thread_id;
+  std::string content;
+  /// Milliseconds since the Unix epoch.
+  int64_t created_ms = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, memory_record& x) {
+  return f(caf::meta::type_name("memory_record"), x.id, x.user_id,
+           x.thread_id, x.content, x.created_ms);
+}
+
+/// A page of a scope's entries, newest first: a user's (every thread), or
+/// the anonymous entries of one thread (`user_id` empty).
+struct memory_list_request {
+  std::string user_id;
+  std::string thread_id;
+  /// At most this many (1 to 1000).
+  uint64_t limit = 100;
+  /// Only entries with an ID below this one; 0: from the newest.
+  int64_t before = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f,
+                                        memory_list_request& x) {
+  return f(caf::meta::type_name("memory_list_request"), x.user_id,
+           x.thread_id, x.limit, x.before);
+}
+
+/// The most entries one listing returns.
+inline constexpr uint64_t max_memory_listing = 1000;
+
+/// Errors: `invalid_id` for a bad user or thread ID, `invalid_argument`
+/// for neither (or, for a user's listing, a thread too), a limit outside
+/// 1 to 1000 or a negative `before`. Thread-safe.
+caf::error validate_memory_list_request(const memory_list_request& r);
+
+struct memory_listing {
+  std::vector<memory_record> entries;
+  /// `before` for the next page; 0 when this page is the last.
+  int64_t next_before = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, memory_listing& x) {
+  return f(caf::meta::type_name("memory_listing"), x.entries, x.next_before);
+}
+
 /// The long-term memory.
 ///
 /// - `(put, memory, content, tags)` stores an entry and replies with its
@@ -168,10 +221,24 @@ std::vector<std::string> memory_query_terms(std::string_view message);
 ///   (from any of U's threads); a request without user sees only entries
 ///   of its own thread stored without user. Errors as
 ///   `validate_memory_query`, `storage_failure`.
+/// - `(get, memory, list_request)` replies with a page of a scope's
+///   entries, newest first. Errors as `validate_memory_list_request`.
+/// - `(delete, memory, user_id, thread_id)` deletes every entry of a
+///   scope (a user's, or a thread's anonymous ones when `user_id` is
+///   empty) and replies with how many went.
+/// - `(delete, memory, id)` deletes one entry; replies 1, or 0 when there
+///   is none with that ID.
+/// Deletions are committed before the reply, after every store sent
+/// before them; a retrieval sent after the reply never shows what went.
 using memory_actor = caf::typed_actor<
   caf::replies_to<caf::put_atom, memory_atom, std::string,
                   std::vector<std::string>>::with<int64_t>,
   caf::replies_to<caf::get_atom, memory_atom, memory_query>::with<
-    memory_snippet>>;
+    memory_snippet>,
+  caf::replies_to<caf::get_atom, memory_atom, memory_list_request>::with<
+    memory_listing>,
+  caf::replies_to<caf::delete_atom, memory_atom, std::string,
+                  std::string>::with<uint64_t>,
+  caf::replies_to<caf::delete_atom, memory_atom, int64_t>::with<uint64_t>>;
 
 } // namespace spindle

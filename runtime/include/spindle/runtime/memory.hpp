@@ -74,7 +74,8 @@ public:
   uint64_t seen(std::string_view user_id,
                 std::string_view thread_id) const noexcept;
 
-  /// Raises the counter of a scope, after a commit that stored into it.
+  /// Raises the counter of a scope, after a commit that stored into it or
+  /// deleted from it.
   void changed(std::string_view user_id, std::string_view thread_id) noexcept;
 
 private:
@@ -114,6 +115,19 @@ public:
   /// transactions of at most `batch` entries. Returns how many.
   caf::expected<uint64_t> catch_up(size_t batch = 4096);
 
+  /// Deletes every entry of a scope (a user's when `user_id` is set, else
+  /// the anonymous entries of `thread_id`) with its index, in one
+  /// transaction; returns how many went. Errors: `storage_failure`
+  /// (nothing is deleted).
+  caf::expected<uint64_t> delete_scope(const std::string& user_id,
+                                       const std::string& thread_id);
+
+  /// Deletes one entry and takes it out of its scope's counts and term
+  /// lists, in one transaction; returns 1, or 0 when there is none with
+  /// `id`. A term's list then holds one entry fewer until stores fill it
+  /// again. Errors: `storage_failure` (nothing is deleted).
+  caf::expected<uint64_t> delete_entry(int64_t id);
+
   ~memory_writer();
 
 private:
@@ -131,7 +145,7 @@ struct memory_retrieval_cost {
   uint64_t postings = 0;
   /// Term lists read from the database (at most
   /// `max_memory_query_terms`); a reader keeps the lists it read while
-  /// their scope gains no entry.
+  /// their scope does not change.
   uint64_t lists_read = 0;
   /// Statements run (scope counts, term lists, entries).
   uint64_t statements = 0;
@@ -164,6 +178,10 @@ public:
 
   /// What the last `retrieve` read.
   const memory_retrieval_cost& last_cost() const noexcept;
+
+  /// A page of a scope's entries, newest first. Errors: as
+  /// `validate_memory_list_request`, `storage_failure`.
+  caf::expected<memory_listing> list(const memory_list_request& r);
 
   ~memory_reader();
 

@@ -316,6 +316,22 @@ public:
                   const std::string& query,
                   uint64_t max_chars = max_memory_snippet);
 
+  /// A page of a scope's memory entries, newest first (a user's from every
+  /// thread, or a thread's anonymous ones). Errors: invalid_id,
+  /// invalid_argument, storage_failure, timeout, unavailable.
+  caf::expected<memory_listing> list_memories(memory_list_request request);
+
+  /// Deletes every memory entry of a user (`user_id` set) or the anonymous
+  /// entries of a thread; returns how many went. Committed before it
+  /// returns: no later retrieval shows them. Errors: invalid_id,
+  /// invalid_argument, storage_failure, timeout, unavailable.
+  caf::expected<uint64_t> delete_memories(const std::string& user_id,
+                                          const std::string& thread_id);
+
+  /// Deletes one memory entry; false when there is none with `id`.
+  /// Errors: storage_failure, timeout, unavailable.
+  caf::expected<bool> delete_memory(int64_t id);
+
   /// Sends one user message and waits for the reply: the whole exchange of
   /// docs/threads.md (history read before the message is stored, user turn
   /// stored before the reply, reply streamed through `on_delta`, assistant
