@@ -250,6 +250,9 @@ TEST_CASE("idempotency: answers survive a restart and expire after the "
   CHECK(again->body == first);
   CHECK(again->get_header_value("Idempotent-Replayed") == "true");
   CHECK(turns_of(cli, "kept") == 2);
+  auto metrics = cli.Get("/metrics");
+  REQUIRE(metrics);
+  CHECK(metrics->body.find("spindle_idempotency_keys 1\n") != std::string::npos);
   // Past the retention time the key is free: the message runs again.
   std::this_thread::sleep_for(std::chrono::milliseconds(2500));
   auto late = post(cli, "/v1/threads/kept/messages", {{"content", "hello"}},

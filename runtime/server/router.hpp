@@ -179,6 +179,10 @@ public:
   /// Where the answers to requests with an Idempotency-Key are kept;
   /// without one the header is ignored.
   void set_idempotency(std::shared_ptr<idempotency_store> store);
+  /// The store set by `set_idempotency`, or null.
+  std::shared_ptr<idempotency_store> idempotency() const {
+    return idempotency_;
+  }
   /// Marks a registered route (by its name) as honouring Idempotency-Key.
   void idempotent(const std::string& route);
 

@@ -243,6 +243,16 @@ void server::add_connection_gauges() {
         {{}, static_cast<double>(stats().*field)}};
     });
   impl_->metrics.add_gauge(
+    "spindle_idempotency_keys",
+    "Idempotency keys kept now: answers kept for retries, and requests "
+    "running under a key",
+    [this] {
+      http_metrics::samples out;
+      if (auto keys = impl_->routes.idempotency())
+        out.push_back({{}, static_cast<double>(keys->size())});
+      return out;
+    });
+  impl_->metrics.add_gauge(
     "spindle_http_loop_connections",
     "HTTP connections open now on each event loop (a loop takes up to 16 "
     "before the next gets one)",
