@@ -342,16 +342,12 @@ def start_spindle(exe, tmp, name, data, stack):
 
 # ---------------------------------------------------------------- wrk
 
-MESSAGES_LUA = """-- POST /v1/threads/bench-K/messages, K over {threads} thread IDs,
--- bodies taken in turn from {count} message texts.
-local bodies = {{
-{bodies}
-}}
-local headers = {{ ["Content-Type"] = "application/json" }}
+# What every request script shares: the headers, and a counter that starts
+# at its own place in the sequence in each wrk thread.
+LUA_PREAMBLE = """local headers = { ["Content-Type"] = "application/json" }
 local counter = 0
 
--- Each wrk thread starts at its own place in the sequence.
-local threads = {{}}
+local threads = {}
 function setup(thread)
   thread:set("offset", #threads * 7919)
   table.insert(threads, thread)
@@ -360,50 +356,31 @@ end
 function init(args)
   counter = offset or 0
 end
+"""
 
+MESSAGES_LUA = """-- POST /v1/threads/bench-K/messages, K over {threads} thread IDs,
+-- bodies taken in turn from {count} message texts.
+local items = {{
+{items}
+}}
+{preamble}
 function request()
   local path = "/v1/threads/bench-" .. (counter % {threads}) .. "/messages"
-  local body = bodies[(counter % #bodies) + 1]
+  local body = items[(counter % #items) + 1]
   counter = counter + 1
   return wrk.format("POST", path, headers, body)
 end
 """
 
-
-def write_messages_lua(tmp):
-    bodies = []
-    for text in MESSAGES:
-        body = json.dumps({"content": text}, ensure_ascii=False)
-        assert "]==]" not in body
-        bodies.append(f"  [==[{body}]==],")
-    path = os.path.join(tmp, "messages.lua")
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(MESSAGES_LUA.format(threads=THREADS, count=len(MESSAGES),
-                                    bodies="\n".join(bodies)))
-    return path
-
-
 CHAT_LUA = """-- POST /v1/chat/completions in OpenAI's format with a thread_id,
 -- K over {threads} thread IDs, texts taken in turn from {count} messages.
-local texts = {{
-{texts}
+local items = {{
+{items}
 }}
-local headers = {{ ["Content-Type"] = "application/json" }}
-local counter = 0
-
-local threads = {{}}
-function setup(thread)
-  thread:set("offset", #threads * 7919)
-  table.insert(threads, thread)
-end
-
-function init(args)
-  counter = offset or 0
-end
-
+{preamble}
 function request()
   local body = '{{"model":"bench","thread_id":"bench-' .. (counter % {threads})
-    .. '","messages":[{{"role":"user","content":' .. texts[(counter % #texts) + 1]
+    .. '","messages":[{{"role":"user","content":' .. items[(counter % #items) + 1]
     .. '}}]}}'
   counter = counter + 1
   return wrk.format("POST", "/v1/chat/completions", headers, body)
@@ -411,17 +388,30 @@ end
 """
 
 
-def write_chat_lua(tmp):
-    texts = []
-    for text in MESSAGES:
-        encoded = json.dumps(text, ensure_ascii=False)
-        assert "]==]" not in encoded
-        texts.append(f"  [==[{encoded}]==],")
-    path = os.path.join(tmp, "chat.lua")
+def write_lua(tmp, name, template, items):
+    """A wrk script from `template`, with `items` (JSON texts) as a Lua
+    table of long strings."""
+    lines = []
+    for item in items:
+        assert "]==]" not in item
+        lines.append(f"  [==[{item}]==],")
+    path = os.path.join(tmp, name)
     with open(path, "w", encoding="utf-8") as f:
-        f.write(CHAT_LUA.format(threads=THREADS, count=len(MESSAGES),
-                                texts="\n".join(texts)))
+        f.write(template.format(threads=THREADS, count=len(MESSAGES),
+                                items="\n".join(lines),
+                                preamble=LUA_PREAMBLE))
     return path
+
+
+def write_messages_lua(tmp):
+    return write_lua(tmp, "messages.lua", MESSAGES_LUA,
+                     [json.dumps({"content": t}, ensure_ascii=False)
+                      for t in MESSAGES])
+
+
+def write_chat_lua(tmp):
+    return write_lua(tmp, "chat.lua", CHAT_LUA,
+                     [json.dumps(t, ensure_ascii=False) for t in MESSAGES])
 
 
 UNITS_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}
