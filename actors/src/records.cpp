@@ -2,6 +2,8 @@
 
 #include "spindle/messages/error.hpp"
 
+#include <limits>
+
 namespace spindle::records {
 
 caf::error unreadable(const std::string& what) {
@@ -50,7 +52,8 @@ std::string load_thread_sql(bool journal) {
              "timestamp_ms, tool_call_id, interrupted FROM turn_journal "
              "WHERE thread_id = ?1";
   return "SELECT t.epoch, u.seq, u.role, u.content, u.timestamp_ms, "
-         "u.tool_call_id, u.interrupted FROM threads t LEFT JOIN ("
+         "u.tool_call_id, u.interrupted, t.metadata FROM threads t "
+         "LEFT JOIN ("
          + turns
          + ") u ON u.thread_id = t.thread_id WHERE t.thread_id = ?1 "
            "ORDER BY u.seq;";
@@ -74,6 +77,8 @@ decode_thread(const sql_rows& rows) {
   if (!is_int(rows.front(), 0))
     return unreadable("a thread row");
   out.epoch = u64(rows.front()[0]);
+  if (is_text(rows.front(), 7))
+    out.metadata = metadata_from_json(rows.front()[7].text);
   for (auto& row : rows) {
     if (row.size() < 7 || row[1].type == sql_value::kind::null)
       continue; // a thread without turns
@@ -95,13 +100,32 @@ decode_thread(const sql_rows& rows) {
   return std::optional<stored_thread>{std::move(out)};
 }
 
+namespace {
+
+// Before a thread's version is replaced: keeps it if a walk's snapshot
+// saw it (docs/threads.md, "Listing").
+sql_statement keep_version(const std::string& thread_id) {
+  return make_sql("INSERT OR IGNORE INTO thread_versions(version, thread_id, "
+                  "superseded) SELECT version, thread_id, ?2 FROM threads "
+                  "WHERE thread_id = ?1 AND version <= ?3;",
+                  thread_id, sql_value::kind::version,
+                  sql_value::kind::pinned);
+}
+
+} // namespace
+
 sql_write create_thread(const std::string& thread_id,
-                        const std::vector<turn>& turns, int64_t now_ms) {
+                        const std::vector<turn>& turns, int64_t now_ms,
+                        const thread_metadata& metadata) {
   sql_write out;
   out.reserve(turns.size() + 1);
-  out.push_back(make_sql("INSERT INTO threads(thread_id, epoch, created_ms) "
-                         "VALUES(?1, 0, ?2) ON CONFLICT DO NOTHING;",
-                         thread_id, now_ms));
+  out.push_back(make_sql("INSERT INTO threads(thread_id, epoch, created_ms, "
+                         "version, turn_count, metadata) "
+                         "VALUES(?1, 0, ?2, ?3, ?4, ?5) "
+                         "ON CONFLICT DO NOTHING;",
+                         thread_id, now_ms, sql_value::kind::version,
+                         static_cast<uint64_t>(turns.size()),
+                         metadata_to_json(metadata)));
   for (size_t i = 0; i < turns.size(); ++i)
     out.push_back(journal_row(thread_id, i, turns[i]));
   return out;
@@ -111,7 +135,12 @@ sql_write append_turn(const std::string& thread_id, uint64_t seq,
                       const turn& t) {
   // Moved in: a braced list would copy the statement once more.
   sql_write out;
+  out.reserve(3);
   out.push_back(journal_row(thread_id, seq, t));
+  out.push_back(keep_version(thread_id));
+  out.push_back(make_sql("UPDATE threads SET version = ?2, "
+                         "turn_count = turn_count + 1 WHERE thread_id = ?1;",
+                         thread_id, sql_value::kind::version));
   return out;
 }
 
@@ -119,9 +148,126 @@ sql_write clear_thread(const std::string& thread_id) {
   return {make_sql("DELETE FROM turns WHERE thread_id = ?1;", thread_id),
           make_sql("DELETE FROM turn_journal WHERE thread_id = ?1;",
                    thread_id),
-          make_sql("UPDATE threads SET epoch = epoch + 1 "
+          keep_version(thread_id),
+          make_sql("UPDATE threads SET epoch = epoch + 1, version = ?2, "
+                   "turn_count = 0 WHERE thread_id = ?1;",
+                   thread_id, sql_value::kind::version)};
+}
+
+sql_write set_thread_metadata(const std::string& thread_id,
+                              const thread_metadata& metadata) {
+  return {keep_version(thread_id),
+          make_sql("UPDATE threads SET metadata = ?2, version = ?3 "
                    "WHERE thread_id = ?1;",
-                   thread_id)};
+                   thread_id, metadata_to_json(metadata),
+                   sql_value::kind::version)};
+}
+
+sql_write delete_thread(const std::string& thread_id) {
+  sql_write out;
+  for (auto table : {"turns", "turn_journal", "thread_versions", "threads",
+                     "context_items", "context_windows"})
+    out.push_back(make_sql(std::string{"DELETE FROM "} + table
+                             + " WHERE thread_id = ?1;",
+                           thread_id));
+  return out;
+}
+
+sql_statement thread_version_floor() {
+  return make_sql("SELECT max(v) FROM (SELECT max(version) AS v FROM threads "
+                  "UNION ALL SELECT max(superseded) FROM thread_versions);");
+}
+
+sql_statement prune_thread_versions(uint64_t horizon) {
+  return make_sql("DELETE FROM thread_versions WHERE superseded < ?1;",
+                  horizon);
+}
+
+sql_statement load_thread_info(const std::string& thread_id) {
+  return make_sql("SELECT thread_id, created_ms, version, turn_count, "
+                  "metadata FROM threads WHERE thread_id = ?1;",
+                  thread_id);
+}
+
+namespace {
+
+caf::expected<thread_info> decode_info(const std::vector<sql_value>& row,
+                                       size_t at) {
+  if (!is_text(row, at) || !is_int(row, at + 1) || !is_int(row, at + 2)
+      || !is_int(row, at + 3) || !is_text(row, at + 4))
+    return unreadable("a thread row");
+  return thread_info{row[at].text, row[at + 1].integer, u64(row[at + 2]),
+                     u64(row[at + 3]), metadata_from_json(row[at + 4].text)};
+}
+
+} // namespace
+
+caf::expected<std::optional<thread_info>>
+decode_thread_info(const sql_rows& rows) {
+  if (rows.empty())
+    return std::optional<thread_info>{};
+  auto info = decode_info(rows.front(), 0);
+  if (!info)
+    return info.error();
+  return std::optional<thread_info>{std::move(*info)};
+}
+
+sql_statement list_threads_page(const thread_list_request& r) {
+  // Each arm yields (place, thread_id, created, version, turns, metadata,
+  // snapshot) in the order of its index; SQLite merges the two. ?1 is the
+  // snapshot: a new one (pin) for a walk's first page.
+  std::string filters;
+  std::vector<sql_value> params;
+  params.push_back(r.snapshot == 0 ? sql_value::of(sql_value::kind::pin)
+                                   : to_sql_value(r.snapshot));
+  bool at_start = r.after_version == 0 && r.after_id.empty();
+  params.push_back(at_start ? sql_value::of(std::numeric_limits<int64_t>::max())
+                            : to_sql_value(r.after_version));
+  params.push_back(to_sql_value(r.after_id));
+  params.push_back(to_sql_value(r.updated_after_ms * 1000));
+  params.push_back(to_sql_value(r.limit + 1));
+  for (auto& [key, value] : r.filters) {
+    auto k = params.size() + 1;
+    filters += " AND json_extract(t.metadata, ?" + std::to_string(k)
+               + ") = ?" + std::to_string(k + 1);
+    params.push_back(to_sql_value("$.\"" + key + "\""));
+    params.push_back(to_sql_value(value));
+  }
+  std::string sql
+    = "SELECT t.version, t.thread_id, t.created_ms, t.version, t.turn_count, "
+      "t.metadata, ?1 FROM threads t WHERE t.version <= ?1 "
+      "AND (t.version, t.thread_id) < (?2, ?3) AND t.version > ?4"
+      + filters
+      + " UNION ALL "
+        "SELECT h.version, h.thread_id, t.created_ms, t.version, "
+        "t.turn_count, t.metadata, ?1 FROM thread_versions h "
+        "JOIN threads t ON t.thread_id = h.thread_id "
+        "WHERE h.version <= ?1 AND h.superseded > ?1 "
+        "AND (h.version, h.thread_id) < (?2, ?3) AND h.version > ?4"
+      + filters + " ORDER BY 1 DESC, 2 DESC LIMIT ?5;";
+  return sql_statement{std::move(sql), std::move(params)};
+}
+
+caf::expected<thread_page> decode_threads_page(const sql_rows& rows,
+                                               uint64_t limit,
+                                               uint64_t snapshot) {
+  thread_page page;
+  page.snapshot = snapshot;
+  for (auto& row : rows) {
+    if (!is_int(row, 0) || !is_int(row, 6))
+      return unreadable("a thread listing row");
+    page.snapshot = u64(row[6]);
+    if (page.threads.size() == limit) {
+      page.more = true;
+      break;
+    }
+    auto info = decode_info(row, 1);
+    if (!info)
+      return info.error();
+    page.threads.push_back(std::move(*info));
+    page.last_version = u64(row[0]);
+  }
+  return page;
 }
 
 sql_write fold_turn_journal() {

@@ -80,7 +80,10 @@ void append(thread_pointer self, turn t, promise rp) {
   if (t.timestamp_ms == 0)
     t.timestamp_ms = unix_time_ms();
   if (!st.store) {
-    rp.deliver(st.turns->push_back(std::move(t)));
+    auto n = st.turns->push_back(std::move(t));
+    if (st.catalog)
+      st.catalog->set_turns(st.thread_id, n);
+    rp.deliver(n);
     return;
   }
   auto write = records::append_turn(st.thread_id, st.next_seq++, t);
@@ -132,6 +135,8 @@ void clear(thread_pointer self, promise rp) {
     s.next_seq = 0;
     ++s.epoch;
     s.publish();
+    if (!s.store && s.catalog)
+      s.catalog->set_turns(s.thread_id, 0);
     return removed;
   });
 }
@@ -162,10 +167,60 @@ void begin(thread_pointer self, caf::strong_actor_ptr holder, promise rp) {
                 });
 }
 
+caf::error deleted_error(const std::string& thread_id) {
+  return make_error(errc::not_found,
+                    "thread '" + thread_id + "' was deleted");
+}
+
+// Deletes the thread for good once nothing runs on it: what waits behind
+// the deletion fails, the rows go (after every append handed to the store
+// before), then the actor stops. A failed write leaves it as it was.
+void remove(thread_pointer self) {
+  auto& st = self->state;
+  auto rp = *st.deleting; // stays set: the destructor answers if it must
+  for (auto& w : st.waiting)
+    w.promise.deliver(deleted_error(st.thread_id));
+  st.waiting.clear();
+  auto finish = [self, rp]() mutable {
+    auto& s = self->state;
+    auto removed = s.turns->size();
+    s.deleting.reset();
+    if (s.catalog)
+      s.catalog->remove(s.thread_id);
+    s.withdraw();
+    rp.deliver(static_cast<uint64_t>(removed));
+    self->quit();
+  };
+  if (!st.store) {
+    finish();
+    return;
+  }
+  st.writing = true;
+  self
+    ->request(st.store, caf::infinite, store_atom::value,
+              records::delete_thread(st.thread_id))
+    .then([finish](uint64_t) mutable { finish(); },
+          [self, rp](caf::error& err) mutable {
+            auto& s = self->state;
+            s.writing = false;
+            s.deleting.reset();
+            rp.deliver(store_error(s.thread_id, err));
+            drain(self);
+          });
+}
+
+void write_metadata(thread_pointer self);
+
 // Serves waiting requests in arrival order until one of them begins an
-// exchange (which holds the thread again).
+// exchange (which holds the thread again); a deletion goes first, once
+// nothing runs.
 void drain(thread_pointer self) {
   auto& st = self->state;
+  if (st.deleting) {
+    if (st.lease == 0 && !st.writing && st.metadata_changes.empty())
+      remove(self);
+    return;
+  }
   while (st.lease == 0 && !st.writing && !st.waiting.empty()) {
     auto w = std::move(st.waiting.front());
     st.waiting.pop_front();
@@ -214,6 +269,49 @@ enqueue(thread_pointer self, waiter::op what, turn item) {
   return rp;
 }
 
+// Writes the first queued metadata patch, then the next.
+void write_metadata(thread_pointer self) {
+  auto& st = self->state;
+  if (st.metadata_changes.empty())
+    return;
+  auto& change = st.metadata_changes.front();
+  auto merged = apply_metadata_patch(st.metadata, change.patch);
+  auto next = [self] {
+    self->state.metadata_changes.pop_front();
+    if (self->state.metadata_changes.empty())
+      drain(self);
+    else
+      write_metadata(self);
+  };
+  if (!merged) {
+    change.promise.deliver(merged.error());
+    next();
+    return;
+  }
+  auto apply = [self, merged = *merged, next]() mutable {
+    auto& s = self->state;
+    s.metadata = merged;
+    if (!s.store && s.catalog)
+      s.catalog->set_metadata(s.thread_id, merged);
+    s.metadata_changes.front().promise.deliver(std::move(merged));
+    next();
+  };
+  if (!st.store) {
+    apply();
+    return;
+  }
+  self
+    ->request(st.store, caf::infinite, store_atom::value,
+              records::set_thread_metadata(st.thread_id, *merged))
+    .then([apply](uint64_t) mutable { apply(); },
+          [self, next](caf::error& err) mutable {
+            auto& s = self->state;
+            s.metadata_changes.front().promise.deliver(
+              store_error(s.thread_id, err));
+            next();
+          });
+}
+
 } // namespace
 
 void thread_state::publish() {
@@ -229,17 +327,27 @@ void thread_state::withdraw() {
 
 thread_state::~thread_state() {
   withdraw();
+  auto stopped = [this] {
+    return make_error(errc::unavailable,
+                      "thread '" + thread_id + "' has stopped");
+  };
   for (auto& w : waiting)
-    w.promise.deliver(make_error(errc::unavailable,
-                                 "thread '" + thread_id + "' has stopped"));
+    w.promise.deliver(stopped());
+  for (auto& c : metadata_changes)
+    c.promise.deliver(stopped());
+  if (deleting)
+    deleting->deliver(stopped());
 }
 
 thread_actor::behavior_type
 conversation_thread(thread_pointer self, std::string thread_id,
                     records::stored_thread initial, storage_actor store,
-                    std::shared_ptr<thread_views> views) {
+                    std::shared_ptr<thread_views> views,
+                    std::shared_ptr<thread_catalog> catalog) {
   auto& st = self->state;
   st.thread_id = std::move(thread_id);
+  st.metadata = std::move(initial.metadata);
+  st.catalog = std::move(catalog);
   for (auto& t : initial.turns)
     st.turns->push_back(std::move(t));
   st.epoch = initial.epoch;
@@ -336,8 +444,32 @@ conversation_thread(thread_pointer self, std::string thread_id,
       release(self);
       return count;
     },
+    [self](thread_metadata_atom,
+           thread_metadata_patch& patch) -> caf::result<thread_metadata> {
+      if (auto err = validate_metadata_patch(patch))
+        return err;
+      auto& s = self->state;
+      if (s.deleting)
+        return deleted_error(s.thread_id);
+      auto rp = self->make_response_promise<thread_metadata>();
+      s.metadata_changes.push_back({std::move(patch), rp});
+      if (s.metadata_changes.size() == 1)
+        write_metadata(self);
+      return rp;
+    },
+    [self](caf::delete_atom) -> caf::result<uint64_t> {
+      auto& s = self->state;
+      if (s.deleting)
+        return make_error(errc::conflict, "thread '" + s.thread_id
+                                            + "' is being deleted");
+      auto rp = self->make_response_promise<uint64_t>();
+      s.deleting = rp;
+      drain(self);
+      return rp;
+    },
     [self](passivate_atom) -> caf::result<bool> {
-      if (busy(self->state) || appends_in_flight(self->state) > 0)
+      if (busy(self->state) || appends_in_flight(self->state) > 0
+          || !self->state.metadata_changes.empty() || self->state.deleting)
         return false;
       // Everything this thread holds is stored: nothing is lost. Readers
       // go to the registry from now on (before a newer actor of this

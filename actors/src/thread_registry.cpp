@@ -31,7 +31,7 @@ thread_actor spawn_thread(pointer self, const std::string& id,
   auto& st = self->state;
   auto handle = self->spawn<caf::lazy_init>(conversation_thread, id,
                                             std::move(initial), st.store,
-                                            st.options.views);
+                                            st.options.views, st.catalog);
   self->monitor(handle);
   return handle;
 }
@@ -39,19 +39,22 @@ thread_actor spawn_thread(pointer self, const std::string& id,
 // Stores a new thread holding `turns` (without a store: at once), then
 // spawns it.
 void create(pointer self, const std::string& id, std::vector<turn> turns,
-            continuation done) {
+            continuation done, thread_metadata metadata = {}) {
   auto& st = self->state;
-  auto spawn_it = [self, id](std::vector<turn> initial_turns) {
+  auto spawn_it = [self, id, metadata](std::vector<turn> initial_turns) {
     records::stored_thread initial;
     initial.next_seq = initial_turns.size();
     initial.turns = std::move(initial_turns);
+    initial.metadata = metadata;
     return resolved{spawn_thread(self, id, std::move(initial)), true};
   };
   if (!st.store) {
+    if (st.catalog)
+      st.catalog->create(id, unix_time_ms(), turns.size(), metadata);
     done(spawn_it(std::move(turns)));
     return;
   }
-  auto write = records::create_thread(id, turns, unix_time_ms());
+  auto write = records::create_thread(id, turns, unix_time_ms(), metadata);
   self->request(st.store, st.options.store_timeout, store_atom::value,
                 std::move(write))
     .then(
@@ -66,7 +69,11 @@ void load(pointer self, const std::string& id, bool create_missing,
           continuation done) {
   auto& st = self->state;
   if (!st.store) {
-    create(self, id, {}, std::move(done)); // only asked to create
+    // Asked to create, or for a key that was being deleted meanwhile.
+    if (create_missing)
+      create(self, id, {}, std::move(done));
+    else
+      done(resolved{});
     return;
   }
   self
@@ -164,6 +171,8 @@ thread_registry(thread_registry_pointer self, thread_registry_options options,
   auto& init = self->state;
   init.options = options;
   init.store = std::move(store);
+  if (!init.store)
+    init.catalog = std::make_shared<thread_catalog>();
   init.threads.init(static_cast<bool>(init.store), options.activation,
                   {[self](const std::string& id, bool create_missing,
                           continuation done) {
@@ -327,6 +336,148 @@ thread_registry(thread_registry_pointer self, thread_registry_options options,
                                    rows[0][0].integer);
                                });
       return st.threads.resident();
+    },
+    [self](thread_info_atom,
+           const std::string& id) -> caf::result<thread_info> {
+      if (auto err = validate_thread_id(id))
+        return err;
+      if (id == "new")
+        return not_found(id);
+      auto& st = self->state;
+      if (!st.store) {
+        if (auto info = st.catalog->get(id))
+          return std::move(*info);
+        return not_found(id);
+      }
+      // Committed state: a thread being created answers once it is stored.
+      auto rp = self->make_response_promise<thread_info>();
+      self
+        ->request(st.store, st.options.store_timeout, load_atom::value,
+                  records::load_thread_info(id))
+        .then(
+          [rp, id](sql_rows& rows) mutable {
+            auto info = records::decode_thread_info(rows);
+            if (!info)
+              rp.deliver(info.error());
+            else if (!*info)
+              rp.deliver(not_found(id));
+            else
+              rp.deliver(std::move(**info));
+          },
+          [rp, id](caf::error& err) mutable {
+            rp.deliver(store_error(id, err));
+          });
+      return rp;
+    },
+    [self](thread_list_atom,
+           const thread_list_request& request) -> caf::result<thread_page> {
+      if (auto err = validate_thread_list_request(request))
+        return err;
+      auto& st = self->state;
+      if (!st.store)
+        return st.catalog->list(request);
+      if (request.snapshot == 0) {
+        // A new walk: versions that only walks older than the longest a
+        // walk lives could need go.
+        auto horizon = next_thread_version(0)
+                       - static_cast<uint64_t>(
+                         std::chrono::microseconds{thread_walk_ttl}.count());
+        caf::anon_send(st.store, store_atom::value,
+                       sql_write{records::prune_thread_versions(horizon)});
+      }
+      auto limit = request.limit;
+      auto snapshot = request.snapshot;
+      auto rp = self->make_response_promise<thread_page>();
+      self
+        ->request(st.store, st.options.store_timeout, load_atom::value,
+                  records::list_threads_page(request))
+        .then(
+          [rp, limit, snapshot](sql_rows& rows) mutable {
+            auto page = records::decode_threads_page(rows, limit, snapshot);
+            if (!page)
+              rp.deliver(page.error());
+            else
+              rp.deliver(std::move(*page));
+          },
+          [rp](caf::error& err) mutable {
+            rp.deliver(make_error(errc::storage_failure,
+                                  "cannot read the thread list: "
+                                    + describe(err)));
+          });
+      return rp;
+    },
+    [self](caf::put_atom, const std::string& given,
+           thread_metadata& metadata) -> caf::result<thread_ref> {
+      if (given != "new")
+        return make_error(errc::invalid_id,
+                          "a thread with metadata is created as 'new'");
+      thread_metadata_patch patch{metadata, {}};
+      if (auto err = validate_metadata_patch(patch))
+        return err;
+      if (metadata.size() > max_metadata_keys)
+        return make_error(errc::too_large,
+                          "metadata: at most "
+                            + std::to_string(max_metadata_keys) + " keys");
+      auto id = fresh_id(self);
+      auto rp = self->make_response_promise<thread_ref>();
+      self->state.threads.reserve(id, [rp, id](caf::expected<resolved> x) mutable {
+        if (!x)
+          rp.deliver(x.error());
+        else
+          rp.deliver(thread_ref{id, x->handle, false, true, {}});
+      });
+      create(
+        self, id, {},
+        [self, id](caf::expected<resolved> x) {
+          self->state.threads.settle(id, std::move(x));
+        },
+        std::move(metadata));
+      return rp;
+    },
+    [self](thread_metadata_atom, const std::string& id,
+           thread_metadata_patch& patch) -> caf::result<thread_metadata> {
+      if (auto err = validate_thread_id(id))
+        return err;
+      if (auto err = validate_metadata_patch(patch))
+        return err; // a bad patch activates nothing
+      return route<thread_metadata>(
+        self, id, false,
+        [id]() -> caf::expected<thread_metadata> { return not_found(id); },
+        thread_metadata_atom::value, std::move(patch));
+    },
+    [self](caf::delete_atom, const std::string& id) -> caf::result<uint64_t> {
+      if (auto err = validate_thread_id(id))
+        return err;
+      if (id == "new")
+        return not_found(id);
+      auto rp = self->make_response_promise<uint64_t>();
+      resolve(self, id, false, [self, rp, id](caf::expected<resolved> r) mutable {
+        if (!r) {
+          rp.deliver(r.error());
+          return;
+        }
+        if (!r->handle) {
+          rp.deliver(not_found(id));
+          return;
+        }
+        // Requests for the ID wait until the thread is gone, then load it
+        // again: they find no thread, or create a new, empty one.
+        self->state.threads.retire(
+          id, [self, rp](const thread_actor& handle,
+                         std::function<void(bool)> done) mutable {
+            self->request(handle, caf::infinite, caf::delete_atom::value)
+              .then(
+                [rp, done](uint64_t removed) mutable {
+                  rp.deliver(removed);
+                  done(true);
+                },
+                [rp, done](caf::error& err) mutable {
+                  rp.deliver(err);
+                  done(false);
+                });
+          });
+      });
+      return rp;
     },
     [self](stats_atom) -> thread_registry_stats {
       auto& t = self->state.threads;

@@ -1,7 +1,10 @@
 #include "spindle/messages/threads.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <random>
+
+#include <nlohmann/json.hpp>
 
 #include "spindle/messages/error.hpp"
 
@@ -145,6 +148,115 @@ std::string make_uuid_v4() {
                 static_cast<unsigned>(lo >> 48),
                 static_cast<unsigned long long>(lo & 0xffffffffffffULL));
   return buf;
+}
+
+
+// -- threads as resources ---------------------------------------------------------
+
+caf::error validate_metadata_key(const std::string& key,
+                                 const std::string& what) {
+  auto good = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+           || (c >= '0' && c <= '9') || c == '_' || c == '.' || c == ':'
+           || c == '-';
+  };
+  if (key.empty() || key.size() > max_metadata_key
+      || !std::all_of(key.begin(), key.end(), good)) {
+    std::string shown = key.substr(0, max_metadata_key);
+    for (auto& c : shown)
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f)
+        c = '?';
+    return make_error(errc::invalid_argument,
+                      what + " key '" + shown
+                        + "' is not 1 to 64 characters of "
+                          "[A-Za-z0-9_.:-]");
+  }
+  return caf::none;
+}
+
+caf::error validate_metadata_patch(const thread_metadata_patch& patch) {
+  if (patch.set.size() + patch.remove.size() > 4 * max_metadata_keys)
+    return make_error(errc::too_large,
+                      "metadata: at most "
+                        + std::to_string(max_metadata_keys)
+                        + " keys per thread");
+  for (auto& [key, value] : patch.set) {
+    if (auto err = validate_metadata_key(key))
+      return err;
+    if (value.size() > max_metadata_value)
+      return make_error(errc::too_large,
+                        "metadata value of '" + key + "' has "
+                          + std::to_string(value.size())
+                          + " bytes; at most "
+                          + std::to_string(max_metadata_value));
+  }
+  for (auto& key : patch.remove)
+    if (auto err = validate_metadata_key(key))
+      return err;
+  return caf::none;
+}
+
+caf::expected<thread_metadata>
+apply_metadata_patch(thread_metadata current,
+                     const thread_metadata_patch& patch) {
+  for (auto& key : patch.remove)
+    current.erase(key);
+  for (auto& [key, value] : patch.set)
+    current[key] = value;
+  if (current.size() > max_metadata_keys)
+    return make_error(errc::too_large,
+                      "metadata would hold " + std::to_string(current.size())
+                        + " keys; at most "
+                        + std::to_string(max_metadata_keys));
+  return current;
+}
+
+std::string metadata_to_json(const thread_metadata& x) {
+  nlohmann::json out = nlohmann::json::object();
+  for (auto& [key, value] : x)
+    out[key] = value;
+  return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
+thread_metadata metadata_from_json(const std::string& text) {
+  thread_metadata out;
+  auto parsed = nlohmann::json::parse(text, nullptr, false);
+  if (!parsed.is_object())
+    return out;
+  for (auto& [key, value] : parsed.items())
+    if (value.is_string())
+      out.emplace(key, value.get<std::string>());
+  return out;
+}
+
+caf::error validate_thread_list_request(const thread_list_request& x) {
+  if (x.limit < 1 || x.limit > max_thread_page)
+    return make_error(errc::invalid_argument,
+                      "limit must be between 1 and "
+                        + std::to_string(max_thread_page) + ", not "
+                        + std::to_string(x.limit));
+  if (x.snapshot != 0 && x.after_version > x.snapshot)
+    return make_error(errc::invalid_argument,
+                      "cursor: its place lies after its snapshot");
+  if (x.snapshot == 0 && (x.after_version != 0 || !x.after_id.empty()))
+    return make_error(errc::invalid_argument,
+                      "cursor: a place without a snapshot");
+  if (x.filters.size() > max_metadata_keys)
+    return make_error(errc::invalid_argument,
+                      "at most " + std::to_string(max_metadata_keys)
+                        + " metadata filters");
+  for (auto& [key, value] : x.filters) {
+    if (auto err = validate_metadata_key(key, "metadata filter"))
+      return err;
+    if (value.size() > max_metadata_value)
+      return make_error(errc::invalid_argument,
+                        "metadata filter value of '" + key
+                          + "' is longer than any stored value");
+  }
+  if (x.updated_after_ms < 0)
+    return make_error(errc::invalid_argument,
+                      "updated_after must not be negative");
+  return caf::none;
 }
 
 } // namespace spindle

@@ -175,6 +175,11 @@ std::string serialize_head(int status, const std::string& content_type,
 std::string serialize(const response& res, bool keep_alive) {
   auto out = serialize_head(res.status, res.content_type, res.headers,
                             keep_alive);
+  // A 204 or 304 has no body and no Content-Length (RFC 9110, 8.6).
+  if (res.status == 204 || res.status == 304) {
+    out += "\r\n";
+    return out;
+  }
   out += "Content-Length: ";
   out += std::to_string(res.body.size());
   out += "\r\n\r\n";

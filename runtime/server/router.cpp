@@ -216,6 +216,35 @@ std::optional<int64_t> optional_int(const json& body, const char* field) {
   return it->get<int64_t>();
 }
 
+void only_params(const request& req,
+                 std::initializer_list<const char*> allowed) {
+  for (auto& [key, value] : req.params) {
+    bool known = false;
+    for (auto* name : allowed)
+      known = known || key == name;
+    if (known)
+      continue;
+    std::string list;
+    for (auto* name : allowed)
+      list += (list.empty() ? "" : ", ") + std::string{name};
+    throw api_error{400, "unknown_field",
+                    "unknown query parameter '" + key.substr(0, 64)
+                      + "'; this route accepts: " + list,
+                    key.substr(0, 64)};
+  }
+}
+
+std::string path_thread(const request& req, bool allow_new) {
+  auto id = req.matches[1];
+  if (id == "new" && !allow_new)
+    throw api_error{400, "invalid_id",
+                    "thread_id 'new' names no thread; it is only accepted "
+                    "when sending a message"};
+  if (auto err = validate_thread_id(id))
+    fail(err);
+  return id;
+}
+
 std::optional<int64_t> query_int(const request& req, const char* name) {
   if (!req.has_param(name))
     return std::nullopt;
@@ -353,6 +382,11 @@ void router::post(const std::string& pattern, const std::string& route,
 void router::del(const std::string& pattern, const std::string& route,
                  handler h) {
   add("DELETE", pattern, route, std::move(h), {}, false);
+}
+
+void router::patch(const std::string& pattern, const std::string& route,
+                   handler h) {
+  add("PATCH", pattern, route, std::move(h), {}, false);
 }
 
 void router::get_async(const std::string& pattern, const std::string& route,

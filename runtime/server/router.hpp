@@ -142,6 +142,14 @@ std::optional<std::string> optional_string(const json& body,
                                            const char* field);
 std::optional<int64_t> optional_int(const json& body, const char* field);
 
+/// The thread ID of the path's first `{}` segment, validated (D10); "new"
+/// only where allowed (400 `invalid_id` otherwise).
+std::string path_thread(const request& req, bool allow_new);
+
+/// Refuses (400 `unknown_field`) query parameters not in `allowed`.
+void only_params(const request& req,
+                 std::initializer_list<const char*> allowed);
+
 /// Query parameter as an integer; throws 400 `invalid_argument` naming it
 /// when present but not an integer.
 std::optional<int64_t> query_int(const request& req, const char* name);
@@ -168,6 +176,8 @@ public:
            bool open = false);
   void post(const std::string& pattern, const std::string& route, handler h);
   void del(const std::string& pattern, const std::string& route, handler h);
+  void patch(const std::string& pattern, const std::string& route,
+             handler h);
   void get_async(const std::string& pattern, const std::string& route,
                  async_handler h, bool open = false);
   void post_async(const std::string& pattern, const std::string& route,
@@ -248,6 +258,7 @@ bool authorized(const request& req, const std::string& token);
 // Route groups, one file each (routes_<group>.cpp).
 void add_id_routes(router& r);
 void add_thread_routes(router& r);
+void add_thread_resource_routes(router& r);
 void add_item_routes(router& r);
 void add_memory_routes(router& r);
 void add_task_routes(router& r);

@@ -10,13 +10,6 @@ namespace spindle::http {
 
 namespace {
 
-std::string path_thread(const request& req) {
-  auto id = req.matches[1];
-  if (auto err = validate_thread_id(id))
-    fail(err);
-  return id;
-}
-
 uint64_t limit_of(const request& req) {
   auto limit = query_int(req, "limit");
   if (!limit)
@@ -33,7 +26,7 @@ void add_item_routes(router& r) {
   r.post(R"(/v1/threads/([^/]+)/items)", "POST /v1/threads/{id}/items",
          [&r](const request& req, response& res,
               request_context& ctx) {
-           auto id = path_thread(req);
+           auto id = path_thread(req, true);
            auto body = parse_body(req, {"type", "content", "metadata"});
            auto draft = context_draft_from_json(body);
            if (!draft)
@@ -53,7 +46,7 @@ void add_item_routes(router& r) {
   r.get(R"(/v1/threads/([^/]+)/items)", "GET /v1/threads/{id}/items",
         [&r](const request& req, response& res,
              request_context& ctx) {
-          auto id = path_thread(req);
+          auto id = path_thread(req, true);
           auto limit = limit_of(req);
           ctx.log["thread_id"] = id;
           auto items = r.rt().context_items(id, limit);
@@ -69,7 +62,7 @@ void add_item_routes(router& r) {
         "GET /v1/threads/{id}/items/render",
         [&r](const request& req, response& res,
              request_context& ctx) {
-          auto id = path_thread(req);
+          auto id = path_thread(req, true);
           auto limit = limit_of(req);
           ctx.log["thread_id"] = id;
           auto text = r.rt().render_context(id, limit);

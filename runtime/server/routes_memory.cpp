@@ -10,25 +10,6 @@ namespace spindle::http {
 
 namespace {
 
-// Refuses query parameters the route does not know.
-void only_params(const request& req,
-                 std::initializer_list<const char*> allowed) {
-  for (auto& [key, value] : req.params) {
-    bool known = false;
-    for (auto* name : allowed)
-      known = known || key == name;
-    if (known)
-      continue;
-    std::string list;
-    for (auto* name : allowed)
-      list += (list.empty() ? "" : ", ") + std::string{name};
-    throw api_error{400, "unknown_field",
-                    "unknown query parameter '" + key.substr(0, 64)
-                      + "'; this route accepts: " + list,
-                    key.substr(0, 64)};
-  }
-}
-
 // A positive decimal integer, whole; nullopt for anything else.
 std::optional<int64_t> positive_int(const std::string& text) {
   size_t used = 0;

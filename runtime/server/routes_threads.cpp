@@ -16,18 +16,6 @@ namespace {
 
 constexpr int64_t max_max_turns = 100000;
 
-// The thread ID of a path, validated (D10); "new" only where allowed.
-std::string path_thread(const request& req, bool allow_new) {
-  auto id = req.matches[1];
-  if (id == "new" && !allow_new)
-    throw api_error{400, "invalid_id",
-                    "thread_id 'new' names no thread; it is only accepted "
-                    "when sending a message"};
-  if (auto err = validate_thread_id(id))
-    fail(err);
-  return id;
-}
-
 uint64_t max_turns_of(std::optional<int64_t> value, uint64_t fallback) {
   if (!value)
     return fallback;
@@ -119,20 +107,6 @@ std::string sse(const char* event, const json& data) {
 
 void add_thread_routes(router& r) {
   auto timeout = [&r] { return r.rt().options().default_timeout; };
-
-  r.post(R"(/v1/threads)", "POST /v1/threads",
-         [&r, timeout](const request& req, response& res,
-                       request_context& ctx) {
-           parse_body(req, {}, /*allow_empty=*/true);
-           auto ref = r.rt().call<thread_ref>(r.rt().thread_registry(),
-                                              timeout(), caf::put_atom::value,
-                                              make_uuid_v4());
-           if (!ref)
-             fail(ref.error());
-           ctx.log["thread_id"] = ref->thread_id;
-           ctx.log["found_or_created"] = "created";
-           reply(res, 201, {{"thread_id", ref->thread_id}});
-         });
 
   r.post(R"(/v1/threads/([^/]+)/cancel)", "POST /v1/threads/{id}/cancel",
          [&r](const request& req, response& res, request_context& ctx) {

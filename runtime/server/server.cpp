@@ -168,6 +168,7 @@ server::server(runtime& rt, server_options options)
         });
   http::add_id_routes(r);
   http::add_thread_routes(r);
+  http::add_thread_resource_routes(r);
   http::add_item_routes(r);
   http::add_memory_routes(r);
   http::add_task_routes(r);

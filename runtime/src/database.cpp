@@ -190,6 +190,36 @@ const char* const migrations[] = {
   "CREATE INDEX memories_by_user ON memories(user_id, id);"
   "CREATE INDEX memories_anonymous ON memories(thread_id, id) "
   "WHERE user_id = '';",
+  // 7 -> 8: threads as resources (docs/threads.md, "Threads as
+  // resources"). Each thread row carries its turn count, its metadata (a
+  // JSON object of strings) and its version: the store's version of the
+  // thread's last change, strictly increasing across threads (about
+  // microseconds since the epoch: see docs/storage.md, "Versions"). A
+  // walk over the threads lists them by version as of its snapshot; a
+  // change replacing a version that some walk's snapshot saw keeps it in
+  // `thread_versions` with the version that replaced it. Existing threads
+  // take their last turn's (or creation's) time as their version.
+  "ALTER TABLE threads ADD COLUMN version INTEGER NOT NULL DEFAULT 0;"
+  "ALTER TABLE threads ADD COLUMN turn_count INTEGER NOT NULL DEFAULT 0;"
+  "ALTER TABLE threads ADD COLUMN metadata TEXT NOT NULL DEFAULT '{}';"
+  "UPDATE threads SET"
+  "  turn_count = (SELECT count(*) FROM turns u"
+  "                WHERE u.thread_id = threads.thread_id)"
+  "             + (SELECT count(*) FROM turn_journal j"
+  "                WHERE j.thread_id = threads.thread_id),"
+  "  version = 1000 * max(created_ms,"
+  "    coalesce((SELECT max(timestamp_ms) FROM turns u"
+  "              WHERE u.thread_id = threads.thread_id), 0),"
+  "    coalesce((SELECT max(timestamp_ms) FROM turn_journal j"
+  "              WHERE j.thread_id = threads.thread_id), 0));"
+  "CREATE INDEX threads_by_version ON threads(version, thread_id);"
+  "CREATE TABLE thread_versions ("
+  "  version INTEGER NOT NULL,"
+  "  thread_id TEXT NOT NULL,"
+  "  superseded INTEGER NOT NULL,"
+  "  PRIMARY KEY (version, thread_id)"
+  ") WITHOUT ROWID;"
+  "CREATE INDEX thread_versions_by_thread ON thread_versions(thread_id);",
 };
 
 static_assert(sizeof(migrations) / sizeof(migrations[0])
@@ -289,6 +319,9 @@ statement& statement::bind(int index, const sql_value& value) {
     case sql_value::kind::text:
       return bind(index, std::string_view{value.text});
     case sql_value::kind::null:
+    case sql_value::kind::version: // bound by the state store
+    case sql_value::kind::pinned:
+    case sql_value::kind::pin:
       break;
   }
   return bind_null(index);

@@ -109,6 +109,67 @@ caf::expected<std::vector<std::string>> runtime::list_threads() {
                                         thread_list_atom::value);
 }
 
+caf::expected<thread_info> runtime::create_thread(thread_metadata metadata) {
+  auto ref = call<thread_ref>(thread_registry_, options_.default_timeout,
+                              caf::put_atom::value, std::string{"new"},
+                              std::move(metadata));
+  if (!ref)
+    return ref.error();
+  return thread_details(ref->thread_id);
+}
+
+caf::expected<thread_info>
+runtime::thread_details(const std::string& thread_id) {
+  return call<thread_info>(thread_registry_, options_.default_timeout,
+                           thread_info_atom::value, thread_id);
+}
+
+caf::expected<thread_info>
+runtime::update_thread_metadata(const std::string& thread_id,
+                                thread_metadata_patch patch) {
+  auto updated = call<thread_metadata>(thread_registry_,
+                                       options_.default_timeout,
+                                       thread_metadata_atom::value, thread_id,
+                                       std::move(patch));
+  if (!updated)
+    return updated.error();
+  return thread_details(thread_id);
+}
+
+caf::expected<thread_page>
+runtime::list_threads(thread_list_request request) {
+  return call<thread_page>(thread_registry_, options_.default_timeout,
+                           thread_list_atom::value, std::move(request));
+}
+
+caf::expected<runtime::thread_deletion>
+runtime::delete_thread(const std::string& thread_id) {
+  // Nothing is touched for a thread that does not exist.
+  if (auto found = thread_details(thread_id); !found)
+    return found.error();
+  thread_deletion out;
+  // The reply in flight stops at once and stores what it generated, with
+  // its exchange's memory entry; the thread waits for it to end.
+  cancel_exchange(thread_id);
+  auto items = clear_context(thread_id);
+  if (!items)
+    return items.error();
+  out.context_items = *items;
+  auto turns = call<uint64_t>(thread_registry_,
+                              options_.conversation.queue_timeout,
+                              caf::delete_atom::value, thread_id);
+  if (!turns)
+    return turns.error();
+  out.turns = *turns;
+  if (memory_) {
+    auto memories = delete_memories("", thread_id);
+    if (!memories)
+      return memories.error();
+    out.memories = *memories;
+  }
+  return out;
+}
+
 caf::expected<uint64_t> runtime::count_threads() {
   return call<uint64_t>(thread_registry_, options_.default_timeout,
                         caf::get_atom::value, thread_count_atom::value);

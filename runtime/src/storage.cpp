@@ -13,6 +13,7 @@
 #include <sqlite3.h>
 
 #include "spindle/actors/records.hpp"
+#include "spindle/actors/thread_catalog.hpp"
 #include "spindle/messages/error.hpp"
 
 namespace spindle {
@@ -171,6 +172,11 @@ struct state_store_state {
   std::unordered_set<std::string> journaled;
   bool journal_unknown = false;
   std::shared_ptr<storage_counters> counters;
+  /// Versions (sql_value::kind::version): the last one handed out, the
+  /// current write's, and the latest a reader took as its snapshot.
+  uint64_t last_version = 0;
+  uint64_t write_version = 0;
+  uint64_t pin = 0;
 };
 
 // SQLite's WAL hook: after each commit, with the log's size in pages.
@@ -201,14 +207,40 @@ caf::expected<statement*> prepared(state_store_state& st,
   return &i->second;
 }
 
-// The prepared statement of `x` with its parameters bound.
+// The prepared statement of `x` with its parameters bound, versions
+// included.
 caf::expected<statement*> bound(state_store_state& st, const sql_statement& x) {
   auto stmt = prepared(st, x.sql);
   if (!stmt)
     return stmt.error();
-  for (size_t i = 0; i < x.params.size(); ++i)
-    (*stmt)->bind(static_cast<int>(i + 1), x.params[i]);
+  for (size_t i = 0; i < x.params.size(); ++i) {
+    auto index = static_cast<int>(i + 1);
+    switch (x.params[i].type) {
+      case sql_value::kind::version:
+        (*stmt)->bind(index, static_cast<int64_t>(st.write_version));
+        break;
+      case sql_value::kind::pin:
+        st.pin = std::max(st.pin, st.last_version);
+        [[fallthrough]];
+      case sql_value::kind::pinned:
+        (*stmt)->bind(index, static_cast<int64_t>(st.pin));
+        break;
+      default:
+        (*stmt)->bind(index, x.params[i]);
+    }
+  }
   return stmt;
+}
+
+// Gives `write` its version if a statement of it asks for one.
+void assign_version(state_store_state& st, const sql_write& write) {
+  for (auto& x : write)
+    for (auto& p : x.params)
+      if (p.type == sql_value::kind::version) {
+        st.write_version = st.last_version
+          = next_thread_version(st.last_version);
+        return;
+      }
 }
 
 caf::error run(state_store_state& st, const sql_statement& x,
@@ -305,6 +337,7 @@ uint64_t flush(state_store_state& st) {
   uint64_t failed_writes = 0;
   for (auto& w : batch) {
     uint64_t changes = 0;
+    assign_version(st, w.write);
     if (w.write.size() <= 1) {
       // One statement is atomic by itself: SQLite undoes a failing
       // statement, not the transaction around it.
@@ -433,7 +466,8 @@ state_store(state_store_pointer self,
             std::shared_ptr<std::unique_ptr<database>> db, bool group_commit,
             caf::actor checkpointer, sql_journal journal, uint64_t fold_every,
             std::chrono::microseconds linger_time,
-            std::shared_ptr<storage_counters> counters) {
+            std::shared_ptr<storage_counters> counters,
+            sql_statement version_floor) {
   auto& st = self->state;
   // The actor is the connection's only user; the shared_ptr only carries
   // it through spawn (CAF copies spawn arguments).
@@ -447,6 +481,18 @@ state_store(state_store_pointer self,
   // every keyed read folds first until a fold succeeds.
   st.journal_unknown = true;
   fold(st);
+  // Versions go on from the largest stored; any of them may be a snapshot
+  // an earlier process handed out.
+  if (!version_floor.sql.empty()) {
+    if (auto stmt = bound(st, version_floor)) {
+      if (auto row = (*stmt)->step(); row && *row) {
+        auto v = (*stmt)->column(0);
+        if (v.type == sql_value::kind::integer && v.integer > 0)
+          st.last_version = st.pin = static_cast<uint64_t>(v.integer);
+      }
+      (*stmt)->reset();
+    }
+  }
   if (checkpointer) {
     st.checkpointer = checkpointer;
     // Replaces SQLite's autocheckpoint on this connection.
@@ -543,7 +589,8 @@ spawn_state_store(caf::actor_system& sys, const storage_options& options,
                                          records::turn_journal(),
                                          options.fold_every,
                                          options.linger,
-                                         std::move(counters));
+                                         std::move(counters),
+                                         records::thread_version_floor());
   return caf::actor_cast<storage_actor>(handle);
 }
 

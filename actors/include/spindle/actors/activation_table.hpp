@@ -56,6 +56,11 @@ public:
 
   using continuation = std::function<void(caf::expected<resolved>)>;
 
+  /// Asks an actor to stop; `done(true)` once it stopped (or is gone),
+  /// `done(false)` if it stays.
+  using passivate_hook
+    = std::function<void(const Handle& handle, std::function<void(bool)> done)>;
+
   struct hooks {
     /// Loads `key` (creating it when `create`), spawns and monitors its
     /// actor, then calls `done` with it; with an invalid handle when it
@@ -64,8 +69,7 @@ public:
       load;
     /// Asks `handle` to stop if idle; calls `done(true)` once it stopped
     /// (or is gone), `done(false)` if it is busy and stays.
-    std::function<void(const Handle& handle, std::function<void(bool)> done)>
-      passivate;
+    passivate_hook passivate;
   };
 
   activation_table() = default;
@@ -160,6 +164,19 @@ public:
   }
 
   void passivate(std::string key) { // by value: it may be an LRU node
+    stop(std::move(key), hooks_.passivate, true);
+  }
+
+  /// Stops the resident actor of `key` through `hook` instead of the
+  /// passivate hook (a deletion): requests for `key` arriving meanwhile
+  /// wait, and once `hook` reports the actor stopped they load `key` again
+  /// (finding whatever the store holds then).
+  void retire(std::string key, passivate_hook hook) {
+    stop(std::move(key), std::move(hook), false);
+  }
+
+private:
+  void stop(std::string key, passivate_hook hook, bool passivation) {
     auto i = resident_.find(key);
     if (i == resident_.end())
       return;
@@ -168,7 +185,7 @@ public:
     resident_.erase(i);
     transit_[key]; // requests for it wait from now on
     passivating_.emplace(key, handle);
-    hooks_.passivate(handle, [this, key, handle](bool stopped) {
+    hook(handle, [this, key, handle, passivation](bool stopped) {
       passivating_.erase(key);
       if (!stopped) {
         // Busy: it stays, as the most recently used.
@@ -177,7 +194,8 @@ public:
         finish(key, resolved{handle, false});
         return;
       }
-      ++passivations_;
+      if (passivation)
+        ++passivations_;
       auto& waiting = transit_[key];
       if (waiting.empty())
         transit_.erase(key);
@@ -186,6 +204,7 @@ public:
     });
   }
 
+public:
   void shed() {
     if (!durable_ || options_.max_resident == 0)
       return;

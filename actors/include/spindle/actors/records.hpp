@@ -35,6 +35,7 @@ bool is_text(const std::vector<sql_value>& row, size_t i);
 /// the sequence number its next turn takes.
 struct stored_thread {
   std::vector<turn> turns;
+  thread_metadata metadata;
   uint64_t epoch = 0;
   uint64_t next_seq = 0;
 };
@@ -48,8 +49,10 @@ caf::expected<std::optional<stored_thread>>
 decode_thread(const sql_rows& rows);
 
 /// Creates a thread (a no-op if it exists) holding `turns` as 0, 1, ...
+/// and `metadata`, with a new version.
 sql_write create_thread(const std::string& thread_id,
-                        const std::vector<turn>& turns, int64_t now_ms);
+                        const std::vector<turn>& turns, int64_t now_ms,
+                        const thread_metadata& metadata = {});
 
 /// Appends one turn with sequence number `seq` (to the turn journal: a
 /// commit then writes the pages at the journal's end, whatever threads it
@@ -59,6 +62,35 @@ sql_write append_turn(const std::string& thread_id, uint64_t seq,
 
 /// Removes every turn and counts the clear.
 sql_write clear_thread(const std::string& thread_id);
+
+// Every change of a thread (a turn, a clear, its metadata) gives it a new
+// version (sql_value::kind::version) and keeps the one it replaces while a
+// walk's snapshot may need it (docs/threads.md, "Listing").
+
+/// Replaces the thread's metadata.
+sql_write set_thread_metadata(const std::string& thread_id,
+                              const thread_metadata& metadata);
+
+/// Removes the thread, its turns, its versions and its context window.
+sql_write delete_thread(const std::string& thread_id);
+
+/// The largest version stored (the store's versions go on from it).
+sql_statement thread_version_floor();
+
+/// Drops the kept versions replaced before `horizon`.
+sql_statement prune_thread_versions(uint64_t horizon);
+
+/// The thread as a resource; decoded: none when it is not stored.
+sql_statement load_thread_info(const std::string& thread_id);
+caf::expected<std::optional<thread_info>>
+decode_thread_info(const sql_rows& rows);
+
+/// One page of a walk (`limit + 1` rows: the last tells whether more
+/// follow); decoded with the request's limit and snapshot.
+sql_statement list_threads_page(const thread_list_request& request);
+caf::expected<thread_page> decode_threads_page(const sql_rows& rows,
+                                               uint64_t limit,
+                                               uint64_t snapshot);
 
 /// Moves the turn journal into `turns`, sorted by thread, in one write:
 /// each thread's pages are written once per fold instead of once per

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include <caf/typed_response_promise.hpp>
 
 #include "spindle/actors/records.hpp"
+#include "spindle/actors/thread_catalog.hpp"
 #include "spindle/actors/turn_log.hpp"
 #include "spindle/messages/storage.hpp"
 #include "spindle/messages/threads.hpp"
@@ -74,6 +76,20 @@ struct thread_state {
   /// Sequence number of the next turn in the store.
   uint64_t next_seq = 0;
 
+  /// The thread's metadata (docs/threads.md, "Threads as resources").
+  thread_metadata metadata;
+  /// Without a store: where the thread's turn count and metadata are
+  /// listed (null: nowhere).
+  std::shared_ptr<thread_catalog> catalog;
+  /// Metadata patches in arrival order; the first is being written.
+  struct metadata_change {
+    thread_metadata_patch patch;
+    caf::typed_response_promise<thread_metadata> promise;
+  };
+  std::deque<metadata_change> metadata_changes;
+  /// A deletion waiting for the running exchange or write to end.
+  std::optional<caf::typed_response_promise<uint64_t>> deleting;
+
   thread_state() = default;
   thread_state(const thread_state&) = delete;
   thread_state& operator=(const thread_state&) = delete;
@@ -101,6 +117,7 @@ using thread_pointer = thread_actor::stateful_pointer<thread_state>;
 thread_actor::behavior_type
 conversation_thread(thread_pointer self, std::string thread_id,
                     records::stored_thread initial, storage_actor store,
-                    std::shared_ptr<thread_views> views = nullptr);
+                    std::shared_ptr<thread_views> views = nullptr,
+                    std::shared_ptr<thread_catalog> catalog = nullptr);
 
 } // namespace spindle

@@ -14,6 +14,7 @@
 #include <caf/typed_event_based_actor.hpp>
 
 #include "spindle/actors/activation_table.hpp"
+#include "spindle/actors/thread_catalog.hpp"
 #include "spindle/actors/turn_log.hpp"
 #include "spindle/messages/storage.hpp"
 #include "spindle/messages/threads.hpp"
@@ -50,6 +51,9 @@ struct thread_registry_state {
   activation_table<thread_actor> threads;
   storage_actor store;
   thread_registry_options options;
+  /// Without a store: the threads as resources (turn counts, metadata,
+  /// versions), which thread actors keep up to date.
+  std::shared_ptr<thread_catalog> catalog;
 };
 
 using thread_registry_pointer

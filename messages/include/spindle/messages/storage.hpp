@@ -24,9 +24,16 @@
 
 namespace spindle {
 
-/// A parameter or a column value: an integer, a text or NULL.
+/// A parameter or a column value: an integer, a text or NULL; or, as a
+/// parameter only, a number the state store binds when it runs the
+/// statement (docs/storage.md, "Versions"):
+/// - `version`: this write's version, one per write, larger than every
+///   version the store handed out before (`next_thread_version`);
+/// - `pinned`: the latest version a reader took as its snapshot;
+/// - `pin` (in a read): takes a snapshot now, the latest version handed
+///   out, after every write that arrived before the read committed.
 struct sql_value {
-  enum class kind : uint8_t { null, integer, text };
+  enum class kind : uint8_t { null, integer, text, version, pinned, pin };
   kind type = kind::null;
   int64_t integer = 0;
   std::string text;
@@ -36,6 +43,9 @@ struct sql_value {
   }
   static sql_value of(std::string x) {
     return sql_value{kind::text, 0, std::move(x)};
+  }
+  static sql_value of(kind k) {
+    return sql_value{k, 0, {}};
   }
 };
 
@@ -75,6 +85,12 @@ inline sql_value to_sql_value(uint64_t x) {
 }
 inline sql_value to_sql_value(int x) {
   return sql_value::of(static_cast<int64_t>(x));
+}
+inline sql_value to_sql_value(sql_value x) {
+  return x;
+}
+inline sql_value to_sql_value(sql_value::kind x) {
+  return sql_value::of(x);
 }
 inline sql_value to_sql_value(bool x) {
   return sql_value::of(static_cast<int64_t>(x ? 1 : 0));

@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -202,6 +203,122 @@ const char* to_string(conflict_policy x) noexcept;
 /// This function is thread-safe.
 caf::expected<conflict_policy> parse_conflict_policy(std::string_view name);
 
+// -- threads as resources: metadata, listing ------------------------------------
+
+/// A thread's metadata: string keys and values (docs/threads.md, "Threads
+/// as resources").
+using thread_metadata = std::map<std::string, std::string>;
+
+/// Metadata limits: at most 16 keys, each 1 to 64 characters of
+/// [A-Za-z0-9_.:-], each value at most 512 bytes.
+inline constexpr size_t max_metadata_keys = 16;
+inline constexpr size_t max_metadata_key = 64;
+inline constexpr size_t max_metadata_value = 512;
+
+/// A change of metadata: `set` adds or replaces keys, `remove` drops keys
+/// (absent keys are ignored), as a JSON merge patch does.
+struct thread_metadata_patch {
+  thread_metadata set;
+  std::vector<std::string> remove;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f,
+                                        thread_metadata_patch& x) {
+  return f(caf::meta::type_name("thread_metadata_patch"), x.set, x.remove);
+}
+
+/// Errors: `invalid_argument` naming the key for a key outside the limits
+/// (`what` names the field, e.g. "metadata"). This function is thread-safe.
+caf::error validate_metadata_key(const std::string& key,
+                                 const std::string& what = "metadata");
+
+/// Checks every key and value of `patch`. Errors: `invalid_argument`,
+/// `too_large`. This function is thread-safe.
+caf::error validate_metadata_patch(const thread_metadata_patch& patch);
+
+/// `current` with `patch` applied. Errors: `too_large` when it would hold
+/// more than `max_metadata_keys` keys. This function is thread-safe.
+caf::expected<thread_metadata> apply_metadata_patch(
+  thread_metadata current, const thread_metadata_patch& patch);
+
+/// Metadata as a JSON object text, and back (an empty map for anything
+/// that is not an object of strings). This function is thread-safe.
+std::string metadata_to_json(const thread_metadata& x);
+thread_metadata metadata_from_json(const std::string& text);
+
+/// A thread as a resource: what `GET /v1/threads/{id}` shows.
+struct thread_info {
+  std::string thread_id;
+  int64_t created_ms = 0;
+  /// The thread's last change (a turn, a clear, its metadata) as its
+  /// version: strictly increasing across every thread of the store,
+  /// microseconds since the Unix epoch or a little above them.
+  uint64_t version = 0;
+  uint64_t turns = 0;
+  thread_metadata metadata;
+
+  int64_t updated_ms() const noexcept {
+    return static_cast<int64_t>(version / 1000);
+  }
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, thread_info& x) {
+  return f(caf::meta::type_name("thread_info"), x.thread_id, x.created_ms,
+           x.version, x.turns, x.metadata);
+}
+
+/// One page of a walk over every thread, newest change first. A walk sees
+/// the threads as they were when its first page was read (`snapshot`):
+/// each thread that existed then and still exists is listed exactly once,
+/// at the place its last change before the snapshot gives it, however the
+/// threads change meanwhile; threads created later are not listed.
+struct thread_list_request {
+  /// Threads per page, 1 to 1000.
+  uint64_t limit = 20;
+  /// 0: a new walk (the store takes its snapshot now); else the walk's.
+  uint64_t snapshot = 0;
+  /// Where the previous page ended (0: at the start).
+  uint64_t after_version = 0;
+  std::string after_id;
+  /// Only threads whose metadata holds every one of these pairs.
+  thread_metadata filters;
+  /// Only threads changed after this time (milliseconds; 0: all).
+  int64_t updated_after_ms = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f,
+                                        thread_list_request& x) {
+  return f(caf::meta::type_name("thread_list_request"), x.limit, x.snapshot,
+           x.after_version, x.after_id, x.filters, x.updated_after_ms);
+}
+
+/// A page: its threads (current turn counts and metadata), the walk's
+/// snapshot, the place of the last thread in the walk (its version as of
+/// the snapshot) and whether more follow.
+struct thread_page {
+  std::vector<thread_info> threads;
+  uint64_t snapshot = 0;
+  uint64_t last_version = 0;
+  bool more = false;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, thread_page& x) {
+  return f(caf::meta::type_name("thread_page"), x.threads, x.snapshot,
+           x.last_version, x.more);
+}
+
+/// The most threads one page holds.
+inline constexpr uint64_t max_thread_page = 1000;
+
+/// Errors: `invalid_argument` for a limit outside 1..1000, a cursor whose
+/// place lies after its snapshot, more than 16 filters or a bad filter
+/// key. This function is thread-safe.
+caf::error validate_thread_list_request(const thread_list_request& x);
+
 // -- thread actors ------------------------------------------------------------
 
 /// One conversation: owns its turns, append-only between explicit clears.
@@ -221,6 +338,12 @@ caf::expected<conflict_policy> parse_conflict_policy(std::string_view name);
 ///   `exit` and `fork` fail at once with `conflict` (a fork is made by the
 ///   registry). A lease whose holder terminates is released.
 /// - `(xend, lease)` ends the exchange and replies with the turn count.
+/// - `(tmeta, patch)` applies a metadata patch and replies with the
+///   thread's metadata. Errors: `too_large` past the key limit.
+/// - `(delete)` removes the thread for good (turns, metadata, context
+///   window rows) and replies with the turns it held; the actor then
+///   stops. A running exchange is waited for (cancel it first); writes and
+///   exchanges waiting behind it fail with `not_found`.
 using thread_actor = caf::typed_actor<
   caf::replies_to<caf::add_atom, turn>::with<uint64_t>,
   caf::replies_to<caf::add_atom, turn, uint64_t>::with<uint64_t>,
@@ -229,6 +352,9 @@ using thread_actor = caf::typed_actor<
   caf::replies_to<caf::reset_atom>::with<uint64_t>,
   caf::replies_to<exchange_begin_atom, conflict_policy>::with<uint64_t>,
   caf::replies_to<exchange_end_atom, uint64_t>::with<uint64_t>,
+  caf::replies_to<thread_metadata_atom, thread_metadata_patch>::with<
+    thread_metadata>,
+  caf::replies_to<caf::delete_atom>::with<uint64_t>,
   caf::replies_to<passivate_atom>::with<bool>>;
 
 /// A registry lookup: the thread and how it was obtained.
@@ -285,6 +411,17 @@ typename Inspector::result_type inspect(Inspector& f,
 ///   empty window for an unknown thread (nothing is created).
 /// - `(get, tsnapshot, thread_id)`, `(reset, thread_id)`: the thread's
 ///   `snapshot` and `reset`. Errors: `not_found` (nothing is created).
+/// - `(tinfo, thread_id)`: the thread as a resource (`thread_info`).
+///   Errors: `not_found`.
+/// - `(tlist, request)`: one page of a walk over every thread
+///   (`thread_list_request`). Errors: `invalid_argument`.
+/// - `(put, "new", metadata)`: creates a thread with a fresh ID holding
+///   `metadata`, in one write.
+/// - `(tmeta, thread_id, patch)`: the thread's `tmeta`. Errors:
+///   `not_found`, `invalid_argument`, `too_large`.
+/// - `(delete, thread_id)`: the thread's `delete`; requests for the ID
+///   arriving meanwhile wait, then find no thread (or create a new, empty
+///   one). Errors: `not_found`.
 /// - `(stats)`: resident threads and what activation did
 ///   (`thread_registry_stats`).
 /// - `(tick)`: housekeeping (idle passivation); sent by the registry itself.
@@ -302,6 +439,13 @@ using thread_registry_actor = caf::typed_actor<
   caf::replies_to<caf::get_atom, thread_list_atom>::with<
     std::vector<std::string>>,
   caf::replies_to<caf::get_atom, thread_count_atom>::with<uint64_t>,
+  caf::replies_to<thread_info_atom, std::string>::with<thread_info>,
+  caf::replies_to<thread_list_atom, thread_list_request>::with<thread_page>,
+  caf::replies_to<caf::put_atom, std::string, thread_metadata>::with<
+    thread_ref>,
+  caf::replies_to<thread_metadata_atom, std::string,
+                  thread_metadata_patch>::with<thread_metadata>,
+  caf::replies_to<caf::delete_atom, std::string>::with<uint64_t>,
   caf::replies_to<stats_atom>::with<thread_registry_stats>,
   caf::reacts_to<tick_atom>>;
 

@@ -286,6 +286,43 @@ public:
   /// Every thread ID, sorted.
   caf::expected<std::vector<std::string>> list_threads();
 
+  // Threads as resources (docs/threads.md, "Threads as resources").
+
+  /// Creates a thread with a fresh ID holding `metadata`. Errors:
+  /// invalid_argument, too_large, storage_failure, timeout.
+  caf::expected<thread_info> create_thread(thread_metadata metadata);
+
+  /// The thread's creation and update times, turn count and metadata.
+  /// Errors: invalid_id, not_found, storage_failure, timeout.
+  caf::expected<thread_info> thread_details(const std::string& thread_id);
+
+  /// Applies `patch` to the thread's metadata; returns the thread after it.
+  /// Errors: invalid_id, not_found, invalid_argument, too_large,
+  /// storage_failure, timeout.
+  caf::expected<thread_info>
+  update_thread_metadata(const std::string& thread_id,
+                         thread_metadata_patch patch);
+
+  /// One page of a walk over every thread, newest change first
+  /// (`thread_list_request`). Errors: invalid_argument, storage_failure,
+  /// timeout.
+  caf::expected<thread_page> list_threads(thread_list_request request);
+
+  /// What deleting a thread removed.
+  struct thread_deletion {
+    uint64_t turns = 0;
+    uint64_t context_items = 0;
+    uint64_t memories = 0;
+  };
+
+  /// Deletes the thread for good: its message in flight is cancelled and
+  /// waited for, then its context items, its turns, metadata and context
+  /// window, and its anonymous long-term memories go, each durably before
+  /// this returns. The ID is free again (a message to it creates a new,
+  /// empty thread). Errors: invalid_id, not_found, storage_failure,
+  /// timeout.
+  caf::expected<thread_deletion> delete_thread(const std::string& thread_id);
+
   /// How many threads exist.
   caf::expected<uint64_t> count_threads();
 
