@@ -627,6 +627,74 @@ TEST_CASE("http: POST /v1/threads/{id}/cancel stops the upstream at once "
   CHECK(bad->status == 400);
 }
 
+TEST_CASE("http: DELETE /v1/threads/{id} during a streamed reply ends the "
+          "stream and leaves nothing of the thread also after kill -9 "
+          "right after the 204") {
+  raise_fd_limit();
+  spindle::test::fake_upstream up{
+    {"--stream-seconds", "10", "--chunks", "100", "--reply-bytes", "2000"}};
+  spindle::test::temp_dir dir;
+  std::vector<std::string> flags{"--llm", "openai", "--llm-url", up.url(),
+                                 "--llm-model", "fake", "--data", dir.str()};
+  {
+    server_process srv{flags};
+    httplib::Client cli{"127.0.0.1", srv.port()};
+    auto item = cli.Post("/v1/threads/del-me/items",
+                         R"({"type":"text","content":"a note"})",
+                         "application/json");
+    REQUIRE(item);
+    REQUIRE(item->status == 201);
+    auto memory = cli.Post("/v1/memories",
+                           R"({"content":"the door is blue","thread_id":"del-me"})",
+                           "application/json");
+    REQUIRE(memory);
+    REQUIRE(memory->status == 201);
+    auto kept = cli.Post("/v1/memories",
+                         R"({"content":"the door is red","thread_id":"keep-me"})",
+                         "application/json");
+    REQUIRE(kept);
+    REQUIRE(kept->status == 201);
+    stream_set streams;
+    REQUIRE(streams.start(srv.port(), {stream_request("del-me", "go on")}));
+    REQUIRE(streams.until_each_has("event: delta", seconds(30)) == 0);
+    auto asked = steady_clock::now();
+    auto r = cli.Delete("/v1/threads/del-me");
+    REQUIRE(r);
+    CHECK(r->status == 204);
+    // The reply stopped at once (cancelled), not after its 10 s.
+    CHECK(steady_clock::now() - asked < seconds(3));
+    CHECK(srv.stop(SIGKILL) == -1);
+    REQUIRE(streams.finish(seconds(10)) == 0);
+    auto events = events_of(streams.streams[0].reply);
+    REQUIRE(!events.empty());
+    CHECK(events.front().first == "thread");
+    CHECK(events.back().first == "cancelled");
+  }
+  server_process srv{flags};
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  auto thread = cli.Get("/v1/threads/del-me");
+  REQUIRE(thread);
+  CHECK(thread->status == 404);
+  auto history = cli.Get("/v1/threads/del-me/history");
+  REQUIRE(history);
+  CHECK(history->status == 404);
+  auto items = cli.Get("/v1/threads/del-me/items");
+  REQUIRE(items);
+  CHECK((items->status == 404
+         || json::parse(items->body)["items"].empty()));
+  auto memories = cli.Get("/v1/memories/entries?thread_id=del-me");
+  REQUIRE(memories);
+  REQUIRE(memories->status == 200);
+  CHECK(json::parse(memories->body)["entries"].empty());
+  auto others = cli.Get("/v1/memories/entries?thread_id=keep-me");
+  REQUIRE(others);
+  CHECK(json::parse(others->body)["entries"].size() == 1);
+  auto listed = cli.Get("/v1/threads");
+  REQUIRE(listed);
+  for (auto& t : json::parse(listed->body)["data"])
+    CHECK(t["thread_id"] != "del-me");
+}
+
 TEST_CASE("http: 2,000 concurrent streamed exchanges through a fake "
           "upstream on 500 threads: every turn stored exactly once, in "
           "order, never interleaved") {

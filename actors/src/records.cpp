@@ -233,18 +233,25 @@ sql_statement list_threads_page(const thread_list_request& r) {
     params.push_back(to_sql_value("$.\"" + key + "\""));
     params.push_back(to_sql_value(value));
   }
+  // One upper bound per arm, so that SQLite starts each index scan at
+  // the page's place (the cursor's place lies at or below the snapshot):
+  // with two, it may start at the snapshot and skip every row above the
+  // place, a cost that grows with the depth of the page.
+  auto below = [at_start](const char* t) {
+    std::string x{t};
+    return at_start ? x + ".version <= ?1 AND ?2 > 0 AND ?3 = ?3"
+                    : "(" + x + ".version, " + x + ".thread_id) < (?2, ?3)";
+  };
   std::string sql
     = "SELECT t.version, t.thread_id, t.created_ms, t.version, t.turn_count, "
-      "t.metadata, ?1 FROM threads t WHERE t.version <= ?1 "
-      "AND (t.version, t.thread_id) < (?2, ?3) AND t.version > ?4"
-      + filters
+      "t.metadata, ?1 FROM threads t WHERE "
+      + below("t") + " AND t.version > ?4" + filters
       + " UNION ALL "
         "SELECT h.version, h.thread_id, t.created_ms, t.version, "
         "t.turn_count, t.metadata, ?1 FROM thread_versions h "
-        "JOIN threads t ON t.thread_id = h.thread_id "
-        "WHERE h.version <= ?1 AND h.superseded > ?1 "
-        "AND (h.version, h.thread_id) < (?2, ?3) AND h.version > ?4"
-      + filters + " ORDER BY 1 DESC, 2 DESC LIMIT ?5;";
+        "JOIN threads t ON t.thread_id = h.thread_id WHERE "
+      + below("h") + " AND h.superseded > ?1 AND h.version > ?4" + filters
+      + " ORDER BY 1 DESC, 2 DESC LIMIT ?5;";
   return sql_statement{std::move(sql), std::move(params)};
 }
 
