@@ -56,7 +56,9 @@ const upstreamUrl = `http://127.0.0.1:${upstream.address().port}`;
 
 // -- spindle ---------------------------------------------------------------
 
-const server = spawn(binary, [
+// Through util-linux's setpriv, spindle gets SIGKILL when this process
+// dies, also when it is killed (a CTest timeout) and cannot stop it.
+const server = spawn("setpriv", ["--pdeathsig", "KILL", binary,
   "serve", "--port", "0", "--data", ":memory:", "--log-level", "warn",
   "--llm", "openai", "--llm-url", upstreamUrl, "--llm-model", "upstream-default",
 ], { stdio: ["ignore", "pipe", "inherit"] });
