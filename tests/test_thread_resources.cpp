@@ -465,6 +465,8 @@ TEST_CASE("thread resources: bad cursors limits metadata and hostile keys "
     {"/v1/threads?limit=1001", 400, "invalid_argument"},
     {"/v1/threads?limit=ten", 400, "invalid_argument"},
     {"/v1/threads?updated_after=-5", 400, "invalid_argument"},
+    {"/v1/threads?updated_after=9223372036854775807", 400,
+     "invalid_argument"},
     {"/v1/threads?colour=red", 400, "unknown_field"},
     {"/v1/threads?metadata.a%22b=1", 400, "invalid_argument"},
     {"/v1/threads?metadata.=1", 400, "invalid_argument"},

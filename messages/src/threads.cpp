@@ -253,9 +253,11 @@ caf::error validate_thread_list_request(const thread_list_request& x) {
                         "metadata filter value of '" + key
                           + "' is longer than any stored value");
   }
-  if (x.updated_after_ms < 0)
+  // Milliseconds up to the year 9999: larger ones are no time.
+  if (x.updated_after_ms < 0 || x.updated_after_ms > 253402300799999)
     return make_error(errc::invalid_argument,
-                      "updated_after must not be negative");
+                      "updated_after must be milliseconds since the Unix "
+                      "epoch, from 0 to 253402300799999");
   return caf::none;
 }
 
