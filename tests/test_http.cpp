@@ -691,7 +691,8 @@ TEST_CASE("http: DELETE /v1/threads/{id} during a streamed reply ends the "
   CHECK(json::parse(others->body)["entries"].size() == 1);
   auto listed = cli.Get("/v1/threads");
   REQUIRE(listed);
-  for (auto& t : json::parse(listed->body)["data"])
+  auto page = json::parse(listed->body);
+  for (auto& t : page["data"])
     CHECK(t["thread_id"] != "del-me");
 }
 
