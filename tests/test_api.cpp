@@ -261,8 +261,10 @@ TEST_CASE("api: orchestration routes follow deepest-leaf-first and refuse "
     auto task = json::parse(r->body);
     CHECK(task["state"] == "running");
     order.push_back(task["id"]);
+    CHECK(task["lease"]["token"].get<std::string>().size() == 32);
     auto [sc, done] = a.post("/v1/tasks/" + order.back() + "/complete",
-                             json{{"result", {{"ok", true}}}});
+                             json{{"result", {{"ok", true}}},
+                                  {"lease", task["lease"]["token"]}});
     REQUIRE(sc == 200);
     CHECK(done["state"] == "completed");
     CHECK(done["result"] == json{{"ok", true}});
@@ -290,7 +292,8 @@ TEST_CASE("api: orchestration routes follow deepest-leaf-first and refuse "
   REQUIRE(claimed.first == 200);
   auto [sf, failed] = a.post("/v1/tasks/" + claimed.second["id"].get<std::string>()
                                + "/fail",
-                             json{{"reason", "broken"}});
+                             json{{"reason", "broken"},
+                                  {"lease", claimed.second["lease"]["token"]}});
   REQUIRE(sf == 200);
   CHECK(failed["state"] == "failed");
   CHECK(failed["reason"] == "broken");

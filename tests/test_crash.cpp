@@ -88,9 +88,13 @@ void write_until_killed(int port, size_t w, int run, acked& out,
       if (!r)
         return;
       if (r->status == 200) {
-        std::string task = json::parse(r->body)["id"];
+        auto claimed = json::parse(r->body);
+        std::string task = claimed["id"];
         r = cli.Post(("/v1/tasks/" + task + "/complete").c_str(),
-                     json{{"result", tag}}.dump(), "application/json");
+                     json{{"result", tag},
+                          {"lease", claimed["lease"]["token"]}}
+                       .dump(),
+                     "application/json");
         if (!r)
           return;
         if (r->status == 200)

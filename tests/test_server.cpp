@@ -280,9 +280,11 @@ TEST_CASE("server: /metrics counts tasks by state - spindle_tasks changes "
   REQUIRE(claimed);
   REQUIRE(claimed->status == 200);
   auto id = body_of(claimed)["id"].get<std::string>();
+  auto lease = body_of(claimed)["lease"]["token"].get<std::string>();
   CHECK(sample("pending") == 2);
   CHECK(sample("running") == 1);
-  auto done = cli.Post("/v1/tasks/" + id + "/complete", R"({"result":1})",
+  auto done = cli.Post("/v1/tasks/" + id + "/complete",
+                       json{{"result", 1}, {"lease", lease}}.dump(),
                        "application/json");
   REQUIRE(done);
   REQUIRE(done->status == 200);

@@ -182,6 +182,25 @@ sql_write stored_state(const orchestrator_state& st, const task_id& id,
   return {records::update_task(id, r.state, r.outcome, r.worker)};
 }
 
+// Running by `worker` -> stale, keeping `outcome` (why); otherwise the
+// task is left alone: only the worker that holds it can lose it, and a
+// completion that beat the news of the worker's death stands.
+caf::result<task_info> make_stale(orchestrator_pointer self, const task_id& id,
+                                  const std::string& worker,
+                                  std::string outcome) {
+  auto& st = self->state;
+  auto i = st.tasks.find(id);
+  if (i == st.tasks.end())
+    return unknown(id);
+  sql_write write;
+  if (i->second.state == task_state::running && i->second.worker == worker) {
+    set_state(st, i->second, task_state::stale);
+    i->second.outcome = std::move(outcome);
+    write = stored_state(st, id, i->second);
+  }
+  return reply_after_commit(self, std::move(write), info_of(id, i->second));
+}
+
 } // namespace
 
 
@@ -357,20 +376,11 @@ orchestrator(orchestrator_pointer self, records::stored_orchestration initial,
     },
     [self](stale_atom, const task_id& id,
            const std::string& worker) -> caf::result<task_info> {
-      auto& st = self->state;
-      auto i = st.tasks.find(id);
-      if (i == st.tasks.end())
-        return unknown(id);
-      // Only the worker that holds it can lose it: a completion that beat
-      // the news of the worker's death stands.
-      sql_write write;
-      if (i->second.state == task_state::running
-          && i->second.worker == worker) {
-        set_state(st, i->second, task_state::stale);
-        write = stored_state(st, id, i->second);
-      }
-      return reply_after_commit(self, std::move(write),
-                                info_of(id, i->second));
+      return make_stale(self, id, worker, std::string{});
+    },
+    [self](stale_atom, const task_id& id, const std::string& worker,
+           std::string& outcome) -> caf::result<task_info> {
+      return make_stale(self, id, worker, std::move(outcome));
     },
     [self](caf::get_atom) -> caf::result<task_tree> {
       auto& st = self->state;

@@ -6,11 +6,13 @@
 #include <optional>
 
 #include <caf/all.hpp>
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "spindle/actors/orchestrator.hpp"
 #include "spindle/actors/task_records.hpp"
 #include "spindle/messages/error.hpp"
+#include "spindle/messages/threads.hpp"
 
 namespace spindle {
 
@@ -61,6 +63,11 @@ void track(scheduler_pointer self, const task_id& id,
 
 void untrack(scheduler_pointer self, const task_id& id) {
   auto& st = self->state;
+  // The task is no longer running: its lease ends with it.
+  if (auto l = st.lease_of.find(id); l != st.lease_of.end()) {
+    st.leases.erase(l->second);
+    st.lease_of.erase(l);
+  }
   auto i = st.running.find(id);
   if (i == st.running.end())
     return;
@@ -73,10 +80,84 @@ void untrack(scheduler_pointer self, const task_id& id) {
 void mark_stale(scheduler_pointer self, const std::string& worker,
                 std::function<void(std::vector<std::string>)> done);
 
+// -- leases ------------------------------------------------------------------------
+
+using lease_record = scheduler_state::lease_record;
+
+int64_t wall_ms_after(std::chrono::milliseconds d) {
+  using namespace std::chrono;
+  return duration_cast<milliseconds>(system_clock::now().time_since_epoch()
+                                     + d)
+    .count();
+}
+
+// (Re)starts the expiry timer of lease `token`: only its latest timer
+// counts.
+void arm(scheduler_pointer self, const std::string& token, lease_record& l,
+         std::chrono::milliseconds length) {
+  l.expires = std::chrono::steady_clock::now() + length;
+  l.expires_ms = wall_ms_after(length);
+  l.generation = ++self->state.lease_generation;
+  self->delayed_send(self, length, lease_atom::value, token, l.generation);
+}
+
+void drop_lease(scheduler_pointer self, const task_id& id) {
+  auto& st = self->state;
+  auto i = st.lease_of.find(id);
+  if (i == st.lease_of.end())
+    return;
+  st.leases.erase(i->second);
+  st.lease_of.erase(i);
+}
+
+// A fresh lease on `id` for `worker`; a lease the task held before (an
+// earlier claim) is taken over.
+std::string grant_lease(scheduler_pointer self, const task_id& id,
+                        const std::string& worker, uint64_t ms,
+                        int64_t& expires_ms) {
+  auto& st = self->state;
+  drop_lease(self, id);
+  auto token = make_uuid_v4();
+  token.erase(std::remove(token.begin(), token.end(), '-'), token.end());
+  auto& l = st.leases[token];
+  l.task = id;
+  l.worker = worker;
+  arm(self, token, l, std::chrono::milliseconds{ms});
+  st.lease_of[id] = token;
+  expires_ms = l.expires_ms;
+  return token;
+}
+
+caf::error lease_lost(const task_id& id, const std::string& why) {
+  return make_error(errc::lease_lost,
+                    "task " + id.to_string() + ": " + why);
+}
+
+// The live lease `token` of task `id`, or why the caller does not hold it.
+// An empty token is the caller of a task that no lease holds.
+caf::expected<lease_record*> held(scheduler_pointer self, const task_id& id,
+                                  const std::string& token) {
+  auto& st = self->state;
+  if (token.empty()) {
+    if (st.lease_of.count(id) > 0)
+      return lease_lost(id, "it is held under a lease; pass its token as "
+                            "'lease'");
+    return static_cast<lease_record*>(nullptr);
+  }
+  auto i = st.leases.find(token);
+  if (i == st.leases.end() || !(i->second.task == id))
+    return lease_lost(id, "the lease expired, was taken over by a later "
+                          "claim, or was never issued for it");
+  if (i->second.expires <= std::chrono::steady_clock::now())
+    return lease_lost(id, "the lease expired");
+  return &i->second;
+}
+
 // Takes the first executable task and asks its orchestrator to hand it to
 // `worker`; moves on when the orchestrator refuses.
 void try_claim(scheduler_pointer self, std::string worker,
-               caf::typed_response_promise<task_claim> rp) {
+               caf::typed_response_promise<task_claim> rp,
+               uint64_t lease_ms = 0) {
   auto& st = self->state;
   while (!st.executable.empty()) {
     auto node = st.executable.extract(st.executable.begin());
@@ -86,21 +167,24 @@ void try_claim(scheduler_pointer self, std::string worker,
       continue;
     self->request(orch->second, st.options.timeout, claim_atom::value, id, worker)
       .then(
-        [self, worker, rp, id](task_claim& claim) mutable {
+        [self, worker, rp, id, lease_ms](task_claim& claim) mutable {
           if (!claim.claimed) {
             // No longer executable; the orchestrator announces it again
             // once it is.
-            try_claim(self, std::move(worker), std::move(rp));
+            try_claim(self, std::move(worker), std::move(rp), lease_ms);
             return;
           }
           track(self, id, worker);
+          if (lease_ms > 0)
+            claim.lease = grant_lease(self, id, worker, lease_ms,
+                                      claim.lease_expires_ms);
           rp.deliver(std::move(claim));
           // The worker died while its claim was on the way: the task must
           // not stay running for nobody.
           if (self->state.workers[worker].gone)
             mark_stale(self, worker, [](std::vector<std::string>) {});
         },
-        [self, worker, rp](caf::error& err) mutable {
+        [self, worker, rp, lease_ms](caf::error& err) mutable {
           // The claim may not have been stored: say so rather than hand
           // out the next task (the orchestrator is loaded again and its
           // executable tasks return to the index).
@@ -110,7 +194,7 @@ void try_claim(scheduler_pointer self, std::string worker,
             return;
           }
           // The orchestrator is gone: take the next task.
-          try_claim(self, std::move(worker), std::move(rp));
+          try_claim(self, std::move(worker), std::move(rp), lease_ms);
         });
     return;
   }
@@ -127,8 +211,10 @@ void mark_stale(scheduler_pointer self, const std::string& worker,
   std::vector<task_id> ids;
   if (w != st.workers.end()) {
     ids.assign(w->second.running.begin(), w->second.running.end());
-    for (auto& id : ids)
+    for (auto& id : ids) {
       st.running.erase(id);
+      drop_lease(self, id);
+    }
     w->second.running.clear();
   }
   struct pending_answers {
@@ -166,6 +252,50 @@ void mark_stale(scheduler_pointer self, const std::string& worker,
         },
         [finish_one](caf::error&) { finish_one(); });
   }
+}
+
+// Completes or fails `task` for the holder of lease `token` (none: a task
+// no lease holds). The lease is checked and set aside first, so its expiry
+// cannot make the task stale meanwhile; if the orchestrator refuses, it
+// holds again.
+template <class Atom>
+caf::result<task_info> finish(scheduler_pointer self, Atom atom,
+                              const std::string& task, std::string text,
+                              const std::string& token) {
+  auto target = route(self, task);
+  if (!target)
+    return target.error();
+  auto id = target->first;
+  auto lease = held(self, id, token);
+  if (!lease)
+    return lease.error();
+  std::optional<lease_record> kept;
+  if (*lease) {
+    kept = **lease;
+    drop_lease(self, id);
+  }
+  auto rp = self->make_response_promise<task_info>();
+  self
+    ->request(target->second, self->state.options.timeout, atom,
+              std::move(target->first), std::move(text))
+    .then(
+      [self, rp, id](task_info& info) mutable {
+        untrack(self, id);
+        rp.deliver(std::move(info));
+      },
+      [self, rp, id, token, kept](caf::error& err) mutable {
+        auto& st = self->state;
+        if (kept && st.lease_of.count(id) == 0) {
+          auto& l = st.leases[token];
+          l = *kept;
+          st.lease_of[id] = token;
+          auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+            l.expires - std::chrono::steady_clock::now());
+          arm(self, token, l, std::max(left, std::chrono::milliseconds{1}));
+        }
+        rp.deliver(std::move(err));
+      });
+  return rp;
 }
 
 // Spawns the orchestrator of `orch` and puts its executable tasks into the
@@ -420,43 +550,82 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
       try_claim(self, std::move(worker), rp);
       return rp;
     },
-    [self](complete_atom, const std::string& task,
-           std::string& result) -> caf::result<task_info> {
+    [self](claim_atom, std::string& worker,
+           uint64_t lease_ms) -> caf::result<task_claim> {
+      if (auto err = validate_worker_name(worker))
+        return err;
+      if (auto err = validate_lease_ms(lease_ms))
+        return err;
+      auto rp = self->make_response_promise<task_claim>();
+      try_claim(self, std::move(worker), rp, lease_ms);
+      return rp;
+    },
+    [self](heartbeat_atom, const std::string& task, const std::string& token,
+           uint64_t lease_ms) -> caf::result<task_claim> {
+      if (auto err = validate_lease_ms(lease_ms))
+        return err;
       auto target = route(self, task);
       if (!target)
         return target.error();
-      auto rp = self->make_response_promise<task_info>();
-      auto id = target->first;
+      if (token.empty())
+        return lease_lost(target->first, "a heartbeat names its lease");
+      auto lease = held(self, target->first, token);
+      if (!lease)
+        return lease.error();
+      if (!*lease)
+        return lease_lost(target->first, "no lease holds it");
+      arm(self, token, **lease, std::chrono::milliseconds{lease_ms});
+      task_claim out{true, {}, token, (*lease)->expires_ms};
+      auto rp = self->make_response_promise<task_claim>();
       self
         ->request(target->second, self->state.options.timeout,
-                  complete_atom::value, std::move(target->first),
-                  std::move(result))
+                  caf::get_atom::value, task_atom::value, target->first)
         .then(
-          [self, rp, id](task_info& info) mutable {
-            untrack(self, id);
-            rp.deliver(std::move(info));
+          [rp, out](task_info& info) mutable {
+            out.task = std::move(info);
+            rp.deliver(std::move(out));
           },
           [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
       return rp;
     },
+    [self](lease_atom, const std::string& token, uint64_t generation) {
+      auto& st = self->state;
+      auto i = st.leases.find(token);
+      if (i == st.leases.end() || i->second.generation != generation)
+        return; // finished, or extended since this timer was sent
+      auto l = std::move(i->second);
+      untrack(self, l.task); // drops the lease: a late call is lease_lost
+      auto orch = st.orchestrators.find(l.task.orchestration);
+      if (orch == st.orchestrators.end())
+        return;
+      auto why = "{\"lease_expired_at\":" + std::to_string(l.expires_ms)
+                 + ",\"worker\":" + nlohmann::json(l.worker).dump() + "}";
+      self
+        ->request(orch->second, st.options.timeout, stale_atom::value,
+                  l.task, l.worker, std::move(why))
+        .then([](task_info&) {},
+              [task = l.task](caf::error& err) {
+                spdlog::warn("task {}: its lease expired but it could not be "
+                             "made stale: {}",
+                             task.to_string(), describe(err));
+              });
+    },
+    [self](complete_atom, const std::string& task,
+           std::string& result) -> caf::result<task_info> {
+      return finish(self, complete_atom::value, task, std::move(result), "");
+    },
     [self](fail_atom, const std::string& task,
            std::string& reason) -> caf::result<task_info> {
-      auto target = route(self, task);
-      if (!target)
-        return target.error();
-      auto rp = self->make_response_promise<task_info>();
-      auto id = target->first;
-      self
-        ->request(target->second, self->state.options.timeout,
-                  fail_atom::value, std::move(target->first),
-                  std::move(reason))
-        .then(
-          [self, rp, id](task_info& info) mutable {
-            untrack(self, id);
-            rp.deliver(std::move(info));
-          },
-          [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
-      return rp;
+      return finish(self, fail_atom::value, task, std::move(reason), "");
+    },
+    [self](complete_atom, const std::string& task, std::string& result,
+           const std::string& token) -> caf::result<task_info> {
+      return finish(self, complete_atom::value, task, std::move(result),
+                    token);
+    },
+    [self](fail_atom, const std::string& task, std::string& reason,
+           const std::string& token) -> caf::result<task_info> {
+      return finish(self, fail_atom::value, task, std::move(reason), token);
     },
     [self](requeue_atom, const std::string& task) -> caf::result<task_info> {
       auto target = route(self, task);

@@ -11,7 +11,7 @@ namespace spindle {
 
 namespace {
 
-constexpr std::array<std::pair<errc, const char*>, 14> names{{
+constexpr std::array<std::pair<errc, const char*>, 15> names{{
   {errc::invalid_argument, "invalid_argument"},
   {errc::invalid_id, "invalid_id"},
   {errc::exhausted, "exhausted"},
@@ -26,6 +26,7 @@ constexpr std::array<std::pair<errc, const char*>, 14> names{{
   {errc::upstream_failure, "upstream_failure"},
   {errc::too_large, "too_large"},
   {errc::malformed, "malformed"},
+  {errc::lease_lost, "lease_lost"},
 }};
 
 } // namespace

@@ -43,4 +43,12 @@ caf::error validate_worker_name(std::string_view name) {
   return caf::none;
 }
 
+caf::error validate_lease_ms(uint64_t ms) {
+  if (ms < min_lease_ms || ms > max_lease_ms)
+    return make_error(errc::invalid_argument,
+                      "a lease lasts 1 to 3600 seconds, not "
+                        + std::to_string(ms / 1000.0).substr(0, 12) + " s");
+  return caf::none;
+}
+
 } // namespace spindle

@@ -26,6 +26,7 @@ int status_of(errc code) {
     case errc::exhausted:
     case errc::already_exists:
     case errc::conflict:
+    case errc::lease_lost:
       return 409;
     case errc::too_large:
       return 413;

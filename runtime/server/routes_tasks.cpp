@@ -41,7 +41,31 @@ json task_json(const task_info& t) {
     out["result"] = give_back(t.outcome);
   else if (t.state == task_state::failed)
     out["reason"] = give_back(t.outcome);
+  else if (t.state == task_state::stale && !t.outcome.empty())
+    out["stale"] = give_back(t.outcome); // whose lease expired, and when
   return out;
+}
+
+json claim_json(const task_claim& c) {
+  auto out = task_json(c.task);
+  out["lease"] = {{"token", c.lease}, {"expires_at", c.lease_expires_ms}};
+  return out;
+}
+
+// The lease length of a body's "lease_s" (default 30 s).
+std::chrono::milliseconds lease_length(const json& body) {
+  auto it = body.find("lease_s");
+  if (it == body.end() || it->is_null())
+    return std::chrono::milliseconds{default_lease_ms};
+  if (!it->is_number())
+    throw api_error{400, "malformed", "field 'lease_s' must be a number",
+                    "lease_s"};
+  auto seconds = it->get<double>();
+  if (!(seconds >= 1 && seconds <= 3600))
+    throw api_error{400, "invalid_argument",
+                    "lease_s must be between 1 and 3600 seconds",
+                    "lease_s"};
+  return std::chrono::milliseconds{static_cast<int64_t>(seconds * 1000)};
 }
 
 std::string path_task(const request& req) {
@@ -107,17 +131,17 @@ void add_task_routes(router& r) {
   r.post(R"(/v1/tasks/claim)", "POST /v1/tasks/claim",
          [&r](const request& req, response& res,
               request_context& ctx) {
-           auto body = parse_body(req, {"worker"});
+           auto body = parse_body(req, {"worker", "lease_s"});
            auto worker = required_string(body, "worker");
-           auto claimed = r.rt().claim_task(worker);
+           auto claimed = r.rt().claim_task(worker, lease_length(body));
            if (!claimed)
              fail(claimed.error());
-           if (!*claimed) {
+           if (!claimed->claimed) {
              res.status = 204;
              return;
            }
-           ctx.log["task"] = (*claimed)->id;
-           reply(res, 200, task_json(**claimed));
+           ctx.log["task"] = claimed->task.id;
+           reply(res, 200, claim_json(*claimed));
          });
 
   auto finish = [&r](bool complete) {
@@ -125,16 +149,39 @@ void add_task_routes(router& r) {
                           request_context& ctx) {
       auto id = path_task(req);
       auto field = complete ? "result" : "reason";
-      auto body = parse_body(req, {field}, /*allow_empty=*/true);
+      auto body = parse_body(req, {field, "lease"}, /*allow_empty=*/true);
       auto value = keep(body, field, false);
-      auto t = complete ? r.rt().complete_task(id, value)
-                        : r.rt().fail_task(id, value);
+      auto lease = optional_string(body, "lease").value_or("");
+      auto t = complete ? r.rt().complete_task(id, value, lease)
+                        : r.rt().fail_task(id, value, lease);
       if (!t)
         fail(t.error());
       ctx.log["task"] = id;
       reply(res, 200, task_json(*t));
     };
   };
+  r.post(R"(/v1/tasks/([^/]+)/heartbeat)", "POST /v1/tasks/{id}/heartbeat",
+         [&r](const request& req, response& res, request_context& ctx) {
+           auto id = path_task(req);
+           auto body = parse_body(req, {"lease", "lease_s"});
+           auto lease = required_string(body, "lease");
+           auto extended = r.rt().heartbeat_task(id, lease,
+                                                 lease_length(body));
+           if (!extended)
+             fail(extended.error());
+           ctx.log["task"] = id;
+           reply(res, 200, claim_json(*extended));
+         });
+  r.post(R"(/v1/tasks/([^/]+)/requeue)", "POST /v1/tasks/{id}/requeue",
+         [&r](const request& req, response& res, request_context& ctx) {
+           auto id = path_task(req);
+           parse_body(req, {}, /*allow_empty=*/true);
+           auto t = r.rt().requeue_task(id);
+           if (!t)
+             fail(t.error());
+           ctx.log["task"] = id;
+           reply(res, 200, task_json(*t));
+         });
   r.post(R"(/v1/tasks/([^/]+)/complete)", "POST /v1/tasks/{id}/complete",
          finish(true));
   r.post(R"(/v1/tasks/([^/]+)/fail)", "POST /v1/tasks/{id}/fail",

@@ -64,6 +64,39 @@ caf::expected<task_info> runtime::fail_task(const std::string& task,
                          fail_atom::value, task, std::move(reason));
 }
 
+caf::expected<task_claim>
+runtime::claim_task(const std::string& worker,
+                    std::chrono::milliseconds length) {
+  return call<task_claim>(scheduler_, options_.default_timeout,
+                          claim_atom::value, worker,
+                          static_cast<uint64_t>(std::max<int64_t>(
+                            0, length.count())));
+}
+
+caf::expected<task_claim>
+runtime::heartbeat_task(const std::string& task, const std::string& lease,
+                        std::chrono::milliseconds length) {
+  return call<task_claim>(scheduler_, options_.default_timeout,
+                          heartbeat_atom::value, task, lease,
+                          static_cast<uint64_t>(std::max<int64_t>(
+                            0, length.count())));
+}
+
+caf::expected<task_info> runtime::complete_task(const std::string& task,
+                                                std::string result,
+                                                const std::string& lease) {
+  return call<task_info>(scheduler_, options_.default_timeout,
+                         complete_atom::value, task, std::move(result),
+                         lease);
+}
+
+caf::expected<task_info> runtime::fail_task(const std::string& task,
+                                            std::string reason,
+                                            const std::string& lease) {
+  return call<task_info>(scheduler_, options_.default_timeout,
+                         fail_atom::value, task, std::move(reason), lease);
+}
+
 caf::expected<task_info> runtime::requeue_task(const std::string& task) {
   return call<task_info>(scheduler_, options_.default_timeout,
                          requeue_atom::value, task);

@@ -105,13 +105,31 @@ public:
     return post("/v1/tasks/" + parent + "/subtasks", {{"payload", payload}});
   }
   op_result claim(const std::string& worker) override {
-    return post("/v1/tasks/claim", {{"worker", worker}});
+    auto r = post("/v1/tasks/claim", {{"worker", worker}});
+    // A claim over HTTP holds its task under a lease; its completion names it.
+    if (r.ok && r.body.is_object() && r.body.contains("lease")) {
+      std::lock_guard<std::mutex> guard{mtx_};
+      leases_[r.body.value("id", "")]
+        = r.body["lease"].value("token", "");
+    }
+    return r;
   }
   op_result complete(const std::string& task) override {
-    return post("/v1/tasks/" + task + "/complete", {{"result", "done"}});
+    json body{{"result", "done"}};
+    {
+      std::lock_guard<std::mutex> guard{mtx_};
+      if (auto i = leases_.find(task); i != leases_.end()) {
+        body["lease"] = i->second;
+        leases_.erase(i);
+      }
+    }
+    return post("/v1/tasks/" + task + "/complete", body);
   }
 
 private:
+  std::mutex mtx_;
+  std::unordered_map<std::string, std::string> leases_;
+
   op_result finish(net::blocking_http_client::response r) {
     op_result out;
     if (r.status == 0) {

@@ -72,6 +72,21 @@ struct scheduler_state {
   std::map<task_id, std::string> running;
   /// Monitored worker actor -> the worker names attached to it.
   std::map<caf::actor_addr, std::set<std::string>> watched;
+
+  /// A running task's lease (docs/orchestration.md, "Leases"). Kept in
+  /// memory: a restart makes every running task stale anyway.
+  struct lease_record {
+    task_id task;
+    std::string worker;
+    std::chrono::steady_clock::time_point expires;
+    int64_t expires_ms = 0;
+    /// Which of the expiry timers sent for it counts (heartbeats re-arm).
+    uint64_t generation = 0;
+  };
+  /// Token -> lease; task -> its lease's token.
+  std::unordered_map<std::string, lease_record> leases;
+  std::map<task_id, std::string> lease_of;
+  uint64_t lease_generation = 0;
 };
 
 using scheduler_pointer = scheduler_actor::stateful_pointer<scheduler_state>;

@@ -51,6 +51,8 @@ CAF_ADD_ATOM(spindle, spindle, executable_atom, "executable")
 CAF_ADD_ATOM(spindle, spindle, attach_atom, "attach")
 CAF_ADD_ATOM(spindle, spindle, workers_atom, "workers")
 CAF_ADD_ATOM(spindle, spindle, stale_atom, "stale")
+CAF_ADD_ATOM(spindle, spindle, heartbeat_atom, "heartbeat")
+CAF_ADD_ATOM(spindle, spindle, lease_atom, "lease")
 CAF_ADD_ATOM(spindle, spindle, ready_atom, "ready")
 CAF_ADD_ATOM(spindle, spindle, unready_atom, "unready")
 

@@ -43,6 +43,9 @@ enum class errc : uint8_t {
   too_large,
   /// Malformed input (JSON syntax, wrong types).
   malformed,
+  /// A task's lease expired or was taken over (or the call names none for
+  /// a leased task): the worker no longer holds the task.
+  lease_lost,
 };
 
 /// Returns the stable snake_case name of `x`, e.g. "invalid_id".

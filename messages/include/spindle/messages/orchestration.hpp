@@ -111,15 +111,30 @@ typename Inspector::result_type inspect(Inspector& f, task_tree& x) {
 }
 
 /// The answer to a claim: `claimed` is false when nothing was executable.
+/// A leased claim (and a heartbeat) carries the lease: its token and when
+/// it expires, in milliseconds since the Unix epoch.
 struct task_claim {
   bool claimed = false;
   task_info task;
+  std::string lease;
+  int64_t lease_expires_ms = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, task_claim& x) {
-  return f(caf::meta::type_name("task_claim"), x.claimed, x.task);
+  return f(caf::meta::type_name("task_claim"), x.claimed, x.task, x.lease,
+           x.lease_expires_ms);
 }
+
+/// Leases (docs/orchestration.md, "Leases"): how long a worker holds a
+/// task it claimed over HTTP without a heartbeat.
+inline constexpr uint64_t default_lease_ms = 30'000;
+inline constexpr uint64_t min_lease_ms = 1'000;
+inline constexpr uint64_t max_lease_ms = 3'600'000;
+
+/// Errors: `invalid_argument` for a lease outside 1 s to 1 h.
+/// This function is thread-safe.
+caf::error validate_lease_ms(uint64_t ms);
 
 /// A worker known by its process identity (D11) that holds running tasks.
 struct process_worker {
@@ -209,6 +224,14 @@ caf::error validate_worker_name(std::string_view name);
 ///   is completed), invalid_argument (no payloads).
 /// - `(claim, worker)` hands the first executable task in D1 order to
 ///   `worker` (it becomes running), or `claimed = false` when none is.
+/// - `(claim, worker, lease_ms)`: the same under a lease of `lease_ms`: the
+///   answer carries a fresh token; unless a heartbeat extends it in time,
+///   the task becomes stale when it expires (its outcome says when and
+///   whose lease it was). `(heartbeat, task, token, lease_ms)` extends it
+///   to `lease_ms` from now. `(complete | fail, task, text, token)` finish
+///   a leased task. A token that expired, was taken over by a later claim
+///   or names another task is `lease_lost`, and nothing changes; so is
+///   finishing a leased task without its token.
 /// - `(complete, task, result)`, `(fail, task, reason)`: running -> completed
 ///   or failed. `(requeue, task)`: stale or failed -> pending.
 ///   Errors: invalid_id, not_found, conflict (wrong state).
@@ -234,8 +257,15 @@ using scheduler_actor = caf::typed_actor<
   caf::replies_to<caf::spawn_atom, std::string,
                   std::vector<std::string>>::with<std::vector<std::string>>,
   caf::replies_to<claim_atom, std::string>::with<task_claim>,
+  caf::replies_to<claim_atom, std::string, uint64_t>::with<task_claim>,
+  caf::replies_to<heartbeat_atom, std::string, std::string,
+                  uint64_t>::with<task_claim>,
   caf::replies_to<complete_atom, std::string, std::string>::with<task_info>,
   caf::replies_to<fail_atom, std::string, std::string>::with<task_info>,
+  caf::replies_to<complete_atom, std::string, std::string,
+                  std::string>::with<task_info>,
+  caf::replies_to<fail_atom, std::string, std::string,
+                  std::string>::with<task_info>,
   caf::replies_to<requeue_atom, std::string>::with<task_info>,
   caf::replies_to<caf::get_atom, std::string>::with<task_tree>,
   caf::replies_to<caf::get_atom, task_atom, std::string>::with<task_info>,
@@ -249,7 +279,8 @@ using scheduler_actor = caf::typed_actor<
   caf::replies_to<stale_atom, std::string>::with<std::vector<std::string>>,
   caf::replies_to<stats_atom>::with<task_counts>,
   caf::reacts_to<ready_atom, std::vector<task_id>>,
-  caf::reacts_to<unready_atom, task_id>>;
+  caf::reacts_to<unready_atom, task_id>,
+  caf::reacts_to<lease_atom, std::string, uint64_t>>;
 
 /// An orchestrator: one per orchestration, spawned by the scheduler. It owns
 /// its subtree: each task's state, payload, outcome, worker, children and
@@ -263,7 +294,8 @@ using scheduler_actor = caf::typed_actor<
 ///   `claimed = false` when the task is not executable (any more).
 /// - `(complete | fail, id, text)`, `(requeue, id)` as for the scheduler.
 /// - `(stale, id, worker)`: running by `worker` -> stale; otherwise the task
-///   is left alone. Replies with the task either way.
+///   is left alone. Replies with the task either way. `(stale, id, worker,
+///   outcome)` also keeps `outcome` (why it became stale).
 /// - `(get)` -> the tree; `(get, task, id)` -> one task; `(stats)` -> how
 ///   many of its tasks are in each state.
 using orchestrator_actor = caf::typed_actor<
@@ -274,6 +306,8 @@ using orchestrator_actor = caf::typed_actor<
   caf::replies_to<fail_atom, task_id, std::string>::with<task_info>,
   caf::replies_to<requeue_atom, task_id>::with<task_info>,
   caf::replies_to<stale_atom, task_id, std::string>::with<task_info>,
+  caf::replies_to<stale_atom, task_id, std::string, std::string>::with<
+    task_info>,
   caf::replies_to<caf::get_atom>::with<task_tree>,
   caf::replies_to<caf::get_atom, task_atom, task_id>::with<task_info>,
   caf::replies_to<stats_atom>::with<task_counts>>;

@@ -445,6 +445,33 @@ public:
   /// stale or failed -> pending. Errors as for `complete_task`.
   caf::expected<task_info> requeue_task(const std::string& task);
 
+  // Leases (docs/orchestration.md, "Leases"): a task claimed under a lease
+  // becomes stale when the lease expires without a heartbeat; only the
+  // lease's holder may extend, complete or fail it.
+
+  /// As `claim_task`, under a lease of `length` (1 s to 1 h): `lease` and
+  /// `lease_expires_ms` of the answer. `claimed` is false when no task is
+  /// executable. Errors: invalid_argument, timeout, unavailable.
+  caf::expected<task_claim> claim_task(const std::string& worker,
+                                       std::chrono::milliseconds length);
+
+  /// Extends the lease `lease` of `task` to `length` from now. Errors:
+  /// lease_lost (expired, taken over, another task's, or none given),
+  /// invalid_argument, invalid_id, not_found.
+  caf::expected<task_claim> heartbeat_task(const std::string& task,
+                                           const std::string& lease,
+                                           std::chrono::milliseconds length);
+
+  /// `complete_task` and `fail_task` by the holder of `lease` (empty: a task
+  /// no lease holds). Errors: lease_lost, and those of `complete_task`;
+  /// nothing changes on an error.
+  caf::expected<task_info> complete_task(const std::string& task,
+                                         std::string result,
+                                         const std::string& lease);
+  caf::expected<task_info> fail_task(const std::string& task,
+                                     std::string reason,
+                                     const std::string& lease);
+
   /// Every task of `orchestration` with its state, in preorder by value.
   /// Errors: invalid_id (also for a task ID), not_found.
   caf::expected<task_tree> orchestration_tree(const std::string& orchestration);

@@ -1,0 +1,315 @@
+// Leases on tasks claimed by remote workers: a silent worker's task is
+// stale within its lease and a second, its late calls are refused
+// (lease_lost) and change nothing; heartbeats keep a task; many workers
+// under leases, some of them silent, finish every task exactly once.
+
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include <catch2/catch.hpp>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "spindle/runtime/runtime.hpp"
+#include "support.hpp"
+
+using namespace spindle;
+using namespace std::chrono;
+using json = nlohmann::json;
+
+namespace {
+
+task_state state_of(runtime& rt, const std::string& id) {
+  auto t = rt.task(id);
+  REQUIRE(t);
+  return t->state;
+}
+
+} // namespace
+
+TEST_CASE("leases: a silent worker's task is stale within its lease and a "
+          "second and its late complete is refused and changes nothing") {
+  runtime rt;
+  auto orch = rt.create_orchestration("job");
+  REQUIRE(orch);
+  auto claimed = rt.claim_task("silent", milliseconds{1000});
+  REQUIRE(claimed);
+  REQUIRE(claimed->claimed);
+  CHECK(claimed->task.id == *orch);
+  CHECK(claimed->lease.size() == 32);
+  auto now_ms = duration_cast<milliseconds>(
+                  system_clock::now().time_since_epoch())
+                  .count();
+  CHECK(claimed->lease_expires_ms > now_ms + 800);
+  CHECK(claimed->lease_expires_ms <= now_ms + 1000);
+  auto start = steady_clock::now();
+  while (state_of(rt, *orch) == task_state::running
+         && steady_clock::now() - start < seconds(5))
+    std::this_thread::sleep_for(milliseconds(10));
+  auto took = steady_clock::now() - start;
+  CHECK(took >= milliseconds(900));
+  CHECK(took <= milliseconds(2000));
+  auto stale = rt.task(*orch);
+  REQUIRE(stale);
+  REQUIRE(stale->state == task_state::stale);
+  CHECK(stale->worker == "silent");
+  auto why = json::parse(stale->outcome);
+  CHECK(why["worker"] == "silent");
+  CHECK(why["lease_expired_at"] == claimed->lease_expires_ms);
+  // The late worker: refused, and nothing changes.
+  auto late = rt.complete_task(*orch, "\"done\"", claimed->lease);
+  REQUIRE_FALSE(late);
+  CHECK(classify(late.error()) == errc::lease_lost);
+  auto beat = rt.heartbeat_task(*orch, claimed->lease, milliseconds{5000});
+  REQUIRE_FALSE(beat);
+  CHECK(classify(beat.error()) == errc::lease_lost);
+  auto after = rt.task(*orch);
+  REQUIRE(after);
+  CHECK(after->state == task_state::stale);
+  CHECK(after->outcome == stale->outcome);
+  // Another worker takes it over once it is pending again.
+  REQUIRE(rt.requeue_task(*orch));
+  auto second = rt.claim_task("second", milliseconds{30000});
+  REQUIRE(second);
+  REQUIRE(second->claimed);
+  CHECK(second->lease != claimed->lease);
+  auto stolen = rt.fail_task(*orch, "\"no\"", claimed->lease);
+  REQUIRE_FALSE(stolen);
+  CHECK(classify(stolen.error()) == errc::lease_lost);
+  auto unleased = rt.complete_task(*orch, "\"no\"");
+  REQUIRE_FALSE(unleased);
+  CHECK(classify(unleased.error()) == errc::lease_lost);
+  CHECK(state_of(rt, *orch) == task_state::running);
+  auto done = rt.complete_task(*orch, "\"done\"", second->lease);
+  REQUIRE(done);
+  CHECK(done->state == task_state::completed);
+  CHECK(done->worker == "second");
+}
+
+TEST_CASE("leases: heartbeats keep a task for as long as they come and "
+          "bad leases are refused") {
+  runtime rt;
+  auto orch = rt.create_orchestration("job");
+  REQUIRE(orch);
+  auto other = rt.create_orchestration("other");
+  REQUIRE(other);
+  auto claimed = rt.claim_task("w", milliseconds{1000});
+  REQUIRE(claimed);
+  REQUIRE(claimed->claimed);
+  auto id = claimed->task.id;
+  for (int i = 0; i < 10; ++i) {
+    std::this_thread::sleep_for(milliseconds(300));
+    auto beat = rt.heartbeat_task(id, claimed->lease, milliseconds{1000});
+    REQUIRE(beat);
+    CHECK(beat->lease == claimed->lease);
+    CHECK(beat->task.state == task_state::running);
+  }
+  CHECK(state_of(rt, id) == task_state::running);
+  for (auto bad : {uint64_t{0}, uint64_t{999}, uint64_t{3'600'001}}) {
+    auto r = rt.heartbeat_task(id, claimed->lease, milliseconds{bad});
+    REQUIRE_FALSE(r);
+    CHECK(classify(r.error()) == errc::invalid_argument);
+    auto c = rt.claim_task("w2", milliseconds{bad});
+    REQUIRE_FALSE(c);
+    CHECK(classify(c.error()) == errc::invalid_argument);
+  }
+  // The task this lease does not hold (D1 claims the newest first).
+  auto unheld = id == *orch ? *other : *orch;
+  auto wrong_task = rt.heartbeat_task(unheld, claimed->lease,
+                                      milliseconds{1000});
+  REQUIRE_FALSE(wrong_task);
+  CHECK(classify(wrong_task.error()) == errc::lease_lost);
+  auto made_up = rt.heartbeat_task(id, std::string(32, 'a'),
+                                   milliseconds{1000});
+  REQUIRE_FALSE(made_up);
+  CHECK(classify(made_up.error()) == errc::lease_lost);
+  auto none = rt.heartbeat_task(id, "", milliseconds{1000});
+  REQUIRE_FALSE(none);
+  CHECK(classify(none.error()) == errc::lease_lost);
+  auto unknown = rt.heartbeat_task("0042", claimed->lease,
+                                   milliseconds{1000});
+  REQUIRE_FALSE(unknown);
+  CHECK(classify(unknown.error()) == errc::not_found);
+  auto hostile = rt.heartbeat_task("../x", claimed->lease,
+                                   milliseconds{1000});
+  REQUIRE_FALSE(hostile);
+  CHECK(classify(hostile.error()) == errc::invalid_id);
+  CHECK(state_of(rt, id) == task_state::running);
+  auto done = rt.complete_task(id, "1", claimed->lease);
+  REQUIRE(done);
+  CHECK(done->state == task_state::completed);
+  // Finished: its lease is gone with it.
+  auto again = rt.heartbeat_task(id, claimed->lease, milliseconds{1000});
+  REQUIRE_FALSE(again);
+  CHECK(classify(again.error()) == errc::lease_lost);
+}
+
+TEST_CASE("leases: 16 workers under leases with a quarter of them going "
+          "silent mid-task complete every task exactly once") {
+  test::temp_dir dir;
+  runtime_options opts;
+  opts.storage.data_dir = dir.str();
+  opts.storage.sync = sync_mode::normal;
+  runtime rt{opts};
+  constexpr int tasks = 200;
+  std::vector<std::string> payloads;
+  for (int i = 0; i < tasks - 1; ++i)
+    payloads.push_back(std::to_string(i));
+  auto orch = rt.create_orchestration("root");
+  REQUIRE(orch);
+  REQUIRE(rt.spawn_subtasks(*orch, payloads));
+  std::mutex mtx;
+  std::map<std::string, int> completions;
+  std::atomic<int> refused_late{0};
+  std::atomic<int> other_errors{0};
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 16; ++w)
+    workers.emplace_back([&, w] {
+      auto name = "w" + std::to_string(w);
+      std::mt19937 rng{static_cast<unsigned>(w)};
+      while (!stop) {
+        // A quarter of the claims of every fourth worker: it goes quiet
+        // past its (short) lease, then tries to complete anyway.
+        bool silent = w % 4 == 0 && rng() % 4 == 0;
+        auto c = rt.claim_task(name, milliseconds{silent ? 1000 : 10000});
+        if (!c) {
+          ++other_errors;
+          return;
+        }
+        if (!c->claimed) {
+          std::this_thread::sleep_for(milliseconds(20));
+          continue;
+        }
+        if (silent) {
+          std::this_thread::sleep_for(milliseconds(1400));
+          auto late = rt.complete_task(c->task.id, "\"late\"", c->lease);
+          if (late)
+            ++other_errors; // the lease had expired: must be refused
+          else if (classify(late.error()) == errc::lease_lost)
+            ++refused_late;
+          else
+            ++other_errors;
+          continue;
+        }
+        std::this_thread::sleep_for(milliseconds(rng() % 5));
+        auto done = rt.complete_task(c->task.id, "\"" + name + "\"",
+                                     c->lease);
+        if (done) {
+          std::lock_guard<std::mutex> guard{mtx};
+          ++completions[c->task.id];
+        } else {
+          ++other_errors;
+        }
+      }
+    });
+  // The operator's part until retries exist: stale tasks go back.
+  auto deadline = steady_clock::now() + seconds(120);
+  for (;;) {
+    auto tree = rt.orchestration_tree(*orch);
+    REQUIRE(tree);
+    size_t completed = 0;
+    for (auto& t : tree->tasks) {
+      if (t.state == task_state::stale)
+        rt.requeue_task(t.id);
+      completed += t.state == task_state::completed ? 1 : 0;
+    }
+    if (completed == tree->tasks.size() || steady_clock::now() > deadline)
+      break;
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  stop = true;
+  for (auto& t : workers)
+    t.join();
+  CHECK(other_errors == 0);
+  CHECK(refused_late > 0);
+  auto tree = rt.orchestration_tree(*orch);
+  REQUIRE(tree);
+  REQUIRE(tree->tasks.size() == static_cast<size_t>(tasks));
+  for (auto& t : tree->tasks) {
+    INFO(t.id);
+    CHECK(t.state == task_state::completed);
+    CHECK(completions[t.id] == 1);
+    CHECK(t.outcome != "\"late\"");
+  }
+}
+
+TEST_CASE("leases: over HTTP a claim carries its lease and heartbeats "
+          "complete and bad input answer as documented") {
+  test::server_process srv;
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  auto post = [&](const std::string& path, const json& body) {
+    auto r = cli.Post(path, body.dump(), "application/json");
+    REQUIRE(r);
+    return std::make_pair(r->status,
+                          r->body.empty() ? json{} : json::parse(r->body));
+  };
+  REQUIRE(post("/v1/orchestrations", {{"payload", "a"}}).first == 201);
+  for (auto bad : {json{{"worker", "w"}, {"lease_s", 0}},
+                   json{{"worker", "w"}, {"lease_s", -5}},
+                   json{{"worker", "w"}, {"lease_s", 3601}},
+                   json{{"worker", "w"}, {"lease_s", "long"}}}) {
+    INFO(bad.dump());
+    auto [status, body] = post("/v1/tasks/claim", bad);
+    CHECK(status == 400);
+    CHECK(body["error"]["param"] == "lease_s");
+  }
+  auto [status, claimed] = post("/v1/tasks/claim",
+                                {{"worker", "w"}, {"lease_s", 2}});
+  REQUIRE(status == 200);
+  auto id = claimed["id"].get<std::string>();
+  auto token = claimed["lease"]["token"].get<std::string>();
+  CHECK(claimed["state"] == "running");
+  CHECK(claimed["lease"]["expires_at"].is_number_integer());
+  auto [hs, beat] = post("/v1/tasks/" + id + "/heartbeat",
+                         {{"lease", token}, {"lease_s", 60}});
+  CHECK(hs == 200);
+  CHECK(beat["lease"]["expires_at"].get<int64_t>()
+        > claimed["lease"]["expires_at"].get<int64_t>());
+  // Past the first lease, the heartbeat's holds.
+  std::this_thread::sleep_for(milliseconds(2500));
+  auto [ls, lost] = post("/v1/tasks/" + id + "/heartbeat",
+                         {{"lease", std::string(32, 'f')}});
+  CHECK(ls == 409);
+  CHECK(lost["error"]["code"] == "lease_lost");
+  CHECK(post("/v1/tasks/" + id + "/heartbeat", json::object()).first == 400);
+  auto [us, unleased] = post("/v1/tasks/" + id + "/complete",
+                             {{"result", 1}});
+  CHECK(us == 409);
+  CHECK(unleased["error"]["code"] == "lease_lost");
+  auto [cs, done] = post("/v1/tasks/" + id + "/complete",
+                         {{"result", 1}, {"lease", token}});
+  CHECK(cs == 200);
+  CHECK(done["state"] == "completed");
+  auto [ds, twice] = post("/v1/tasks/" + id + "/complete",
+                          {{"result", 2}, {"lease", token}});
+  CHECK(ds == 409);
+  CHECK(twice["error"]["code"] == "lease_lost");
+  // A silent worker: stale within its lease and a second, shown with why.
+  REQUIRE(post("/v1/orchestrations", {{"payload", "b"}}).first == 201);
+  auto [s2, quiet] = post("/v1/tasks/claim", {{"worker", "q"}, {"lease_s", 1}});
+  REQUIRE(s2 == 200);
+  std::this_thread::sleep_for(milliseconds(2000));
+  auto got = cli.Get("/v1/tasks/" + quiet["id"].get<std::string>());
+  REQUIRE(got);
+  auto task = json::parse(got->body);
+  CHECK(task["state"] == "stale");
+  CHECK(task["worker"] == "q");
+  CHECK(task["stale"]["worker"] == "q");
+  CHECK(task["stale"]["lease_expired_at"] == quiet["lease"]["expires_at"]);
+  auto [rs, requeued] = post("/v1/tasks/" + quiet["id"].get<std::string>()
+                               + "/requeue",
+                             json::object());
+  CHECK(rs == 200);
+  CHECK(requeued["state"] == "pending");
+  auto [s3, again] = post("/v1/tasks/claim", {{"worker", "r"}});
+  REQUIRE(s3 == 200);
+  CHECK(again["id"] == quiet["id"]);
+  auto [ns, not_stale] = post("/v1/tasks/" + again["id"].get<std::string>()
+                                + "/requeue",
+                              json::object());
+  CHECK(ns == 409);
+}
