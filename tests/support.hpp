@@ -188,4 +188,25 @@ std::vector<std::string> lines(const std::string& text);
 /// A PID that belongs to no running process right now.
 pid_t dead_pid();
 
+// -- raw loopback sockets, for tests that hold many connections --------------
+
+/// Raises this process's open-file limit to its hard limit.
+void raise_fd_limit();
+
+/// A blocking loopback connection to `port`; -1 on failure. A receive
+/// buffer set before connecting bounds the window the client offers.
+int connect_to(int port, int receive_buffer = 0);
+
+/// Closes its descriptors when it goes.
+struct fd_guard {
+  std::vector<int> fds;
+  fd_guard() = default;
+  fd_guard(const fd_guard&) = delete;
+  fd_guard& operator=(const fd_guard&) = delete;
+  ~fd_guard();
+};
+
+/// Sends all of `data`; false if the connection failed.
+bool send_all(int fd, const std::string& data);
+
 } // namespace spindle::test

@@ -28,58 +28,13 @@
 
 using json = nlohmann::json;
 using spindle::test::server_process;
+using spindle::test::connect_to;
+using spindle::test::fd_guard;
+using spindle::test::raise_fd_limit;
+using spindle::test::send_all;
 using namespace std::chrono;
 
 namespace {
-
-void raise_fd_limit() {
-  rlimit lim{};
-  getrlimit(RLIMIT_NOFILE, &lim);
-  lim.rlim_cur = lim.rlim_max;
-  setrlimit(RLIMIT_NOFILE, &lim);
-}
-
-// A blocking loopback connection; -1 on failure. A receive buffer set
-// before connecting bounds the window the client offers.
-int connect_to(int port, int receive_buffer = 0) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0)
-    return -1;
-  if (receive_buffer > 0)
-    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &receive_buffer,
-               sizeof receive_buffer);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  int one = 1;
-  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  return fd;
-}
-
-struct fd_guard {
-  std::vector<int> fds;
-  ~fd_guard() {
-    for (int fd : fds)
-      if (fd >= 0)
-        ::close(fd);
-  }
-};
-
-bool send_all(int fd, const std::string& data) {
-  size_t sent = 0;
-  while (sent < data.size()) {
-    auto n = ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0)
-      return false;
-    sent += static_cast<size_t>(n);
-  }
-  return true;
-}
 
 // Reads until the peer closes or `timeout` passes.
 std::string read_until_close(int fd, milliseconds timeout) {

@@ -3,11 +3,18 @@
 // (lease_lost) and change nothing; heartbeats keep a task; many workers
 // under leases, some of them silent, finish every task exactly once.
 
+#include <algorithm>
 #include <atomic>
+#include <fstream>
+#include <future>
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
+
+#include <poll.h>
+#include <sys/socket.h>
 
 #include <catch2/catch.hpp>
 #include <httplib.h>
@@ -312,4 +319,136 @@ TEST_CASE("leases: over HTTP a claim carries its lease and heartbeats "
                                 + "/requeue",
                               json::object());
   CHECK(ns == 409);
+}
+
+// -- waiting claims --------------------------------------------------------------
+
+namespace {
+
+// Threads of process `pid` (from /proc).
+int threads_of(pid_t pid) {
+  std::ifstream in{"/proc/" + std::to_string(pid) + "/status"};
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("Threads:", 0) == 0)
+      return std::stoi(line.substr(8));
+  return -1;
+}
+
+} // namespace
+
+TEST_CASE("waiting claims: a claim waits for a task to become executable "
+          "and is answered empty when its time is up") {
+  runtime rt;
+  auto start = steady_clock::now();
+  auto none = rt.claim_task("w", milliseconds{5000}, milliseconds{300});
+  REQUIRE(none);
+  CHECK_FALSE(none->claimed);
+  CHECK(steady_clock::now() - start >= milliseconds(290));
+  CHECK(steady_clock::now() - start < milliseconds(3000));
+  auto bad = rt.claim_task("w", milliseconds{5000}, milliseconds{60001});
+  REQUIRE_FALSE(bad);
+  CHECK(classify(bad.error()) == errc::invalid_argument);
+  // A child's completion makes its parent executable: a waiting claim
+  // gets it.
+  auto root = rt.create_orchestration("root");
+  REQUIRE(root);
+  auto kid = rt.spawn_subtask(*root, "kid");
+  REQUIRE(kid);
+  auto first = rt.claim_task("w", milliseconds{5000}, milliseconds{0});
+  REQUIRE(first);
+  REQUIRE(first->claimed);
+  CHECK(first->task.id == *kid);
+  std::promise<caf::expected<task_claim>> waited;
+  auto got = waited.get_future();
+  rt.claim_task_async("w2", milliseconds{5000}, milliseconds{10000},
+                      [&](caf::expected<task_claim> c) {
+                        waited.set_value(std::move(c));
+                      });
+  std::this_thread::sleep_for(milliseconds(200));
+  CHECK(got.wait_for(milliseconds(0)) == std::future_status::timeout);
+  auto finished = steady_clock::now();
+  REQUIRE(rt.complete_task(*kid, "1", first->lease));
+  auto parent = got.get();
+  CHECK(steady_clock::now() - finished < milliseconds(100));
+  REQUIRE(parent);
+  REQUIRE(parent->claimed);
+  CHECK(parent->task.id == *root);
+  CHECK(parent->task.worker == "w2");
+  CHECK(parent->lease.size() == 32);
+}
+
+TEST_CASE("waiting claims: 1,000 claims wait over HTTP at once and each task "
+          "created then goes to exactly one of them within 100 ms without "
+          "a thread per claim") {
+  test::raise_fd_limit();
+  test::server_process srv;
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  REQUIRE(cli.Get("/healthz"));
+  constexpr int claims = 1000;
+  auto idle_threads = threads_of(srv.pid());
+  REQUIRE(idle_threads > 0);
+  test::fd_guard socks;
+  std::string request_head = "POST /v1/tasks/claim HTTP/1.1\r\n"
+                             "Host: 127.0.0.1\r\n"
+                             "Content-Type: application/json\r\n";
+  for (int i = 0; i < claims; ++i) {
+    auto body = json{{"worker", "waiter-" + std::to_string(i)},
+                     {"wait_s", 60}}
+                  .dump();
+    int fd = test::connect_to(srv.port());
+    REQUIRE(fd >= 0);
+    socks.fds.push_back(fd);
+    REQUIRE(test::send_all(fd, request_head + "Content-Length: "
+                                 + std::to_string(body.size()) + "\r\n\r\n"
+                                 + body));
+  }
+  std::this_thread::sleep_for(milliseconds(500));
+  auto waiting_threads = threads_of(srv.pid());
+  CHECK(waiting_threads <= idle_threads + 4);
+  std::vector<pollfd> polls;
+  for (int fd : socks.fds)
+    polls.push_back(pollfd{fd, POLLIN, 0});
+  std::set<std::string> handed;
+  std::vector<bool> answered(claims, false);
+  milliseconds slowest{0};
+  for (int n = 0; n < claims; ++n) {
+    auto made = cli.Post("/v1/orchestrations",
+                         json{{"payload", n}}.dump(), "application/json");
+    REQUIRE(made);
+    REQUIRE(made->status == 201);
+    auto created = steady_clock::now();
+    auto id = json::parse(made->body)["id"].get<std::string>();
+    // Exactly one waiting claim answers with it.
+    int got = -1;
+    while (got < 0 && steady_clock::now() - created < seconds(5)) {
+      for (auto& p : polls)
+        p.revents = 0;
+      if (poll(polls.data(), polls.size(), 50) <= 0)
+        continue;
+      for (size_t i = 0; i < polls.size(); ++i) {
+        if (!(polls[i].revents & (POLLIN | POLLHUP)) || answered[i])
+          continue;
+        char buf[4096];
+        auto r = ::recv(polls[i].fd, buf, sizeof buf, 0);
+        REQUIRE(r > 0);
+        std::string reply(buf, static_cast<size_t>(r));
+        REQUIRE(reply.rfind("HTTP/1.1 200", 0) == 0);
+        auto body = json::parse(reply.substr(reply.find("\r\n\r\n") + 4));
+        CHECK(body["id"] == id);
+        CHECK(body["lease"]["token"].get<std::string>().size() == 32);
+        answered[i] = true;
+        polls[i].events = 0;
+        CHECK(got < 0);
+        got = static_cast<int>(i);
+      }
+    }
+    REQUIRE(got >= 0);
+    slowest = std::max(slowest, duration_cast<milliseconds>(
+                                  steady_clock::now() - created));
+    CHECK(handed.insert(id).second);
+  }
+  INFO("slowest hand-over " << slowest.count() << " ms");
+  CHECK(slowest < milliseconds(100));
+  CHECK(std::count(answered.begin(), answered.end(), true) == claims);
 }

@@ -153,11 +153,25 @@ caf::expected<lease_record*> held(scheduler_pointer self, const task_id& id,
   return &i->second;
 }
 
+using claim_waiter = scheduler_state::claim_waiter;
+
+// A waiting claim that found nothing after all: it waits on (first in
+// line, where it was), or is answered empty once its time is up.
+void wait_again(scheduler_pointer self, claim_waiter w) {
+  if (std::chrono::steady_clock::now() >= w.deadline) {
+    w.promise.deliver(task_claim{});
+    return;
+  }
+  self->state.waiting_claims.push_front(std::move(w));
+}
+
 // Takes the first executable task and asks its orchestrator to hand it to
-// `worker`; moves on when the orchestrator refuses.
+// `worker`; moves on when the orchestrator refuses. A waiting claim
+// (`waiter`) that finds nothing waits again instead of being answered.
 void try_claim(scheduler_pointer self, std::string worker,
                caf::typed_response_promise<task_claim> rp,
-               uint64_t lease_ms = 0) {
+               uint64_t lease_ms = 0,
+               std::optional<claim_waiter> waiter = std::nullopt) {
   auto& st = self->state;
   while (!st.executable.empty()) {
     auto node = st.executable.extract(st.executable.begin());
@@ -167,11 +181,12 @@ void try_claim(scheduler_pointer self, std::string worker,
       continue;
     self->request(orch->second, st.options.timeout, claim_atom::value, id, worker)
       .then(
-        [self, worker, rp, id, lease_ms](task_claim& claim) mutable {
+        [self, worker, rp, id, lease_ms, waiter](task_claim& claim) mutable {
           if (!claim.claimed) {
             // No longer executable; the orchestrator announces it again
             // once it is.
-            try_claim(self, std::move(worker), std::move(rp), lease_ms);
+            try_claim(self, std::move(worker), std::move(rp), lease_ms,
+                      std::move(waiter));
             return;
           }
           track(self, id, worker);
@@ -184,7 +199,7 @@ void try_claim(scheduler_pointer self, std::string worker,
           if (self->state.workers[worker].gone)
             mark_stale(self, worker, [](std::vector<std::string>) {});
         },
-        [self, worker, rp, lease_ms](caf::error& err) mutable {
+        [self, worker, rp, lease_ms, waiter](caf::error& err) mutable {
           // The claim may not have been stored: say so rather than hand
           // out the next task (the orchestrator is loaded again and its
           // executable tasks return to the index).
@@ -194,11 +209,30 @@ void try_claim(scheduler_pointer self, std::string worker,
             return;
           }
           // The orchestrator is gone: take the next task.
-          try_claim(self, std::move(worker), std::move(rp), lease_ms);
+          try_claim(self, std::move(worker), std::move(rp), lease_ms,
+                    std::move(waiter));
         });
     return;
   }
-  rp.deliver(task_claim{});
+  if (waiter)
+    wait_again(self, std::move(*waiter));
+  else
+    rp.deliver(task_claim{});
+}
+
+// Hands executable tasks to waiting claims, first come first served: each
+// takes one entry of the index at once, so as many are served as there are
+// tasks.
+void serve_waiting_claims(scheduler_pointer self) {
+  auto& st = self->state;
+  while (!st.waiting_claims.empty() && !st.executable.empty()) {
+    auto w = std::move(st.waiting_claims.front());
+    st.waiting_claims.pop_front();
+    auto worker = w.worker;
+    auto rp = w.promise;
+    auto lease_ms = w.lease_ms;
+    try_claim(self, std::move(worker), std::move(rp), lease_ms, std::move(w));
+  }
 }
 
 // Marks every running task of `worker` stale at its orchestrator. Calls
@@ -321,6 +355,7 @@ void adopt(scheduler_pointer self, records::stored_orchestration orch) {
   // A worker that went down while its orchestration was not loaded.
   for (auto& worker : gone)
     mark_stale(self, worker, [](std::vector<std::string>) {});
+  serve_waiting_claims(self);
 }
 
 // Loads orchestration `ordinal` again from what committed, after its
@@ -560,6 +595,44 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
       try_claim(self, std::move(worker), rp, lease_ms);
       return rp;
     },
+    [self](claim_atom, std::string& worker, uint64_t lease_ms,
+           uint64_t wait_ms) -> caf::result<task_claim> {
+      if (auto err = validate_worker_name(worker))
+        return err;
+      if (lease_ms != 0)
+        if (auto err = validate_lease_ms(lease_ms))
+          return err;
+      if (wait_ms > max_claim_wait_ms)
+        return make_error(errc::invalid_argument,
+                          "a claim waits at most 60 seconds");
+      auto& st = self->state;
+      auto rp = self->make_response_promise<task_claim>();
+      if (wait_ms == 0) {
+        try_claim(self, std::move(worker), rp, lease_ms);
+        return rp;
+      }
+      claim_waiter w{++st.next_waiter, worker, lease_ms, rp,
+                     std::chrono::steady_clock::now()
+                       + std::chrono::milliseconds{wait_ms}};
+      self->delayed_send(self, std::chrono::milliseconds{wait_ms},
+                         claim_wait_atom::value, w.id);
+      if (st.executable.empty() || !st.waiting_claims.empty())
+        st.waiting_claims.push_back(std::move(w));
+      else
+        try_claim(self, std::move(worker), rp, lease_ms, std::move(w));
+      return rp;
+    },
+    [self](claim_wait_atom, uint64_t id) {
+      // The time of waiting claim `id` is up: answered empty, unless it
+      // is being served right now (then it is answered by that claim).
+      auto& waiting = self->state.waiting_claims;
+      auto i = std::find_if(waiting.begin(), waiting.end(),
+                            [id](const claim_waiter& w) { return w.id == id; });
+      if (i == waiting.end())
+        return;
+      i->promise.deliver(task_claim{});
+      waiting.erase(i);
+    },
     [self](heartbeat_atom, const std::string& task, const std::string& token,
            uint64_t lease_ms) -> caf::result<task_claim> {
       if (auto err = validate_lease_ms(lease_ms))
@@ -757,6 +830,7 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
       auto& index = self->state.executable;
       for (auto& id : ready)
         index.insert(d1_key{std::move(id)});
+      serve_waiting_claims(self);
     },
     [self](unready_atom, task_id& id) {
       self->state.executable.erase(d1_key{std::move(id)});

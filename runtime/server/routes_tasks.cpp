@@ -128,21 +128,41 @@ void add_task_routes(router& r) {
            reply(res, 201, {{"id", *id}});
          });
 
-  r.post(R"(/v1/tasks/claim)", "POST /v1/tasks/claim",
-         [&r](const request& req, response& res,
-              request_context& ctx) {
-           auto body = parse_body(req, {"worker", "lease_s"});
-           auto worker = required_string(body, "worker");
-           auto claimed = r.rt().claim_task(worker, lease_length(body));
-           if (!claimed)
-             fail(claimed.error());
-           if (!claimed->claimed) {
-             res.status = 204;
-             return;
-           }
-           ctx.log["task"] = claimed->task.id;
-           reply(res, 200, claim_json(*claimed));
-         });
+  // Asynchronous: a claim that waits for a task (wait_s) holds no thread.
+  r.post_async(
+    R"(/v1/tasks/claim)", "POST /v1/tasks/claim",
+    [&r](std::shared_ptr<async_call> call) {
+      auto body = parse_body(call->req(), {"worker", "lease_s", "wait_s"});
+      auto worker = required_string(body, "worker");
+      auto lease = lease_length(body);
+      std::chrono::milliseconds wait{0};
+      if (auto it = body.find("wait_s"); it != body.end() && !it->is_null()) {
+        if (!it->is_number())
+          throw api_error{400, "malformed", "field 'wait_s' must be a number",
+                          "wait_s"};
+        auto seconds = it->get<double>();
+        if (!(seconds >= 0 && seconds <= 60))
+          throw api_error{400, "invalid_argument",
+                          "wait_s must be between 0 and 60 seconds",
+                          "wait_s"};
+        wait = std::chrono::milliseconds{static_cast<int64_t>(seconds * 1000)};
+      }
+      r.rt().claim_task_async(
+        worker, lease, wait, [call](caf::expected<task_claim> claimed) {
+          if (!claimed) {
+            call->fail(claimed.error());
+            return;
+          }
+          if (!claimed->claimed) {
+            response res;
+            res.status = 204;
+            call->send(std::move(res));
+            return;
+          }
+          call->ctx.log["task"] = claimed->task.id;
+          call->reply(200, claim_json(*claimed));
+        });
+    });
 
   auto finish = [&r](bool complete) {
     return [&r, complete](const request& req, response& res,

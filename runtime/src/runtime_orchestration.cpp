@@ -73,6 +73,36 @@ runtime::claim_task(const std::string& worker,
                             0, length.count())));
 }
 
+void runtime::claim_task_async(
+  const std::string& worker, std::chrono::milliseconds length,
+  std::chrono::milliseconds wait,
+  std::function<void(caf::expected<task_claim>)> done) {
+  auto ms = [](std::chrono::milliseconds x) {
+    return static_cast<uint64_t>(std::max<int64_t>(0, x.count()));
+  };
+  call_async<task_claim>(scheduler_,
+                         options_.default_timeout
+                           + std::chrono::milliseconds{ms(wait)},
+                         std::move(done), claim_atom::value, worker,
+                         ms(length), ms(wait));
+  // Spawning pins this system's logger in a thread-local of the calling
+  // thread (an HTTP loop, say); ~actor_system waits for every such pin.
+  caf::logger::set_current_actor_system(nullptr);
+}
+
+caf::expected<task_claim>
+runtime::claim_task(const std::string& worker,
+                    std::chrono::milliseconds length,
+                    std::chrono::milliseconds wait) {
+  auto ms = [](std::chrono::milliseconds x) {
+    return static_cast<uint64_t>(std::max<int64_t>(0, x.count()));
+  };
+  return call<task_claim>(scheduler_,
+                          options_.default_timeout
+                            + std::chrono::milliseconds{ms(wait)},
+                          claim_atom::value, worker, ms(length), ms(wait));
+}
+
 caf::expected<task_claim>
 runtime::heartbeat_task(const std::string& task, const std::string& lease,
                         std::chrono::milliseconds length) {

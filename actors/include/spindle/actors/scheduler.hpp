@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <set>
 #include <string>
@@ -87,6 +88,17 @@ struct scheduler_state {
   std::unordered_map<std::string, lease_record> leases;
   std::map<task_id, std::string> lease_of;
   uint64_t lease_generation = 0;
+
+  /// Claims waiting for an executable task, in arrival order.
+  struct claim_waiter {
+    uint64_t id = 0;
+    std::string worker;
+    uint64_t lease_ms = 0;
+    caf::typed_response_promise<task_claim> promise;
+    std::chrono::steady_clock::time_point deadline;
+  };
+  std::deque<claim_waiter> waiting_claims;
+  uint64_t next_waiter = 0;
 };
 
 using scheduler_pointer = scheduler_actor::stateful_pointer<scheduler_state>;

@@ -132,6 +132,9 @@ inline constexpr uint64_t default_lease_ms = 30'000;
 inline constexpr uint64_t min_lease_ms = 1'000;
 inline constexpr uint64_t max_lease_ms = 3'600'000;
 
+/// The longest a claim may wait for an executable task (60 s).
+inline constexpr uint64_t max_claim_wait_ms = 60'000;
+
 /// Errors: `invalid_argument` for a lease outside 1 s to 1 h.
 /// This function is thread-safe.
 caf::error validate_lease_ms(uint64_t ms);
@@ -232,6 +235,12 @@ caf::error validate_worker_name(std::string_view name);
 ///   a leased task. A token that expired, was taken over by a later claim
 ///   or names another task is `lease_lost`, and nothing changes; so is
 ///   finishing a leased task without its token.
+/// - `(claim, worker, lease_ms, wait_ms)`: the leased claim, waiting up to
+///   `wait_ms` (at most 60 s) for a task to become executable when none
+///   is: waiting claims are served in arrival order as tasks become
+///   executable (a child completed, a subtask created, a task requeued),
+///   and answered `claimed = false` when the time is up. A waiting claim
+///   is a response promise: it holds no thread.
 /// - `(complete, task, result)`, `(fail, task, reason)`: running -> completed
 ///   or failed. `(requeue, task)`: stale or failed -> pending.
 ///   Errors: invalid_id, not_found, conflict (wrong state).
@@ -258,6 +267,8 @@ using scheduler_actor = caf::typed_actor<
                   std::vector<std::string>>::with<std::vector<std::string>>,
   caf::replies_to<claim_atom, std::string>::with<task_claim>,
   caf::replies_to<claim_atom, std::string, uint64_t>::with<task_claim>,
+  caf::replies_to<claim_atom, std::string, uint64_t, uint64_t>::with<
+    task_claim>,
   caf::replies_to<heartbeat_atom, std::string, std::string,
                   uint64_t>::with<task_claim>,
   caf::replies_to<complete_atom, std::string, std::string>::with<task_info>,
@@ -280,7 +291,8 @@ using scheduler_actor = caf::typed_actor<
   caf::replies_to<stats_atom>::with<task_counts>,
   caf::reacts_to<ready_atom, std::vector<task_id>>,
   caf::reacts_to<unready_atom, task_id>,
-  caf::reacts_to<lease_atom, std::string, uint64_t>>;
+  caf::reacts_to<lease_atom, std::string, uint64_t>,
+  caf::reacts_to<claim_wait_atom, uint64_t>>;
 
 /// An orchestrator: one per orchestration, spawned by the scheduler. It owns
 /// its subtree: each task's state, payload, outcome, worker, children and

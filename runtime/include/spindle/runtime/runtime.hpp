@@ -455,6 +455,18 @@ public:
   caf::expected<task_claim> claim_task(const std::string& worker,
                                        std::chrono::milliseconds length);
 
+  /// The leased claim (`length` 0: none), waiting up to `wait` (at most
+  /// 60 s) for a task to become executable when none is; `claimed` is
+  /// false when the time is up. Waiting claims are served in arrival
+  /// order and hold no thread. `done` runs once on a runtime thread.
+  void claim_task_async(const std::string& worker,
+                        std::chrono::milliseconds length,
+                        std::chrono::milliseconds wait,
+                        std::function<void(caf::expected<task_claim>)> done);
+  caf::expected<task_claim> claim_task(const std::string& worker,
+                                       std::chrono::milliseconds length,
+                                       std::chrono::milliseconds wait);
+
   /// Extends the lease `lease` of `task` to `length` from now. Errors:
   /// lease_lost (expired, taken over, another task's, or none given),
   /// invalid_argument, invalid_id, not_found.
