@@ -616,10 +616,9 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
                        + std::chrono::milliseconds{wait_ms}};
       self->delayed_send(self, std::chrono::milliseconds{wait_ms},
                          claim_wait_atom::value, w.id);
-      if (st.executable.empty() || !st.waiting_claims.empty())
-        st.waiting_claims.push_back(std::move(w));
-      else
-        try_claim(self, std::move(worker), rp, lease_ms, std::move(w));
+      // In line behind earlier claims; served at once if tasks wait.
+      st.waiting_claims.push_back(std::move(w));
+      serve_waiting_claims(self);
       return rp;
     },
     [self](claim_wait_atom, uint64_t id) {

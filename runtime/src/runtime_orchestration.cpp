@@ -64,22 +64,26 @@ caf::expected<task_info> runtime::fail_task(const std::string& task,
                          fail_atom::value, task, std::move(reason));
 }
 
+namespace {
+
+// A length as the scheduler's protocol carries it (negative: 0).
+uint64_t ms(std::chrono::milliseconds x) {
+  return static_cast<uint64_t>(std::max<int64_t>(0, x.count()));
+}
+
+} // namespace
+
 caf::expected<task_claim>
 runtime::claim_task(const std::string& worker,
                     std::chrono::milliseconds length) {
   return call<task_claim>(scheduler_, options_.default_timeout,
-                          claim_atom::value, worker,
-                          static_cast<uint64_t>(std::max<int64_t>(
-                            0, length.count())));
+                          claim_atom::value, worker, ms(length));
 }
 
 void runtime::claim_task_async(
   const std::string& worker, std::chrono::milliseconds length,
   std::chrono::milliseconds wait,
   std::function<void(caf::expected<task_claim>)> done) {
-  auto ms = [](std::chrono::milliseconds x) {
-    return static_cast<uint64_t>(std::max<int64_t>(0, x.count()));
-  };
   call_async<task_claim>(scheduler_,
                          options_.default_timeout
                            + std::chrono::milliseconds{ms(wait)},
@@ -94,9 +98,6 @@ caf::expected<task_claim>
 runtime::claim_task(const std::string& worker,
                     std::chrono::milliseconds length,
                     std::chrono::milliseconds wait) {
-  auto ms = [](std::chrono::milliseconds x) {
-    return static_cast<uint64_t>(std::max<int64_t>(0, x.count()));
-  };
   return call<task_claim>(scheduler_,
                           options_.default_timeout
                             + std::chrono::milliseconds{ms(wait)},
@@ -107,9 +108,7 @@ caf::expected<task_claim>
 runtime::heartbeat_task(const std::string& task, const std::string& lease,
                         std::chrono::milliseconds length) {
   return call<task_claim>(scheduler_, options_.default_timeout,
-                          heartbeat_atom::value, task, lease,
-                          static_cast<uint64_t>(std::max<int64_t>(
-                            0, length.count())));
+                          heartbeat_atom::value, task, lease, ms(length));
 }
 
 caf::expected<task_info> runtime::complete_task(const std::string& task,
