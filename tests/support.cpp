@@ -407,4 +407,164 @@ bool send_all(int fd, const std::string& data) {
   return true;
 }
 
+std::pair<int, nlohmann::json> post_json(httplib::Client& cli,
+                                         const std::string& path,
+                                         const nlohmann::json& body) {
+  auto r = cli.Post(path, body.dump(), "application/json");
+  if (!r)
+    throw std::runtime_error("POST " + path + ": no reply");
+  return {r->status, r->body.empty() ? nlohmann::json{}
+                                     : nlohmann::json::parse(r->body, nullptr,
+                                                             false)};
+}
+
+std::pair<int, nlohmann::json> get_json(httplib::Client& cli,
+                                        const std::string& path) {
+  auto r = cli.Get(path);
+  if (!r)
+    throw std::runtime_error("GET " + path + ": no reply");
+  return {r->status, r->body.empty() ? nlohmann::json{}
+                                     : nlohmann::json::parse(r->body, nullptr,
+                                                             false)};
+}
+
+// -- event streams --------------------------------------------------------------
+
+sse_client::sse_client(int port, const std::string& target,
+                       const std::map<std::string, std::string>& headers) {
+  fd_ = connect_to(port);
+  if (fd_ < 0)
+    throw std::runtime_error("cannot connect to port " + std::to_string(port));
+  std::string req = "GET " + target + " HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    "Accept: text/event-stream\r\n";
+  for (auto& [name, value] : headers)
+    req += name + ": " + value + "\r\n";
+  req += "\r\n";
+  if (!send_all(fd_, req))
+    throw std::runtime_error("cannot send the event stream request");
+}
+
+sse_client::~sse_client() {
+  close();
+}
+
+void sse_client::close() {
+  if (fd_ >= 0)
+    ::close(fd_);
+  fd_ = -1;
+  closed_ = true;
+}
+
+bool sse_client::read_some(int timeout_ms) {
+  if (fd_ < 0)
+    return false;
+  pollfd p{fd_, POLLIN, 0};
+  if (::poll(&p, 1, timeout_ms) <= 0)
+    return true;
+  char buf[65536];
+  auto n = ::recv(fd_, buf, sizeof buf, MSG_DONTWAIT);
+  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+    close();
+    return false;
+  }
+  if (n > 0)
+    feed(buf, static_cast<size_t>(n));
+  return true;
+}
+
+bool sse_client::wait_for(size_t n, std::chrono::milliseconds timeout) {
+  auto until = std::chrono::steady_clock::now() + timeout;
+  while (events_.size() < n && !closed_
+         && std::chrono::steady_clock::now() < until)
+    read_some(20);
+  return events_.size() >= n;
+}
+
+int sse_client::wait_status(std::chrono::milliseconds timeout) {
+  auto until = std::chrono::steady_clock::now() + timeout;
+  while (status_ == 0 && !closed_ && std::chrono::steady_clock::now() < until)
+    read_some(20);
+  // A reply that is not a stream: read it to its end.
+  while (status_ != 0 && status_ != 200 && !closed_
+         && std::chrono::steady_clock::now() < until
+         && body_.find('}') == std::string::npos)
+    read_some(20);
+  return status_;
+}
+
+void sse_client::feed(const char* data, size_t n) {
+  if (status_ == 0) {
+    head_.append(data, n);
+    auto end = head_.find("\r\n\r\n");
+    if (end == std::string::npos)
+      return;
+    auto space = head_.find(' ');
+    status_ = std::atoi(head_.c_str() + space + 1);
+    auto lower = head_.substr(0, end);
+    std::transform(lower.begin(), lower.end(), lower.begin(),
+                   [](unsigned char c) { return std::tolower(c); });
+    chunked_ = lower.find("transfer-encoding: chunked") != std::string::npos;
+    raw_ = head_.substr(end + 4);
+    head_.clear();
+  } else {
+    raw_.append(data, n);
+  }
+  if (!chunked_) {
+    body_ += raw_;
+    text_ += raw_;
+    raw_.clear();
+  } else {
+    for (;;) {
+      auto line = raw_.find("\r\n");
+      if (line == std::string::npos)
+        break;
+      auto size = std::strtoul(raw_.c_str(), nullptr, 16);
+      if (raw_.size() < line + 2 + size + 2)
+        break;
+      auto chunk = raw_.substr(line + 2, size);
+      body_ += chunk;
+      text_ += chunk;
+      raw_.erase(0, line + 2 + size + 2);
+      if (size == 0) {
+        close();
+        break;
+      }
+    }
+  }
+  if (status_ == 200)
+    parse_events();
+}
+
+void sse_client::parse_events() {
+  for (;;) {
+    auto end = text_.find("\n\n");
+    if (end == std::string::npos)
+      return;
+    auto frame = text_.substr(0, end);
+    text_.erase(0, end + 2);
+    sse_event e;
+    std::string data;
+    bool any = false;
+    std::istringstream in{frame};
+    std::string line;
+    while (std::getline(in, line)) {
+      if (line.rfind("id: ", 0) == 0) {
+        e.id = line.substr(4);
+        any = true;
+      } else if (line.rfind("event: ", 0) == 0) {
+        e.type = line.substr(7);
+        any = true;
+      } else if (line.rfind("data: ", 0) == 0) {
+        data += line.substr(6);
+        any = true;
+      }
+    }
+    if (!any || e.type.empty())
+      continue; // a comment (keep-alive) or the retry hint
+    e.data = data.empty() ? nlohmann::json{}
+                          : nlohmann::json::parse(data, nullptr, false);
+    events_.push_back(std::move(e));
+  }
+}
+
 } // namespace spindle::test

@@ -17,6 +17,10 @@
 
 #include <sys/types.h>
 
+namespace httplib {
+class Client;
+} // namespace httplib
+
 namespace spindle::test {
 
 /// A fresh directory under the system's temp dir, removed on destruction.
@@ -208,5 +212,79 @@ struct fd_guard {
 
 /// Sends all of `data`; false if the connection failed.
 bool send_all(int fd, const std::string& data);
+
+/// POSTs `body` as JSON to `path`; the status and the parsed reply (null
+/// for an empty one). Fails the test when no reply came.
+std::pair<int, nlohmann::json> post_json(httplib::Client& cli,
+                                         const std::string& path,
+                                         const nlohmann::json& body);
+/// GETs `path`; the status and the parsed reply.
+std::pair<int, nlohmann::json> get_json(httplib::Client& cli,
+                                        const std::string& path);
+
+// -- event streams --------------------------------------------------------------
+
+/// One event of a text/event-stream.
+struct sse_event {
+  std::string id;
+  std::string type;
+  nlohmann::json data;
+};
+
+/// A client of `GET target` on a loopback server that answers with a
+/// text/event-stream (chunked): it parses the reply's head, then the
+/// chunks, then the events. Reading is explicit, so one thread can drive
+/// hundreds of them with poll().
+class sse_client {
+public:
+  sse_client(int port, const std::string& target,
+             const std::map<std::string, std::string>& headers = {});
+  ~sse_client();
+  sse_client(const sse_client&) = delete;
+  sse_client& operator=(const sse_client&) = delete;
+
+  int fd() const noexcept {
+    return fd_;
+  }
+  /// The reply's status; 0 until its head arrived.
+  int status() const noexcept {
+    return status_;
+  }
+  /// The body of a reply that is not a stream, once it ended.
+  const std::string& body() const noexcept {
+    return body_;
+  }
+  /// True once the server closed the connection.
+  bool closed() const noexcept {
+    return closed_;
+  }
+  const std::vector<sse_event>& events() const noexcept {
+    return events_;
+  }
+  /// Reads what has arrived (waiting at most `timeout_ms` for it); false
+  /// once the connection is closed.
+  bool read_some(int timeout_ms = 0);
+  /// Reads until `n` events arrived, the connection closed, or `timeout`
+  /// passed; true if `n` arrived.
+  bool wait_for(size_t n, std::chrono::milliseconds timeout);
+  /// Reads until the reply's head arrived; its status.
+  int wait_status(std::chrono::milliseconds timeout);
+  /// Closes the connection.
+  void close();
+
+private:
+  void feed(const char* data, size_t n);
+  void parse_events();
+
+  int fd_ = -1;
+  int status_ = 0;
+  bool closed_ = false;
+  bool chunked_ = false;
+  std::string head_;
+  std::string raw_;     // body bytes not decoded yet (chunked framing)
+  std::string text_;    // decoded stream text not parsed into events yet
+  std::string body_;
+  std::vector<sse_event> events_;
+};
 
 } // namespace spindle::test

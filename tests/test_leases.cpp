@@ -249,10 +249,7 @@ TEST_CASE("leases: over HTTP a claim carries its lease and heartbeats "
   test::server_process srv;
   httplib::Client cli{"127.0.0.1", srv.port()};
   auto post = [&](const std::string& path, const json& body) {
-    auto r = cli.Post(path, body.dump(), "application/json");
-    REQUIRE(r);
-    return std::make_pair(r->status,
-                          r->body.empty() ? json{} : json::parse(r->body));
+    return test::post_json(cli, path, body);
   };
   REQUIRE(post("/v1/orchestrations", {{"payload", "a"}}).first == 201);
   for (auto bad : {json{{"worker", "w"}, {"lease_s", 0}},

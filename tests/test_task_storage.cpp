@@ -633,7 +633,9 @@ TEST_CASE("task records: rows decode into orchestrations by value with "
     return std::vector<sql_value>{
       sql_value::of(std::move(id)), sql_value::of(static_cast<int64_t>(s)),
       sql_value::of(std::move(payload)), sql_value::of(std::string{}),
-      sql_value::of(std::string{})};
+      sql_value::of(std::string{}), sql_value::of(int64_t{0}),
+      sql_value::of(int64_t{1}), sql_value::of(int64_t{0}),
+      sql_value::of(int64_t{0})};
   };
   // Stored order is by string: 0001_t10 before 0001_t9, A000 before 9999.
   sql_rows rows{row("A000", task_state::pending, "a"),
@@ -654,7 +656,7 @@ TEST_CASE("task records: rows decode into orchestrations by value with "
   CHECK(ids
         == std::vector<std::string>{"0001", "0001_t9", "0001_t9.1",
                                     "0001_t10"});
-  auto ready = records::executable_tasks((*decoded)[0]);
+  auto ready = records::executable_tasks((*decoded)[0], 0);
   REQUIRE(ready.size() == 1);
   CHECK(ready.front().to_string() == "0001_t9");
   auto counts = records::count_states((*decoded)[0]);

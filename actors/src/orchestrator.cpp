@@ -5,6 +5,7 @@
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
 
+#include "spindle/messages/clock.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/hybrid36.hpp"
 
@@ -31,6 +32,10 @@ task_info info_of(const task_id& id, const record& r) {
   out.children.reserve(r.children.size());
   for (auto n : r.children)
     out.children.push_back(id.child(n).to_string());
+  out.attempts = r.attempts;
+  out.max_attempts = r.retry.max_attempts;
+  out.backoff_ms = r.retry.backoff_ms;
+  out.retry_at_ms = r.retry_at_ms;
   return out;
 }
 
@@ -55,8 +60,11 @@ std::string reason_of(const caf::error& err) {
   return describe(err);
 }
 
+// A retry waiting out its backoff is not executable until its timer says so
+// (`retry_at_ms` is then 0).
 bool executable(const record& r) {
-  return r.state == task_state::pending && r.incomplete == 0;
+  return r.state == task_state::pending && r.incomplete == 0
+         && r.retry_at_ms == 0;
 }
 
 // Announces `id` to the scheduler if it just became executable.
@@ -95,6 +103,7 @@ void write_failed(orchestrator_pointer self, const caf::error& err) {
   st.in_flight.clear();
   st.next_acks.clear();
   st.next_write.clear();
+  st.next_events.clear(); // never happened
   for (auto& ack : in_flight)
     ack(e);
   for (auto& ack : next)
@@ -120,7 +129,13 @@ void flush(orchestrator_pointer self) {
   st.next_acks.clear();
   auto write = std::move(st.next_write);
   st.next_write.clear();
-  self->request(st.store, st.timeout, store_atom::value, std::move(write))
+  // The events go out in the store, right after the commit: in commit
+  // order with every other writer's.
+  auto hook = publish_on_commit(st.events, std::move(st.next_events));
+  st.next_events.clear();
+  self
+    ->request(st.store, st.timeout, store_atom::value, std::move(write),
+              std::move(hook))
     .then(
       [self](uint64_t) {
         auto& s = self->state;
@@ -179,12 +194,70 @@ sql_write stored_state(const orchestrator_state& st, const task_id& id,
                        const record& r) {
   if (!st.store)
     return {};
-  return {records::update_task(id, r.state, r.outcome, r.worker)};
+  return {records::update_task(id, r.state, r.outcome, r.worker, r.attempts,
+                               r.retry_at_ms)};
 }
 
-// Running by `worker` -> stale, keeping `outcome` (why); otherwise the
-// task is left alone: only the worker that holds it can lose it, and a
-// completion that beat the news of the worker's death stands.
+// Publishes the event of a change: with the write holding the change, or
+// at once without a store.
+void emit(orchestrator_pointer self, event e) {
+  auto& st = self->state;
+  if (!st.events)
+    return;
+  if (!st.store)
+    st.events->publish({std::move(e)});
+  else
+    st.next_events.push_back(std::move(e));
+}
+
+void emit(orchestrator_pointer self, const char* type, const task_id& id,
+          const record& r, const std::string& extra = {}) {
+  if (self->state.events)
+    emit(self, task_event(type, info_of(id, r), extra));
+}
+
+// Announces `id` once its backoff is over (`retry` timer), or at once.
+void schedule_retry(orchestrator_pointer self, const task_id& id,
+                    const record& r) {
+  if (r.retry_at_ms == 0) {
+    announce_if_executable(self, id, r);
+    return;
+  }
+  auto left = std::max<int64_t>(r.retry_at_ms - unix_time_ms(), 0);
+  self->delayed_send(self, std::chrono::milliseconds{left}, retry_atom::value,
+                     id);
+}
+
+// Running task `id` lost its attempt (it failed, or its worker is gone):
+// pending again after its backoff when it has attempts left (a `retried`
+// event follows `type`'s), else `to`. Returns the statement to store.
+sql_write end_attempt(orchestrator_pointer self, const task_id& id, record& r,
+                      task_state to, std::string outcome, const char* type,
+                      const std::string& extra = {}) {
+  auto& st = self->state;
+  r.outcome = std::move(outcome);
+  if (r.attempts >= r.retry.max_attempts) {
+    set_state(st, r, to);
+    emit(self, type, id, r, extra);
+    return stored_state(st, id, r);
+  }
+  set_state(st, r, task_state::pending);
+  auto delay = retry_delay_ms(r.retry.backoff_ms, r.attempts);
+  r.retry_at_ms = delay == 0 ? 0
+                             : unix_time_ms() + static_cast<int64_t>(delay);
+  // The cause first (a lease that expired), then the retry; a plain
+  // failure is only a retry.
+  if (to == task_state::stale)
+    emit(self, type, id, r, extra);
+  emit(self, "task.retried", id, r);
+  auto write = stored_state(st, id, r);
+  schedule_retry(self, id, r);
+  return write;
+}
+
+// Running by `worker` -> stale (or retried), keeping `outcome` (why);
+// otherwise the task is left alone: only the worker that holds it can lose
+// it, and a completion that beat the news of the worker's death stands.
 caf::result<task_info> make_stale(orchestrator_pointer self, const task_id& id,
                                   const std::string& worker,
                                   std::string outcome) {
@@ -194,9 +267,12 @@ caf::result<task_info> make_stale(orchestrator_pointer self, const task_id& id,
     return unknown(id);
   sql_write write;
   if (i->second.state == task_state::running && i->second.worker == worker) {
-    set_state(st, i->second, task_state::stale);
-    i->second.outcome = std::move(outcome);
-    write = stored_state(st, id, i->second);
+    // A lease's expiry says so in its outcome.
+    auto type = outcome.rfind("{\"lease_expired_at\"", 0) == 0
+                  ? "task.lease_expired"
+                  : "task.stale";
+    write = end_attempt(self, id, i->second, task_state::stale,
+                        std::move(outcome), type);
   }
   return reply_after_commit(self, std::move(write), info_of(id, i->second));
 }
@@ -218,8 +294,10 @@ orchestrator_state::~orchestrator_state() {
 orchestrator_actor::behavior_type
 orchestrator(orchestrator_pointer self, records::stored_orchestration initial,
              scheduler_actor scheduler, id_allocator_actor ids,
-             storage_actor store, std::chrono::milliseconds timeout) {
+             storage_actor store, std::chrono::milliseconds timeout,
+             std::shared_ptr<event_log> events) {
   auto& init = self->state;
+  init.events = std::move(events);
   init.root = initial.root;
   init.scheduler = std::move(scheduler);
   init.ids = std::move(ids);
@@ -233,6 +311,9 @@ orchestrator(orchestrator_pointer self, records::stored_orchestration initial,
     r.payload = std::move(t.payload);
     r.outcome = std::move(t.outcome);
     r.worker = std::move(t.worker);
+    r.attempts = t.attempts;
+    r.retry = t.retry;
+    r.retry_at_ms = t.state == task_state::pending ? t.retry_at_ms : 0;
     ++init.counts.of(r.state);
     if (auto parent = t.id.parent()) {
       auto& p = init.tasks[*parent];
@@ -242,10 +323,21 @@ orchestrator(orchestrator_pointer self, records::stored_orchestration initial,
     }
   }
   init.counts.orchestrations = 1;
+  // Retries still in their backoff are announced when it ends; the rest
+  // are due (the scheduler indexed them: records::executable_tasks).
+  auto now = unix_time_ms();
+  for (auto& [id, r] : init.tasks) {
+    if (r.retry_at_ms != 0 && r.retry_at_ms <= now)
+      r.retry_at_ms = 0;
+    if (r.retry_at_ms != 0)
+      schedule_retry(self, id, r);
+  }
   return {
     [self](caf::spawn_atom, const task_id& parent,
-           std::vector<std::string>& payloads)
-      -> caf::result<std::vector<std::string>> {
+           std::vector<std::string>& payloads,
+           task_retry retry) -> caf::result<std::vector<std::string>> {
+      if (auto err = validate_retry(retry))
+        return err;
       auto& tasks = self->state.tasks;
       auto i = tasks.find(parent);
       if (i == tasks.end())
@@ -268,7 +360,7 @@ orchestrator(orchestrator_pointer self, records::stored_orchestration initial,
         ->request(self->state.ids, self->state.timeout, next_atom::value,
                   parent.to_string(), count)
         .then(
-          [self, rp, parent,
+          [self, rp, parent, retry,
            payloads = std::move(payloads)](id_range& range) mutable {
             auto& st = self->state;
             auto& all = st.tasks;
@@ -292,10 +384,13 @@ orchestrator(orchestrator_pointer self, records::stored_orchestration initial,
               auto n = range.first + k;
               auto child = parent.child(n);
               if (st.store)
-                write.push_back(records::insert_task(child, payloads[k]));
+                write.push_back(
+                  records::insert_task(child, payloads[k], retry));
               auto& r = all[child];
               r.payload = std::move(payloads[k]);
+              r.retry = retry;
               ++st.counts.pending;
+              emit(self, "task.created", child, r);
               out.push_back(child.to_string());
               ready.push_back(std::move(child));
               p->second.children.push_back(n); // map inserts keep `p` valid
@@ -324,6 +419,8 @@ orchestrator(orchestrator_pointer self, records::stored_orchestration initial,
         return task_claim{};
       set_state(st, i->second, task_state::running);
       i->second.worker = std::move(worker);
+      ++i->second.attempts;
+      emit(self, "task.claimed", id, i->second);
       return reply_after_commit(self, stored_state(st, id, i->second),
                                 task_claim{true, info_of(id, i->second)});
     },
@@ -337,6 +434,7 @@ orchestrator(orchestrator_pointer self, records::stored_orchestration initial,
         return wrong_state(id, i->second, "running");
       set_state(st, i->second, task_state::completed);
       i->second.outcome = std::move(result);
+      emit(self, "task.completed", id, i->second);
       if (auto parent = id.parent()) {
         auto p = st.tasks.find(*parent);
         if (p != st.tasks.end() && p->second.incomplete > 0) {
@@ -355,9 +453,9 @@ orchestrator(orchestrator_pointer self, records::stored_orchestration initial,
         return unknown(id);
       if (i->second.state != task_state::running)
         return wrong_state(id, i->second, "running");
-      set_state(st, i->second, task_state::failed);
-      i->second.outcome = std::move(reason);
-      return reply_after_commit(self, stored_state(st, id, i->second),
+      auto write = end_attempt(self, id, i->second, task_state::failed,
+                               std::move(reason), "task.failed");
+      return reply_after_commit(self, std::move(write),
                                 info_of(id, i->second));
     },
     [self](requeue_atom, const task_id& id) -> caf::result<task_info> {
@@ -370,6 +468,7 @@ orchestrator(orchestrator_pointer self, records::stored_orchestration initial,
         return wrong_state(id, i->second, "stale or failed");
       set_state(st, i->second, task_state::pending);
       i->second.outcome.clear();
+      emit(self, "task.requeued", id, i->second);
       announce_if_executable(self, id, i->second);
       return reply_after_commit(self, stored_state(st, id, i->second),
                                 info_of(id, i->second));
@@ -401,6 +500,21 @@ orchestrator(orchestrator_pointer self, records::stored_orchestration initial,
     },
     [self](stats_atom) -> caf::result<task_counts> {
       return self->state.counts;
+    },
+    [self](retry_atom, const task_id& id) {
+      // The backoff is over: the task is due (what is stored says so
+      // already: its retry time has passed).
+      auto i = self->state.tasks.find(id);
+      if (i == self->state.tasks.end()
+          || i->second.state != task_state::pending
+          || i->second.retry_at_ms == 0)
+        return;
+      if (i->second.retry_at_ms > unix_time_ms()) {
+        schedule_retry(self, id, i->second); // an early timer
+        return;
+      }
+      i->second.retry_at_ms = 0;
+      announce_if_executable(self, id, i->second);
     },
   };
 }

@@ -11,6 +11,7 @@
 
 #include "spindle/actors/orchestrator.hpp"
 #include "spindle/actors/task_records.hpp"
+#include "spindle/messages/clock.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/threads.hpp"
 
@@ -337,7 +338,7 @@ caf::result<task_info> finish(scheduler_pointer self, Atom atom,
 void adopt(scheduler_pointer self, records::stored_orchestration orch) {
   auto& st = self->state;
   auto ordinal = orch.root.orchestration;
-  for (auto& id : records::executable_tasks(orch))
+  for (auto& id : records::executable_tasks(orch, unix_time_ms()))
     st.executable.insert(d1_key{std::move(id)});
   std::set<std::string> gone;
   for (auto& t : orch.tasks)
@@ -348,7 +349,7 @@ void adopt(scheduler_pointer self, records::stored_orchestration orch) {
     }
   auto handle = self->spawn(orchestrator, std::move(orch),
                             caf::actor_cast<scheduler_actor>(self), st.ids,
-                            st.store, st.options.timeout);
+                            st.store, st.options.timeout, st.options.events);
   self->monitor(handle);
   st.orchestrators.emplace(ordinal, handle);
   st.orchestrator_of.emplace(handle.address(), ordinal);
@@ -428,7 +429,8 @@ void restore_all(scheduler_pointer self,
   if (made_stale.size() > 10)
     named += ", ...";
   spdlog::warn("orchestration: {} tasks were running under the previous "
-               "process and are now stale (their workers are gone): {}",
+               "process and are now stale, or pending again when they have "
+               "attempts left (their workers are gone): {}",
                made_stale.size(), named);
 }
 
@@ -458,16 +460,21 @@ void restore(scheduler_pointer self) {
           restore_all(self, *all, running);
           return;
         }
+        // Each loses its attempt: retried when it has attempts left.
+        auto now = unix_time_ms();
+        sql_write write;
+        for (auto& orch : *all)
+          for (auto& t : orch.tasks)
+            if (t.state == task_state::running) {
+              records::lose_worker(t, {}, now);
+              write.push_back(records::update_task(t));
+            }
         auto& s = self->state;
         self
           ->request(s.store, s.options.timeout, store_atom::value,
-                    sql_write{records::stale_running_tasks()})
+                    std::move(write))
           .await(
             [self, all, running](uint64_t) {
-              for (auto& orch : *all)
-                for (auto& t : orch.tasks)
-                  if (t.state == task_state::running)
-                    t.state = task_state::stale;
               restore_all(self, *all, running);
             },
             [self](caf::error& err) { restore_failed(self, err); });
@@ -532,31 +539,52 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
   return {
     [self](orchestrate_atom,
            std::string& payload) -> caf::result<std::string> {
+      return self->delegate(caf::actor_cast<scheduler_actor>(self),
+                            orchestrate_atom::value, std::move(payload),
+                            task_retry{});
+    },
+    [self](orchestrate_atom, std::string& payload,
+           task_retry retry) -> caf::result<std::string> {
+      if (auto err = validate_retry(retry))
+        return err;
       auto rp = self->make_response_promise<std::string>();
       self
         ->request(self->state.ids, self->state.options.timeout,
                   next_atom::value,
                   std::string{counter_keys::orchestration}, uint64_t{1})
         .then(
-          [self, rp, payload = std::move(payload)](id_range& range) mutable {
+          [self, rp, retry,
+           payload = std::move(payload)](id_range& range) mutable {
             task_id root{range.first, {}};
             auto& st = self->state;
+            std::vector<event> created;
+            if (st.options.events) {
+              task_info t;
+              t.id = root.to_string();
+              t.max_attempts = retry.max_attempts;
+              created.push_back(task_event("task.created", t));
+            }
             if (!st.store) {
-              adopt(self, records::new_orchestration(root, std::move(payload)));
+              if (st.options.events)
+                st.options.events->publish(std::move(created));
+              adopt(self, records::new_orchestration(root, std::move(payload),
+                                                     retry));
               rp.deliver(root.to_string());
               return;
             }
             // The orchestration exists once its row committed; a failed
             // write skips the ID (gaps are allowed, reuse is not).
-            auto write = sql_write{records::insert_task(root, payload)};
+            auto write = sql_write{records::insert_task(root, payload, retry)};
             self
               ->request(st.store, st.options.timeout, store_atom::value,
-                        std::move(write))
+                        std::move(write),
+                        publish_on_commit(st.options.events,
+                                          std::move(created)))
               .then(
-                [self, rp, root,
+                [self, rp, root, retry,
                  payload = std::move(payload)](uint64_t) mutable {
-                  adopt(self,
-                        records::new_orchestration(root, std::move(payload)));
+                  adopt(self, records::new_orchestration(
+                                root, std::move(payload), retry));
                   rp.deliver(root.to_string());
                 },
                 [rp, root](caf::error& err) mutable {
@@ -576,7 +604,18 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
       if (!target)
         return target.error();
       return self->delegate(target->second, caf::spawn_atom::value,
-                            std::move(target->first), std::move(payloads));
+                            std::move(target->first), std::move(payloads),
+                            task_retry{});
+    },
+    [self](caf::spawn_atom, const std::string& parent,
+           std::vector<std::string>& payloads,
+           task_retry retry) -> caf::result<std::vector<std::string>> {
+      auto target = route(self, parent);
+      if (!target)
+        return target.error();
+      return self->delegate(target->second, caf::spawn_atom::value,
+                            std::move(target->first), std::move(payloads),
+                            retry);
     },
     [self](claim_atom, std::string& worker) -> caf::result<task_claim> {
       if (auto err = validate_worker_name(worker))

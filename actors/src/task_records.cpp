@@ -26,21 +26,25 @@ size_t find(const std::vector<stored_task>& tasks, const task_id& id) {
 
 // The columns every load selects, in this order.
 constexpr const char* task_columns = "SELECT id, state, payload, outcome, "
-                                     "worker FROM tasks";
+                                     "worker, attempts, max_attempts, "
+                                     "backoff_ms, retry_at FROM tasks";
 
 } // namespace
 
-stored_orchestration new_orchestration(task_id root, std::string payload) {
+stored_orchestration new_orchestration(task_id root, std::string payload,
+                                       task_retry retry) {
   stored_orchestration out;
   out.root = root;
   stored_task t;
   t.id = std::move(root);
   t.payload = std::move(payload);
+  t.retry = retry;
   out.tasks.push_back(std::move(t));
   return out;
 }
 
-std::vector<task_id> executable_tasks(const stored_orchestration& x) {
+std::vector<task_id> executable_tasks(const stored_orchestration& x,
+                                      int64_t now_ms) {
   auto& tasks = x.tasks;
   std::vector<uint64_t> incomplete(tasks.size(), 0);
   for (auto& t : tasks) {
@@ -54,9 +58,23 @@ std::vector<task_id> executable_tasks(const stored_orchestration& x) {
   }
   std::vector<task_id> out;
   for (size_t i = 0; i < tasks.size(); ++i)
-    if (tasks[i].state == task_state::pending && incomplete[i] == 0)
+    if (tasks[i].state == task_state::pending && incomplete[i] == 0
+        && tasks[i].retry_at_ms <= now_ms)
       out.push_back(tasks[i].id);
   return out;
+}
+
+bool lose_worker(stored_task& t, std::string why, int64_t now_ms) {
+  t.outcome = std::move(why);
+  if (t.attempts >= t.retry.max_attempts) {
+    t.state = task_state::stale;
+    return false;
+  }
+  t.state = task_state::pending;
+  t.retry_at_ms = now_ms
+                  + static_cast<int64_t>(
+                    retry_delay_ms(t.retry.backoff_ms, t.attempts));
+  return true;
 }
 
 task_counts count_states(const stored_orchestration& x) {
@@ -82,7 +100,8 @@ decode_tasks(const sql_rows& rows) {
   all.reserve(rows.size());
   for (auto& row : rows) {
     if (!is_text(row, 0) || !is_int(row, 1) || !is_text(row, 2)
-        || !is_text(row, 3) || !is_text(row, 4))
+        || !is_text(row, 3) || !is_text(row, 4) || !is_int(row, 5)
+        || !is_int(row, 6) || !is_int(row, 7) || !is_int(row, 8))
       return unreadable("a task row");
     auto id = task_id::parse(row[0].text);
     if (!id)
@@ -97,6 +116,12 @@ decode_tasks(const sql_rows& rows) {
     t.payload = row[2].text;
     t.outcome = row[3].text;
     t.worker = row[4].text;
+    t.attempts = static_cast<uint32_t>(std::max<int64_t>(row[5].integer, 0));
+    t.retry.max_attempts = static_cast<uint32_t>(
+      std::clamp<int64_t>(row[6].integer, 1, max_task_attempts));
+    t.retry.backoff_ms = static_cast<uint64_t>(
+      std::clamp<int64_t>(row[7].integer, 0, max_backoff_ms));
+    t.retry_at_ms = row[8].integer;
     all.push_back(std::move(t));
   }
   // By value: orchestrations one after the other, each in preorder with its
@@ -121,30 +146,34 @@ decode_tasks(const sql_rows& rows) {
   return out;
 }
 
-sql_statement insert_task(const task_id& id, const std::string& payload) {
+sql_statement insert_task(const task_id& id, const std::string& payload,
+                          const task_retry& retry) {
   std::string parent;
   if (auto p = id.parent())
     parent = p->to_string();
   return make_sql("INSERT INTO tasks(id, orchestration, parent, state, "
-                  "payload) VALUES(?1, ?2, ?3, ?4, ?5);",
+                  "payload, max_attempts, backoff_ms) "
+                  "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7);",
                   id.to_string(), task_id{id.orchestration, {}}.to_string(),
                   std::move(parent),
-                  static_cast<int64_t>(task_state::pending), payload);
+                  static_cast<int64_t>(task_state::pending), payload,
+                  static_cast<int64_t>(retry.max_attempts),
+                  static_cast<int64_t>(retry.backoff_ms));
 }
 
 sql_statement update_task(const task_id& id, task_state state,
                           const std::string& outcome,
-                          const std::string& worker) {
-  return make_sql("UPDATE tasks SET state = ?2, outcome = ?3, worker = ?4 "
-                  "WHERE id = ?1;",
+                          const std::string& worker, uint32_t attempts,
+                          int64_t retry_at_ms) {
+  return make_sql("UPDATE tasks SET state = ?2, outcome = ?3, worker = ?4, "
+                  "attempts = ?5, retry_at = ?6 WHERE id = ?1;",
                   id.to_string(), static_cast<int64_t>(state), outcome,
-                  worker);
+                  worker, static_cast<int64_t>(attempts), retry_at_ms);
 }
 
-sql_statement stale_running_tasks() {
-  return make_sql("UPDATE tasks SET state = ?1 WHERE state = ?2;",
-                  static_cast<int64_t>(task_state::stale),
-                  static_cast<int64_t>(task_state::running));
+sql_statement update_task(const stored_task& t) {
+  return update_task(t.id, t.state, t.outcome, t.worker, t.attempts,
+                     t.retry_at_ms);
 }
 
 } // namespace spindle::records

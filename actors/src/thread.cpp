@@ -25,6 +25,20 @@ caf::error store_error(const std::string& thread_id, const caf::error& err) {
                       + "': the write was not stored: " + describe(err));
 }
 
+// The event of turn number `n` (with `role`) appended to `thread`.
+event appended_event(const std::string& thread, turn_role role, uint64_t n) {
+  return thread_event("thread.turn_appended", thread,
+                      std::string{",\"role\":\""} + to_string(role)
+                        + "\",\"turns\":"
+                        + std::to_string(n));
+}
+
+// Publishes `e` of this thread at once (a runtime without a store).
+void emit(thread_pointer self, event e) {
+  if (self->state.events)
+    self->state.events->publish({std::move(e)});
+}
+
 // An append's outcome, run by the state store on its own thread: after the
 // commit it publishes the turn in the log the append was made against (the
 // store is then that log's only writer: appends are handed to it in order
@@ -33,8 +47,12 @@ caf::error store_error(const std::string& thread_id, const caf::error& err) {
 class append_hook final : public write_hook {
 public:
   append_hook(std::shared_ptr<turn_log> log, turn t,
-              std::shared_ptr<state::write_progress> appends)
-    : log_(std::move(log)), turn_(std::move(t)), appends_(std::move(appends)) {
+              std::shared_ptr<state::write_progress> appends,
+              std::shared_ptr<event_log> events)
+    : log_(std::move(log)),
+      turn_(std::move(t)),
+      appends_(std::move(appends)),
+      events_(std::move(events)) {
     appends_->in_flight.fetch_add(1, std::memory_order_relaxed);
   }
 
@@ -45,7 +63,10 @@ public:
   }
 
   uint64_t committed(uint64_t) override {
+    auto role = turn_.role;
     auto n = log_->push_back(std::move(turn_));
+    if (events_)
+      events_->publish({appended_event(appends_->thread_id, role, n)});
     finish();
     return n;
   }
@@ -65,6 +86,7 @@ private:
   std::shared_ptr<turn_log> log_;
   turn turn_;
   std::shared_ptr<state::write_progress> appends_;
+  std::shared_ptr<event_log> events_;
   bool done_ = false;
 };
 
@@ -80,37 +102,42 @@ void append(thread_pointer self, turn t, promise rp) {
   if (t.timestamp_ms == 0)
     t.timestamp_ms = unix_time_ms();
   if (!st.store) {
+    auto role = t.role;
     auto n = st.turns->push_back(std::move(t));
     if (st.catalog)
       st.catalog->set_turns(st.thread_id, n);
+    emit(self, appended_event(st.thread_id, role, n));
     rp.deliver(n);
     return;
   }
   auto write = records::append_turn(st.thread_id, st.next_seq++, t);
   rp.delegate(st.store, store_atom::value, std::move(write),
-              write_hook_ptr{std::make_shared<append_hook>(st.turns,
-                                                           std::move(t),
-                                                           st.appends)});
+              write_hook_ptr{std::make_shared<append_hook>(
+                st.turns, std::move(t), st.appends, st.events)});
 }
 
 // Runs `apply` once `write` committed (at once without a store), then
-// answers `rp` with what it returns. Later requests wait until then. The
-// store answers only after every append handed to it before has run its
-// hook, so `apply` sees them all in the log; an empty write is such a
-// barrier alone.
+// answers `rp` with what it returns; `events` are published after the
+// commit. Later requests wait until then. The store answers only after
+// every append handed to it before has run its hook, so `apply` sees them
+// all in the log; an empty write is such a barrier alone.
 template <class Apply>
 void write_through(thread_pointer self, sql_write write, promise rp,
-                   Apply apply) {
+                   Apply apply, std::vector<event> events = {}) {
   auto& st = self->state;
   if (!st.store) {
     rp.deliver(apply());
+    if (st.events)
+      st.events->publish(std::move(events));
     return;
   }
   st.writing = true;
   // Untimed (see docs/storage.md): the store answers every write after its
   // commit, or bounces it when it stops, so the outcome is never unknown;
   // a stalled disk shows as the caller's own timeout.
-  self->request(st.store, caf::infinite, store_atom::value, std::move(write))
+  self
+    ->request(st.store, caf::infinite, store_atom::value, std::move(write),
+              publish_on_commit(st.events, std::move(events)))
     .then(
       [self, rp, apply](uint64_t) mutable {
         self->state.writing = false;
@@ -127,6 +154,7 @@ void write_through(thread_pointer self, sql_write write, promise rp,
 void clear(thread_pointer self, promise rp) {
   auto& st = self->state;
   auto write = st.store ? records::clear_thread(st.thread_id) : sql_write{};
+  std::vector<event> cleared{thread_event("thread.cleared", st.thread_id)};
   write_through(self, std::move(write), std::move(rp), [self]() -> uint64_t {
     auto& s = self->state;
     auto removed = s.turns->size();
@@ -138,7 +166,7 @@ void clear(thread_pointer self, promise rp) {
     if (!s.store && s.catalog)
       s.catalog->set_turns(s.thread_id, 0);
     return removed;
-  });
+  }, std::move(cleared));
 }
 
 uint64_t grant(thread_pointer self, caf::strong_actor_ptr holder) {
@@ -191,14 +219,17 @@ void remove(thread_pointer self) {
     rp.deliver(static_cast<uint64_t>(removed));
     self->quit();
   };
+  auto deleted = thread_event("thread.deleted", st.thread_id);
   if (!st.store) {
+    emit(self, std::move(deleted));
     finish();
     return;
   }
   st.writing = true;
   self
     ->request(st.store, caf::infinite, store_atom::value,
-              records::delete_thread(st.thread_id))
+              records::delete_thread(st.thread_id),
+              publish_on_commit(st.events, {std::move(deleted)}))
     .then([finish](uint64_t) mutable { finish(); },
           [self, rp](caf::error& err) mutable {
             auto& s = self->state;
@@ -343,9 +374,11 @@ thread_actor::behavior_type
 conversation_thread(thread_pointer self, std::string thread_id,
                     records::stored_thread initial, storage_actor store,
                     std::shared_ptr<thread_views> views,
-                    std::shared_ptr<thread_catalog> catalog) {
+                    std::shared_ptr<thread_catalog> catalog,
+                    std::shared_ptr<event_log> events) {
   auto& st = self->state;
   st.thread_id = std::move(thread_id);
+  st.events = std::move(events);
   st.metadata = std::move(initial.metadata);
   st.catalog = std::move(catalog);
   for (auto& t : initial.turns)

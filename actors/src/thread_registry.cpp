@@ -31,16 +31,26 @@ thread_actor spawn_thread(pointer self, const std::string& id,
   auto& st = self->state;
   auto handle = self->spawn<caf::lazy_init>(conversation_thread, id,
                                             std::move(initial), st.store,
-                                            st.options.views, st.catalog);
+                                            st.options.views, st.catalog,
+                                            st.options.events);
   self->monitor(handle);
   return handle;
 }
 
 // Stores a new thread holding `turns` (without a store: at once), then
-// spawns it.
+// spawns it. Publishes `thread.created`, or `thread.forked` from `source`.
 void create(pointer self, const std::string& id, std::vector<turn> turns,
-            continuation done, thread_metadata metadata = {}) {
+            continuation done, thread_metadata metadata = {},
+            const std::string& source = {}) {
   auto& st = self->state;
+  std::vector<event> created;
+  if (st.options.events)
+    created.push_back(
+      source.empty()
+        ? thread_event("thread.created", id)
+        : thread_event("thread.forked", id,
+                       ",\"source\":" + json_quote(source) + ",\"turns\":"
+                         + std::to_string(turns.size())));
   auto spawn_it = [self, id, metadata](std::vector<turn> initial_turns) {
     records::stored_thread initial;
     initial.next_seq = initial_turns.size();
@@ -51,12 +61,15 @@ void create(pointer self, const std::string& id, std::vector<turn> turns,
   if (!st.store) {
     if (st.catalog)
       st.catalog->create(id, unix_time_ms(), turns.size(), metadata);
+    if (st.options.events)
+      st.options.events->publish(std::move(created));
     done(spawn_it(std::move(turns)));
     return;
   }
   auto write = records::create_thread(id, turns, unix_time_ms(), metadata);
   self->request(st.store, st.options.store_timeout, store_atom::value,
-                std::move(write))
+                std::move(write),
+                publish_on_commit(st.options.events, std::move(created)))
     .then(
       [done, spawn_it, turns](uint64_t) mutable {
         done(spawn_it(std::move(turns)));
@@ -255,7 +268,8 @@ thread_registry(thread_registry_pointer self, thread_registry_options options,
               create(self, id, std::move(snap.turns),
                      [self, id](caf::expected<resolved> x) {
                        self->state.threads.settle(id, std::move(x));
-                     });
+                     },
+                     {}, source);
             },
             [rp, source](caf::error& err) mutable {
               rp.deliver(make_error(classify(err),

@@ -51,4 +51,15 @@ caf::error validate_lease_ms(uint64_t ms) {
   return caf::none;
 }
 
+caf::error validate_retry(const task_retry& x) {
+  if (x.max_attempts < 1 || x.max_attempts > max_task_attempts)
+    return make_error(errc::invalid_argument,
+                      "max_attempts must be between 1 and 100, not "
+                        + std::to_string(x.max_attempts));
+  if (x.backoff_ms > max_backoff_ms)
+    return make_error(errc::invalid_argument,
+                      "backoff_s must be between 0 and 3600 seconds");
+  return caf::none;
+}
+
 } // namespace spindle

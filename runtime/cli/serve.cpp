@@ -36,6 +36,7 @@ struct serve_args {
   std::string log_format = "text";
   double shutdown_grace_s = 10;
   long idempotency_s = 86400;
+  size_t event_backlog = runtime_options{}.event_backlog;
   long delta_delay_ms = 0;
   std::string sync = "full";
   uint64_t max_resident = activation_options{}.max_resident;
@@ -90,6 +91,7 @@ int serve(serve_args args) {
   opts.storage.sync = args.sync == "normal" ? sync_mode::normal
                                             : sync_mode::full;
   opts.storage.linger = std::chrono::microseconds(args.linger_us);
+  opts.event_backlog = args.event_backlog;
   activation_options activation;
   activation.max_resident = args.max_resident;
   activation.idle_timeout = std::chrono::milliseconds(
@@ -305,6 +307,11 @@ void add_serve(CLI::App& app, registry& commands) {
                   "is kept for its retries (default 86400)")
     ->envname("SPINDLE_IDEMPOTENCY_RETENTION")
     ->check(CLI::Range(1L, 86400L * 30));
+  sub->add_option("--event-backlog", args->event_backlog,
+                  "latest events kept for event-stream clients that "
+                  "reconnect with Last-Event-ID (default 50000)")
+    ->envname("SPINDLE_EVENT_BACKLOG")
+    ->check(CLI::Range(size_t{1}, size_t{10'000'000}));
   commands.on(sub, [args] { return serve(*args); });
 }
 

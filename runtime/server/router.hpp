@@ -262,6 +262,7 @@ void add_thread_resource_routes(router& r);
 void add_item_routes(router& r);
 void add_memory_routes(router& r);
 void add_task_routes(router& r);
+void add_event_routes(router& r);
 void add_openai_routes(router& r);
 
 } // namespace http

@@ -36,13 +36,72 @@ json task_json(const task_info& t) {
            {"state", to_string(t.state)},
            {"payload", give_back(t.payload)},
            {"worker", t.worker.empty() ? json(nullptr) : json(t.worker)},
-           {"incomplete_children", t.incomplete_children}};
+           {"incomplete_children", t.incomplete_children},
+           {"attempts", t.attempts},
+           {"max_attempts", t.max_attempts},
+           {"backoff_s", static_cast<double>(t.backoff_ms) / 1000},
+           {"retry_at", t.retry_at_ms > 0 ? json(t.retry_at_ms)
+                                          : json(nullptr)}};
   if (t.state == task_state::completed)
     out["result"] = give_back(t.outcome);
   else if (t.state == task_state::failed)
     out["reason"] = give_back(t.outcome);
   else if (t.state == task_state::stale && !t.outcome.empty())
     out["stale"] = give_back(t.outcome); // whose lease expired, and when
+  else if (!t.outcome.empty())
+    // Pending for a retry, or running again: why the last attempt ended.
+    out["last_error"] = give_back(t.outcome);
+  return out;
+}
+
+// A length in seconds from `field` of `body`, between `min` and `max`
+// seconds; `fallback` when absent or null.
+std::chrono::milliseconds seconds_field(const json& body, const char* field,
+                                        double min, double max,
+                                        std::chrono::milliseconds fallback) {
+  auto it = body.find(field);
+  if (it == body.end() || it->is_null())
+    return fallback;
+  if (!it->is_number())
+    throw api_error{400, "malformed",
+                    std::string{"field '"} + field + "' must be a number",
+                    field};
+  auto seconds = it->get<double>();
+  if (!(seconds >= min && seconds <= max)) {
+    auto bound = [](double x) { return std::to_string(static_cast<int>(x)); };
+    throw api_error{400, "invalid_argument",
+                    std::string{field} + " must be between " + bound(min)
+                      + " and " + bound(max) + " seconds",
+                    field};
+  }
+  return std::chrono::milliseconds{static_cast<int64_t>(seconds * 1000)};
+}
+
+// The lease length of a body's "lease_s" (default 30 s).
+std::chrono::milliseconds lease_length(const json& body) {
+  return seconds_field(body, "lease_s", 1, 3600,
+                       std::chrono::milliseconds{default_lease_ms});
+}
+
+// The retry settings of a creation body: "max_attempts" (1 to 100,
+// default 1) and "backoff_s" (0 to 3600, default 0).
+task_retry retry_of(const json& body) {
+  task_retry out;
+  if (auto it = body.find("max_attempts"); it != body.end() && !it->is_null()) {
+    if (!it->is_number_integer())
+      throw api_error{400, "malformed",
+                      "field 'max_attempts' must be an integer",
+                      "max_attempts"};
+    auto n = it->get<int64_t>();
+    if (n < 1 || n > max_task_attempts)
+      throw api_error{400, "invalid_argument",
+                      "max_attempts must be between 1 and 100",
+                      "max_attempts"};
+    out.max_attempts = static_cast<uint32_t>(n);
+  }
+  out.backoff_ms = static_cast<uint64_t>(
+    seconds_field(body, "backoff_s", 0, 3600, std::chrono::milliseconds{0})
+      .count());
   return out;
 }
 
@@ -50,22 +109,6 @@ json claim_json(const task_claim& c) {
   auto out = task_json(c.task);
   out["lease"] = {{"token", c.lease}, {"expires_at", c.lease_expires_ms}};
   return out;
-}
-
-// The lease length of a body's "lease_s" (default 30 s).
-std::chrono::milliseconds lease_length(const json& body) {
-  auto it = body.find("lease_s");
-  if (it == body.end() || it->is_null())
-    return std::chrono::milliseconds{default_lease_ms};
-  if (!it->is_number())
-    throw api_error{400, "malformed", "field 'lease_s' must be a number",
-                    "lease_s"};
-  auto seconds = it->get<double>();
-  if (!(seconds >= 1 && seconds <= 3600))
-    throw api_error{400, "invalid_argument",
-                    "lease_s must be between 1 and 3600 seconds",
-                    "lease_s"};
-  return std::chrono::milliseconds{static_cast<int64_t>(seconds * 1000)};
 }
 
 std::string path_task(const request& req) {
@@ -81,8 +124,10 @@ void add_task_routes(router& r) {
   r.post(R"(/v1/orchestrations)", "POST /v1/orchestrations",
          [&r](const request& req, response& res,
               request_context& ctx) {
-           auto body = parse_body(req, {"payload"});
-           auto id = r.rt().create_orchestration(keep(body, "payload", true));
+           auto body = parse_body(req, {"payload", "max_attempts",
+                                        "backoff_s"});
+           auto id = r.rt().create_orchestration(keep(body, "payload", true),
+                                                 retry_of(body));
            if (!id)
              fail(id.error());
            ctx.log["task"] = *id;
@@ -120,12 +165,14 @@ void add_task_routes(router& r) {
          [&r](const request& req, response& res,
               request_context& ctx) {
            auto parent = path_task(req);
-           auto body = parse_body(req, {"payload"});
-           auto id = r.rt().spawn_subtask(parent, keep(body, "payload", true));
-           if (!id)
-             fail(id.error());
-           ctx.log["task"] = *id;
-           reply(res, 201, {{"id", *id}});
+           auto body = parse_body(req, {"payload", "max_attempts",
+                                        "backoff_s"});
+           auto ids = r.rt().spawn_subtasks(
+             parent, {keep(body, "payload", true)}, retry_of(body));
+           if (!ids)
+             fail(ids.error());
+           ctx.log["task"] = ids->front();
+           reply(res, 201, {{"id", ids->front()}});
          });
 
   // Asynchronous: a claim that waits for a task (wait_s) holds no thread.
@@ -135,18 +182,8 @@ void add_task_routes(router& r) {
       auto body = parse_body(call->req(), {"worker", "lease_s", "wait_s"});
       auto worker = required_string(body, "worker");
       auto lease = lease_length(body);
-      std::chrono::milliseconds wait{0};
-      if (auto it = body.find("wait_s"); it != body.end() && !it->is_null()) {
-        if (!it->is_number())
-          throw api_error{400, "malformed", "field 'wait_s' must be a number",
-                          "wait_s"};
-        auto seconds = it->get<double>();
-        if (!(seconds >= 0 && seconds <= 60))
-          throw api_error{400, "invalid_argument",
-                          "wait_s must be between 0 and 60 seconds",
-                          "wait_s"};
-        wait = std::chrono::milliseconds{static_cast<int64_t>(seconds * 1000)};
-      }
+      auto wait = seconds_field(body, "wait_s", 0, 60,
+                                std::chrono::milliseconds{0});
       r.rt().claim_task_async(
         worker, lease, wait, [call](caf::expected<task_claim> claimed) {
           if (!claimed) {

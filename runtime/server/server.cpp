@@ -172,6 +172,7 @@ server::server(runtime& rt, server_options options)
   http::add_item_routes(r);
   http::add_memory_routes(r);
   http::add_task_routes(r);
+  http::add_event_routes(r);
   http::add_openai_routes(r);
   // A retry with the same Idempotency-Key gets the first answer.
   for (auto* route :

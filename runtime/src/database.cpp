@@ -220,6 +220,16 @@ const char* const migrations[] = {
   "  PRIMARY KEY (version, thread_id)"
   ") WITHOUT ROWID;"
   "CREATE INDEX thread_versions_by_thread ON thread_versions(thread_id);",
+  // 8 -> 9: retries (docs/orchestration.md, "Retries"). A task counts its
+  // claims (`attempts`) and may be claimed `max_attempts` times; a failed
+  // or stale task with attempts left is pending again from `retry_at` (ms
+  // since the epoch; 0: at once). A task that left pending before this
+  // migration was claimed once.
+  "ALTER TABLE tasks ADD COLUMN attempts INTEGER NOT NULL DEFAULT 0;"
+  "ALTER TABLE tasks ADD COLUMN max_attempts INTEGER NOT NULL DEFAULT 1;"
+  "ALTER TABLE tasks ADD COLUMN backoff_ms INTEGER NOT NULL DEFAULT 0;"
+  "ALTER TABLE tasks ADD COLUMN retry_at INTEGER NOT NULL DEFAULT 0;"
+  "UPDATE tasks SET attempts = 1 WHERE state <> 0;",
 };
 
 static_assert(sizeof(migrations) / sizeof(migrations[0])

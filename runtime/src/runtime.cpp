@@ -35,6 +35,9 @@ caf::expected<std::unique_ptr<runtime>> runtime::start(runtime_options options) 
 }
 
 caf::error runtime::start_core() {
+  event_log::options event_options;
+  event_options.capacity = options_.event_backlog;
+  events_ = std::make_shared<event_log>(event_options);
   auto store = spawn_counter_store(*system_, options_.storage);
   if (!store)
     return store.error();
@@ -64,6 +67,7 @@ caf::error runtime::start_core() {
 
 caf::error runtime::start_orchestration() {
   scheduler_options opts;
+  opts.events = events_;
   scheduler_ = system_->spawn(spindle::scheduler, id_allocator_, state_store_,
                               opts);
   if (!state_store_)

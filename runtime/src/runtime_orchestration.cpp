@@ -30,6 +30,20 @@ caf::expected<std::string> runtime::create_orchestration(std::string payload) {
                            orchestrate_atom::value, std::move(payload));
 }
 
+caf::expected<std::string> runtime::create_orchestration(std::string payload,
+                                                       task_retry retry) {
+  return call<std::string>(scheduler_, options_.default_timeout,
+                           orchestrate_atom::value, std::move(payload), retry);
+}
+
+caf::expected<std::vector<std::string>>
+runtime::spawn_subtasks(const std::string& parent,
+                        std::vector<std::string> payloads, task_retry retry) {
+  return call<std::vector<std::string>>(scheduler_, options_.default_timeout,
+                                        caf::spawn_atom::value, parent,
+                                        std::move(payloads), retry);
+}
+
 caf::expected<std::string> runtime::spawn_subtask(const std::string& parent,
                                                   std::string payload) {
   auto ids = spawn_subtasks(parent, {std::move(payload)});

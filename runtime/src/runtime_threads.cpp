@@ -31,6 +31,7 @@ caf::error runtime::start_threads() {
   auto views = std::make_shared<thread_views>();
   auto registry_options = conv.registry;
   registry_options.views = views;
+  registry_options.events = events_;
   thread_registry_ = system_->spawn(spindle::thread_registry,
                                     std::move(registry_options), state_store_);
   if (conv.memory) {

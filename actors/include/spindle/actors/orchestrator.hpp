@@ -9,6 +9,7 @@
 
 #include <caf/typed_event_based_actor.hpp>
 
+#include "spindle/actors/event_log.hpp"
 #include "spindle/actors/task_records.hpp"
 #include "spindle/messages/id_allocator.hpp"
 #include "spindle/messages/orchestration.hpp"
@@ -43,6 +44,12 @@ struct orchestrator_state {
     std::string worker;
     /// Sequence numbers of the children, in creation (= value) order.
     std::vector<uint64_t> children;
+    /// Claims so far, and how many the task may have.
+    uint32_t attempts = 0;
+    task_retry retry;
+    /// While a retry waits out its backoff: when it ends (ms since the
+    /// epoch; a timer announces the task then); else 0.
+    int64_t retry_at_ms = 0;
   };
 
   /// Delivers one reply: its value when called with no error, else the
@@ -68,6 +75,11 @@ struct orchestrator_state {
   /// Statements of the changes made since, and the replies waiting for them.
   sql_write next_write;
   std::vector<acknowledgement> next_acks;
+  /// The events of the changes in `next_write`, published once it
+  /// committed (at once without a store).
+  std::vector<event> next_events;
+  /// Where task events go; null: nowhere.
+  std::shared_ptr<event_log> events;
 
   /// Answers every reply still waiting with `unavailable`.
   ~orchestrator_state();
@@ -80,10 +92,12 @@ using orchestrator_pointer
 /// from a new orchestration or from what the store holds, and puts its
 /// executable tasks into its index itself; the orchestrator announces every
 /// later change of executability to `scheduler`. `store` may be invalid (in
-/// memory only); `timeout` bounds requests to `ids` and `store`.
+/// memory only); `timeout` bounds requests to `ids` and `store`. Every
+/// task change is published to `events` (may be null) after its commit.
 orchestrator_actor::behavior_type
 orchestrator(orchestrator_pointer self, records::stored_orchestration initial,
              scheduler_actor scheduler, id_allocator_actor ids,
-             storage_actor store, std::chrono::milliseconds timeout);
+             storage_actor store, std::chrono::milliseconds timeout,
+             std::shared_ptr<event_log> events);
 
 } // namespace spindle

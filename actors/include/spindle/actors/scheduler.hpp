@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <memory>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -12,6 +13,7 @@
 #include <caf/actor_addr.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include "spindle/actors/event_log.hpp"
 #include "spindle/messages/id_allocator.hpp"
 #include "spindle/messages/orchestration.hpp"
 #include "spindle/messages/storage.hpp"
@@ -23,6 +25,8 @@ struct scheduler_options {
   /// How long the scheduler and its orchestrators wait for the ID
   /// allocator, the state store and each other.
   std::chrono::milliseconds timeout{30000};
+  /// Where task events go (docs/api.md, "Events"); null: nowhere.
+  std::shared_ptr<event_log> events;
 };
 
 /// State of the scheduler (see messages/orchestration.hpp for its

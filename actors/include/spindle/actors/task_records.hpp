@@ -14,7 +14,8 @@
 // (schema in runtime/src/database.cpp, migration 3): one row per task, the
 // orchestration's own row included (its parent is ''). Pure functions: each
 // builds the statements of one change, or decodes the rows of one load.
-// Only the facts are stored (state, payload, outcome, worker); children and
+// Only the facts are stored (state, payload, outcome, worker, attempts and
+// the retry settings, when a retry is due); children and
 // the count of incomplete children follow from the IDs and are rebuilt on
 // load.
 
@@ -27,6 +28,11 @@ struct stored_task {
   std::string payload;
   std::string outcome;
   std::string worker;
+  uint32_t attempts = 0;
+  task_retry retry;
+  /// When a retried task becomes executable (ms since the epoch); 0: not
+  /// waiting.
+  int64_t retry_at_ms = 0;
 };
 
 /// One orchestration as stored: its tasks in preorder by value, the
@@ -37,11 +43,18 @@ struct stored_orchestration {
 };
 
 /// A new orchestration holding only its own task, pending with `payload`.
-stored_orchestration new_orchestration(task_id root, std::string payload);
+stored_orchestration new_orchestration(task_id root, std::string payload,
+                                       task_retry retry = {});
 
-/// The tasks of `x` that are executable (pending, every child completed),
-/// in no particular order.
-std::vector<task_id> executable_tasks(const stored_orchestration& x);
+/// The tasks of `x` that are executable at `now_ms` (pending, every child
+/// completed, no retry backoff running), in no particular order.
+std::vector<task_id> executable_tasks(const stored_orchestration& x,
+                                      int64_t now_ms);
+
+/// What becomes of running task `t` whose worker is gone (with `why` as its
+/// outcome) at `now_ms`: pending again, after its backoff, when it has
+/// attempts left; else stale. True if it is retried.
+bool lose_worker(stored_task& t, std::string why, int64_t now_ms);
 
 /// How many tasks of `x` are in each state (`orchestrations` is 1).
 task_counts count_states(const stored_orchestration& x);
@@ -64,16 +77,18 @@ decode_tasks(const sql_rows& rows);
 // -- changes ------------------------------------------------------------------------
 
 /// Stores a new task, pending with `payload` (an orchestration when `id` is
-/// one).
-sql_statement insert_task(const task_id& id, const std::string& payload);
+/// one), which may be tried `retry.max_attempts` times.
+sql_statement insert_task(const task_id& id, const std::string& payload,
+                          const task_retry& retry = {});
 
-/// Stores the state, outcome and worker of an existing task.
+/// Stores the state, outcome, worker, attempts and retry time of an
+/// existing task.
 sql_statement update_task(const task_id& id, task_state state,
                           const std::string& outcome,
-                          const std::string& worker);
+                          const std::string& worker, uint32_t attempts,
+                          int64_t retry_at_ms);
 
-/// Turns every running task into a stale one (their workers belonged to a
-/// previous process); the rows it changes are the tasks it made stale.
-sql_statement stale_running_tasks();
+/// `update_task` of what `t` holds.
+sql_statement update_task(const stored_task& t);
 
 } // namespace spindle::records

@@ -17,6 +17,7 @@
 #include "spindle/actors/thread_catalog.hpp"
 #include "spindle/actors/turn_log.hpp"
 #include "spindle/messages/storage.hpp"
+#include "spindle/actors/event_log.hpp"
 #include "spindle/messages/threads.hpp"
 
 namespace spindle {
@@ -81,6 +82,9 @@ struct thread_state {
   /// Without a store: where the thread's turn count and metadata are
   /// listed (null: nowhere).
   std::shared_ptr<thread_catalog> catalog;
+  /// Where the thread's changes are published after their commit (null:
+  /// nowhere).
+  std::shared_ptr<event_log> events;
   /// Metadata patches in arrival order; the first is being written.
   struct metadata_change {
     thread_metadata_patch patch;
@@ -118,6 +122,7 @@ thread_actor::behavior_type
 conversation_thread(thread_pointer self, std::string thread_id,
                     records::stored_thread initial, storage_actor store,
                     std::shared_ptr<thread_views> views = nullptr,
-                    std::shared_ptr<thread_catalog> catalog = nullptr);
+                    std::shared_ptr<thread_catalog> catalog = nullptr,
+                    std::shared_ptr<event_log> events = nullptr);
 
 } // namespace spindle

@@ -13,6 +13,7 @@
 #include <caf/actor_addr.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include "spindle/actors/event_log.hpp"
 #include "spindle/actors/activation_table.hpp"
 #include "spindle/actors/thread_catalog.hpp"
 #include "spindle/actors/turn_log.hpp"
@@ -33,6 +34,9 @@ struct thread_registry_options {
   /// Where thread actors publish their turns for readers that do not
   /// message them (the context builder); null: nowhere.
   std::shared_ptr<thread_views> views;
+  /// Where threads' changes are published (docs/api.md, "Events"); null:
+  /// nowhere.
+  std::shared_ptr<event_log> events;
 };
 
 /// State of the thread registry (protocol in messages/threads.hpp): the one

@@ -54,6 +54,7 @@ CAF_ADD_ATOM(spindle, spindle, stale_atom, "stale")
 CAF_ADD_ATOM(spindle, spindle, heartbeat_atom, "heartbeat")
 CAF_ADD_ATOM(spindle, spindle, lease_atom, "lease")
 CAF_ADD_ATOM(spindle, spindle, claim_wait_atom, "claimwait")
+CAF_ADD_ATOM(spindle, spindle, retry_atom, "retry")
 CAF_ADD_ATOM(spindle, spindle, ready_atom, "ready")
 CAF_ADD_ATOM(spindle, spindle, unready_atom, "unready")
 

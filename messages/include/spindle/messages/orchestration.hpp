@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -26,7 +27,9 @@ namespace spindle {
 ///                              --worker gone--> stale --requeue--> pending
 ///
 /// `completed` is final. A pending task is *executable* when every child it
-/// has is completed (decision D1).
+/// has is completed (decision D1) and no retry backoff holds it. A task
+/// with attempts left (`task_retry`) that fails or goes stale is retried
+/// instead: it goes back to pending, executable once its backoff is over.
 enum class task_state : uint8_t {
   pending = 0,
   running,
@@ -90,12 +93,52 @@ struct task_info {
   uint64_t incomplete_children = 0;
   /// The children's IDs, by value.
   std::vector<std::string> children;
+  /// Claims of the task so far, and how many it may have (`task_retry`).
+  uint32_t attempts = 0;
+  uint32_t max_attempts = 1;
+  /// The first retry's backoff; each later one doubles it.
+  uint64_t backoff_ms = 0;
+  /// While a retried task waits out its backoff: when it becomes
+  /// executable, in milliseconds since the Unix epoch; else 0.
+  int64_t retry_at_ms = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, task_info& x) {
   return f(caf::meta::type_name("task_info"), x.id, x.parent, x.state,
-           x.payload, x.outcome, x.worker, x.incomplete_children, x.children);
+           x.payload, x.outcome, x.worker, x.incomplete_children, x.children,
+           x.attempts, x.max_attempts, x.backoff_ms, x.retry_at_ms);
+}
+
+/// How often a task may be claimed, and how long it waits between
+/// attempts: a task that fails or goes stale with attempts left goes back
+/// to pending after `backoff_ms << (attempts - 1)` (at most an hour). The
+/// default is one attempt: no retries.
+struct task_retry {
+  uint32_t max_attempts = 1;
+  uint64_t backoff_ms = 0;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, task_retry& x) {
+  return f(caf::meta::type_name("task_retry"), x.max_attempts, x.backoff_ms);
+}
+
+inline constexpr uint32_t max_task_attempts = 100;
+inline constexpr uint64_t max_backoff_ms = 3'600'000;
+
+/// Errors: `invalid_argument` for attempts outside 1 to 100 or a backoff
+/// above an hour. This function is thread-safe.
+caf::error validate_retry(const task_retry& x);
+
+/// How long a task waits before its retry after `attempts` claims: the
+/// backoff doubled per attempt after the first, at most an hour.
+/// This function is thread-safe.
+inline uint64_t retry_delay_ms(uint64_t backoff_ms, uint32_t attempts) {
+  if (backoff_ms == 0)
+    return 0;
+  auto shift = attempts > 1 ? std::min<uint32_t>(attempts - 1, 22) : 0;
+  return std::min<uint64_t>(backoff_ms << shift, max_backoff_ms);
 }
 
 /// Every task of one orchestration, the orchestration first, in preorder by
@@ -220,11 +263,13 @@ caf::error validate_worker_name(std::string_view name);
 /// worker registry (who runs what; monitored actors; process identities).
 ///
 /// - `(orchestr, payload)` creates an orchestration (ID from the allocator's
-///   "global" counter) and replies with its ID.
+///   "global" counter) and replies with its ID; `(orchestr, payload,
+///   retry)` gives its task `retry`.
 /// - `(spawn, parent, payloads)` creates one subtask per payload under the
 ///   task `parent` (IDs from the allocator under `parent`), replies with
-///   their IDs in order. Errors: invalid_id, not_found, conflict (the parent
-///   is completed), invalid_argument (no payloads).
+///   their IDs in order; `(spawn, parent, payloads, retry)` gives each
+///   `retry`. Errors: invalid_id, not_found, conflict (the parent is
+///   completed), invalid_argument (no payloads, a bad `retry`).
 /// - `(claim, worker)` hands the first executable task in D1 order to
 ///   `worker` (it becomes running), or `claimed = false` when none is.
 /// - `(claim, worker, lease_ms)`: the same under a lease of `lease_ms`: the
@@ -242,7 +287,8 @@ caf::error validate_worker_name(std::string_view name);
 ///   and answered `claimed = false` when the time is up. A waiting claim
 ///   is a response promise: it holds no thread.
 /// - `(complete, task, result)`, `(fail, task, reason)`: running -> completed
-///   or failed. `(requeue, task)`: stale or failed -> pending.
+///   or failed (pending again when a retry is left). `(requeue, task)`:
+///   stale or failed -> pending.
 ///   Errors: invalid_id, not_found, conflict (wrong state).
 /// - `(get, orchestration)` replies with its tree; `(get, task, id)` with
 ///   one task.
@@ -263,8 +309,12 @@ caf::error validate_worker_name(std::string_view name);
 /// (docs/orchestration.md, "Durability").
 using scheduler_actor = caf::typed_actor<
   caf::replies_to<orchestrate_atom, std::string>::with<std::string>,
+  caf::replies_to<orchestrate_atom, std::string, task_retry>::with<
+    std::string>,
   caf::replies_to<caf::spawn_atom, std::string,
                   std::vector<std::string>>::with<std::vector<std::string>>,
+  caf::replies_to<caf::spawn_atom, std::string, std::vector<std::string>,
+                  task_retry>::with<std::vector<std::string>>,
   caf::replies_to<claim_atom, std::string>::with<task_claim>,
   caf::replies_to<claim_atom, std::string, uint64_t>::with<task_claim>,
   caf::replies_to<claim_atom, std::string, uint64_t, uint64_t>::with<
@@ -301,9 +351,11 @@ using scheduler_actor = caf::typed_actor<
 /// becomes executable (`ready`) or stops being so (`unready`) before it
 /// replies, so the index is current by the time the caller hears back.
 ///
-/// - `(spawn, parent, payloads)` -> new child IDs.
-/// - `(claim, id, worker)`: pending and no incomplete child -> running;
+/// - `(spawn, parent, payloads, retry)` -> new child IDs.
+/// - `(claim, id, worker)`: executable -> running, one more attempt;
 ///   `claimed = false` when the task is not executable (any more).
+/// - `(retry, id)`: the backoff of retried task `id` is over (its own
+///   timer).
 /// - `(complete | fail, id, text)`, `(requeue, id)` as for the scheduler.
 /// - `(stale, id, worker)`: running by `worker` -> stale; otherwise the task
 ///   is left alone. Replies with the task either way. `(stale, id, worker,
@@ -311,8 +363,8 @@ using scheduler_actor = caf::typed_actor<
 /// - `(get)` -> the tree; `(get, task, id)` -> one task; `(stats)` -> how
 ///   many of its tasks are in each state.
 using orchestrator_actor = caf::typed_actor<
-  caf::replies_to<caf::spawn_atom, task_id,
-                  std::vector<std::string>>::with<std::vector<std::string>>,
+  caf::replies_to<caf::spawn_atom, task_id, std::vector<std::string>,
+                  task_retry>::with<std::vector<std::string>>,
   caf::replies_to<claim_atom, task_id, std::string>::with<task_claim>,
   caf::replies_to<complete_atom, task_id, std::string>::with<task_info>,
   caf::replies_to<fail_atom, task_id, std::string>::with<task_info>,
@@ -322,6 +374,7 @@ using orchestrator_actor = caf::typed_actor<
     task_info>,
   caf::replies_to<caf::get_atom>::with<task_tree>,
   caf::replies_to<caf::get_atom, task_atom, task_id>::with<task_info>,
-  caf::replies_to<stats_atom>::with<task_counts>>;
+  caf::replies_to<stats_atom>::with<task_counts>,
+  caf::reacts_to<retry_atom, task_id>>;
 
 } // namespace spindle

@@ -76,6 +76,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(spindle, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(spindle, (std::vector<spindle::task_info>))
   CAF_ADD_TYPE_ID(spindle, (std::vector<spindle::process_worker>))
   CAF_ADD_TYPE_ID(spindle, (spindle::task_counts))
+  CAF_ADD_TYPE_ID(spindle, (spindle::task_retry))
   // -- storage --------------------------------------------------------------------------
   CAF_ADD_TYPE_ID(spindle, (spindle::sql_value))
   CAF_ADD_TYPE_ID(spindle, (std::vector<spindle::sql_value>))

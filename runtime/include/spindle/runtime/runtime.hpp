@@ -14,6 +14,7 @@
 #include <caf/scoped_actor.hpp>
 
 #include "spindle/actors/context_directory.hpp"
+#include "spindle/actors/event_log.hpp"
 #include "spindle/actors/id_allocator.hpp"
 #include "spindle/messages/context_manager.hpp"
 #include "spindle/messages/error.hpp"
@@ -45,6 +46,9 @@ struct runtime_options {
   std::shared_ptr<llm_provider> provider;
   /// Threads, memory, query rewriting, context builder, exchanges.
   conversation_options conversation;
+  /// How many of the latest events the event stream keeps for clients that
+  /// reconnect (docs/api.md, "Events").
+  size_t event_backlog = 50000;
 };
 
 /// Thrown by the constructor of `runtime` when it cannot start; `start()`
@@ -404,6 +408,15 @@ public:
     build_request request,
     std::function<void(caf::expected<built_context>)> done);
 
+  // -- events ----------------------------------------------------------------------
+
+  /// The changes of tasks and threads, published after their commit, with
+  /// a backlog of the latest `runtime_options::event_backlog` (docs/api.md,
+  /// "Events"). Never null while the runtime runs.
+  std::shared_ptr<event_log> events() const noexcept {
+    return events_;
+  }
+
   // -- orchestration -------------------------------------------------------------
 
   /// The scheduler, front door of orchestration (protocol in
@@ -416,6 +429,10 @@ public:
   /// (0001, ..., 9999, A000, ...). Errors: exhausted, storage_failure,
   /// timeout, unavailable.
   caf::expected<std::string> create_orchestration(std::string payload);
+  /// The same, tried up to `retry.max_attempts` times (docs/orchestration.md,
+  /// "Retries"). Errors also: invalid_argument (a bad `retry`).
+  caf::expected<std::string> create_orchestration(std::string payload,
+                                                  task_retry retry);
 
   /// Creates a subtask of task `parent` and returns its ID (0001 -> 0001_t1,
   /// 0001_t1 -> 0001_t1.1). Errors: invalid_id, not_found, conflict (the
@@ -427,6 +444,10 @@ public:
   /// Errors as for `spawn_subtask`, plus invalid_argument (no payloads).
   caf::expected<std::vector<std::string>>
   spawn_subtasks(const std::string& parent, std::vector<std::string> payloads);
+  /// The same, each subtask tried up to `retry.max_attempts` times.
+  caf::expected<std::vector<std::string>>
+  spawn_subtasks(const std::string& parent, std::vector<std::string> payloads,
+                 task_retry retry);
 
   /// Hands the first executable task in D1 order to `worker` (it becomes
   /// running); nullopt when no task is executable. Errors: invalid_argument
@@ -611,6 +632,8 @@ private:
   // orchestration:
   caf::error start_orchestration();
   scheduler_actor scheduler_;
+  // events:
+  std::shared_ptr<event_log> events_;
 };
 
 } // namespace spindle
