@@ -1,6 +1,7 @@
 #include "support.hpp"
 
 #include <algorithm>
+#include <array>
 
 #include <cerrno>
 #include <csignal>
@@ -56,6 +57,27 @@ std::vector<char*> c_array(std::vector<std::string>& xs) {
   return out;
 }
 
+// Starts `argv` (argv[0] is a path or a name on PATH) with `env` added to
+// the environment and `fds[i]` as its descriptor i (-1: inherited).
+// Returns posix_spawnp's error number: 0 when it started.
+int spawn(pid_t& pid, const std::vector<std::string>& argv,
+          const std::map<std::string, std::string>& env,
+          std::array<int, 3> fds) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  for (int i = 0; i < 3; ++i)
+    if (fds[i] >= 0)
+      posix_spawn_file_actions_adddup2(&actions, fds[i], i);
+  auto args = argv;
+  auto envs = make_env(env);
+  auto c_args = c_array(args);
+  auto c_env = c_array(envs);
+  auto rc = posix_spawnp(&pid, c_args[0], &actions, nullptr, c_args.data(),
+                         c_env.data());
+  posix_spawn_file_actions_destroy(&actions);
+  return rc;
+}
+
 int decode(int status, int* sig) {
   if (WIFEXITED(status))
     return WEXITSTATUS(status);
@@ -104,19 +126,8 @@ process_result run(const std::vector<std::string>& argv,
   if (pipe2(in_pipe, O_CLOEXEC) != 0 || pipe2(out_pipe, O_CLOEXEC) != 0
       || pipe2(err_pipe, O_CLOEXEC) != 0)
     throw std::runtime_error("pipe failed");
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, in_pipe[0], 0);
-  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, err_pipe[1], 2);
-  auto args = argv;
-  auto envs = make_env(env);
-  auto c_args = c_array(args);
-  auto c_env = c_array(envs);
   pid_t pid = -1;
-  auto rc = posix_spawnp(&pid, c_args[0], &actions, nullptr, c_args.data(),
-                         c_env.data());
-  posix_spawn_file_actions_destroy(&actions);
+  auto rc = spawn(pid, argv, env, {in_pipe[0], out_pipe[1], err_pipe[1]});
   close(in_pipe[0]);
   close(out_pipe[1]);
   close(err_pipe[1]);
@@ -178,12 +189,7 @@ process_result run(const std::vector<std::string>& argv,
 
 child::child(const std::vector<std::string>& argv,
              const std::map<std::string, std::string>& env) {
-  auto args = argv;
-  auto envs = make_env(env);
-  auto c_args = c_array(args);
-  auto c_env = c_array(envs);
-  auto rc = posix_spawnp(&pid_, c_args[0], nullptr, nullptr, c_args.data(),
-                         c_env.data());
+  auto rc = spawn(pid_, argv, env, {-1, -1, -1});
   if (rc != 0)
     throw std::runtime_error("cannot run " + argv[0] + ": " + strerror(rc));
 }
@@ -206,28 +212,88 @@ int child::wait() {
   return decode(status, nullptr);
 }
 
-announcing_process::announcing_process(
-  std::vector<std::string> argv, const std::map<std::string, std::string>& env) {
+namespace {
+
+// A fresh path for a child's log under the system's temp dir.
+std::string new_log_path() {
   static std::atomic<int> serial{0};
-  log_path_ = (std::filesystem::temp_directory_path()
-               / ("spindle-child-" + std::to_string(getpid()) + "-"
-                  + std::to_string(serial++) + ".log"))
-                .string();
+  return (std::filesystem::temp_directory_path()
+          / ("spindle-child-" + std::to_string(getpid()) + "-"
+             + std::to_string(serial++) + ".log"))
+    .string();
+}
+
+std::string read_log(const std::string& path) {
+  std::ifstream in{path};
+  return std::string{std::istreambuf_iterator<char>{in}, {}};
+}
+
+// Reaps `pid` if it ends within `timeout`: its exit code, else nullopt.
+std::optional<int> reap_within(pid_t pid, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    int status = 0;
+    if (waitpid(pid, &status, WNOHANG) == pid)
+      return decode(status, nullptr);
+    if (std::chrono::steady_clock::now() >= deadline)
+      return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+} // namespace
+
+logged_process::logged_process(const std::vector<std::string>& argv,
+                               const std::map<std::string, std::string>& env)
+  : log_path_(new_log_path()) {
+  int log_fd = ::open(log_path_.c_str(),
+                      O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (log_fd < 0)
+    throw std::runtime_error("cannot create " + log_path_);
+  auto rc = spawn(pid_, argv, env, {-1, log_fd, log_fd});
+  close(log_fd);
+  if (rc != 0)
+    throw std::runtime_error("cannot run " + argv[0] + ": " + strerror(rc));
+}
+
+logged_process::~logged_process() {
+  if (!reaped_) {
+    ::kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  std::error_code ec;
+  std::filesystem::remove(log_path_, ec);
+}
+
+void logged_process::kill(int sig) {
+  if (!reaped_)
+    ::kill(pid_, sig);
+}
+
+std::optional<int> logged_process::wait_for(std::chrono::milliseconds timeout) {
+  if (!reaped_) {
+    auto code = reap_within(pid_, timeout);
+    if (!code)
+      return std::nullopt;
+    reaped_ = true;
+    exit_code_ = *code;
+  }
+  return exit_code_;
+}
+
+std::string logged_process::log() const {
+  return read_log(log_path_);
+}
+
+announcing_process::announcing_process(
+  std::vector<std::string> argv, const std::map<std::string, std::string>& env)
+  : log_path_(new_log_path()) {
   int out_pipe[2];
   if (pipe2(out_pipe, O_CLOEXEC) != 0)
     throw std::runtime_error("pipe failed");
   int log_fd = ::open(log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC,
                       0644);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_adddup2(&actions, out_pipe[1], 1);
-  posix_spawn_file_actions_adddup2(&actions, log_fd, 2);
-  auto envs = make_env(env);
-  auto c_args = c_array(argv);
-  auto c_env = c_array(envs);
-  auto rc = posix_spawn(&pid_, c_args[0], &actions, nullptr, c_args.data(),
-                        c_env.data());
-  posix_spawn_file_actions_destroy(&actions);
+  auto rc = spawn(pid_, argv, env, {-1, out_pipe[1], log_fd});
   close(out_pipe[1]);
   close(log_fd);
   if (rc != 0) {
@@ -260,23 +326,16 @@ int announcing_process::stop(int sig) {
   if (reaped_)
     return -1;
   ::kill(pid_, sig);
-  int status = 0;
-  for (int i = 0; i < 1000; ++i) {
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      reaped_ = true;
-      return decode(status, nullptr);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-  ::kill(pid_, SIGKILL);
-  waitpid(pid_, &status, 0);
   reaped_ = true;
+  if (auto code = reap_within(pid_, std::chrono::seconds(10)))
+    return *code;
+  ::kill(pid_, SIGKILL);
+  waitpid(pid_, nullptr, 0);
   return -2; // did not stop within 10 s
 }
 
 std::string announcing_process::log() const {
-  std::ifstream in{log_path_};
-  return std::string{std::istreambuf_iterator<char>{in}, {}};
+  return read_log(log_path_);
 }
 
 namespace {

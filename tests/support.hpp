@@ -129,6 +129,34 @@ private:
   std::string first_line_;
 };
 
+/// A child process in the background whose standard output and error go
+/// to a log file; killed (SIGKILL) on destruction.
+class logged_process {
+public:
+  explicit logged_process(const std::vector<std::string>& argv,
+                          const std::map<std::string, std::string>& env = {});
+  ~logged_process();
+  logged_process(const logged_process&) = delete;
+  logged_process& operator=(const logged_process&) = delete;
+
+  pid_t pid() const noexcept {
+    return pid_;
+  }
+  /// Sends `sig` to it.
+  void kill(int sig);
+  /// Waits up to `timeout` for it to end: its exit code (-1 if a signal
+  /// ended it), or nullopt while it still runs.
+  std::optional<int> wait_for(std::chrono::milliseconds timeout);
+  /// Everything it printed so far.
+  std::string log() const;
+
+private:
+  pid_t pid_ = -1;
+  bool reaped_ = false;
+  int exit_code_ = -1;
+  std::string log_path_;
+};
+
 /// `spindle serve` running as a child on a free loopback port; stopped
 /// (SIGTERM, then SIGKILL after 10 s) on destruction. stderr (the log) is
 /// collected in a file.

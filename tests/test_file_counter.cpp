@@ -122,17 +122,73 @@ TEST_CASE("id next: a counter holding 0000 hands out 0001") {
   CHECK(next_id(root) == "0002");
 }
 
-TEST_CASE("id next: a counter at ZZZZ is refused with a clear error and left "
-          "as it is") {
+TEST_CASE("id next: ZZZY and ZZZZ are handed out - then the counter is "
+          "exhausted and says so with exit code 1") {
   test::temp_dir root;
-  write_file(counters(root) / "global.NextId", "ZZZY\n");
+  auto file = counters(root) / "global.NextId";
+  write_file(file, "ZZZY\n");
   CHECK(next_id(root) == "ZZZY");
-  auto r = test::run({test::spindle_binary(), "id", "next", "--root",
-                      root.str()});
+  CHECK(read_file(file) == "ZZZZ\n");
+  CHECK(next_id(root) == "ZZZZ");
+  // Past ZZZZ the file holds the end marker, which is no hybrid value.
+  CHECK(read_file(file) == "exhausted\n");
+  for (int again = 0; again < 2; ++again) {
+    auto r = test::run({test::spindle_binary(), "id", "next", "--root",
+                        root.str()});
+    CHECK(r.exit_code == 1);
+    CHECK(r.out.empty());
+    CHECK(r.err.find("spindle id next: exhausted: counter '" + file.string()
+                     + "' is exhausted: ZZZZ, the last 4-character value, "
+                       "was handed out")
+          != std::string::npos);
+    CHECK(read_file(file) == "exhausted\n");
+  }
+  // The library call says the same, and task levels end the same way.
+  auto direct = claim_next_id(root.path(), "global");
+  REQUIRE_FALSE(direct);
+  CHECK(classify(direct.error()) == errc::exhausted);
+  write_file(counters(root) / "0001.NextId", "ZZZZ\n");
+  CHECK(next_id(root, "0001") == "0001_t736335");
+  auto task = claim_next_id(root.path(), "0001");
+  REQUIRE_FALSE(task);
+  CHECK(classify(task.error()) == errc::exhausted);
+}
+
+TEST_CASE("id next: a dead claimer at the end of the sequence never makes "
+          "ZZZZ come back") {
+  test::temp_dir root;
+  auto dir = counters(root);
+  write_file(dir / "global.NextId", "0001\n");
+  REQUIRE(next_id(root) == "0001");
+  fs::remove(dir / "global.NextId");
+  auto claim = dir / ("global.NextId.claimed."
+                      + std::to_string(test::dead_pid()));
+  std::vector<std::string> expected;
+  SECTION("it held ZZZY: ZZZY is skipped, ZZZZ is still handed out") {
+    write_file(claim, "ZZZY\n");
+    expected = {"ZZZZ"};
+  }
+  SECTION("it held ZZZZ and may have handed it out") {
+    write_file(claim, "ZZZZ\n");
+  }
+  SECTION("it held the end marker") {
+    write_file(claim, "exhausted\n");
+  }
+  auto claim_args = std::vector<std::string>{
+    test::spindle_binary(), "id", "next", "--root", root.str(),
+    "--stale-grace", "0", "--timeout", "10"};
+  for (auto& id : expected) {
+    auto r = test::run(claim_args);
+    INFO(r.err);
+    REQUIRE(r.exit_code == 0);
+    CHECK(r.out == id + "\n");
+  }
+  auto r = test::run(claim_args);
   CHECK(r.exit_code == 1);
   CHECK(r.out.empty());
   CHECK(r.err.find("exhausted") != std::string::npos);
-  CHECK(read_file(counters(root) / "global.NextId") == "ZZZZ\n");
+  CHECK(read_file(dir / "global.NextId") == "exhausted\n");
+  CHECK_FALSE(fs::exists(claim));
 }
 
 TEST_CASE("id next: an invalid prefix or root is refused with exit code 2 "

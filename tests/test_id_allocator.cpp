@@ -217,6 +217,45 @@ TEST_CASE("id allocator: orchestration IDs cross every tier and stop at "
   CHECK(describe(past.error()).find("global") != std::string::npos);
 }
 
+TEST_CASE("id allocator: with durable counters ZZZZ is handed out once and "
+          "every request after it is refused - also after a restart") {
+  test::temp_dir dir;
+  auto advance_to = [](runtime& rt, const std::string& key, uint64_t value) {
+    REQUIRE(rt.call<uint64_t>(rt.id_allocator(), std::chrono::seconds(5),
+                              advance_atom::value, key, value));
+  };
+  auto refused = [](runtime& rt) {
+    auto past = rt.next_orchestration_id();
+    REQUIRE_FALSE(past);
+    CHECK(classify(past.error()) == errc::exhausted);
+  };
+  {
+    runtime rt{durable(dir)};
+    advance_to(rt, "global", hybrid36::max_ordinal - 2);
+    CHECK(rt.next_orchestration_id() == std::string{"ZZZY"});
+    CHECK(rt.next_orchestration_id() == std::string{"ZZZZ"});
+    refused(rt);
+    refused(rt);
+  }
+  for (int restart = 0; restart < 2; ++restart) {
+    runtime rt{durable(dir)};
+    refused(rt);
+    // A bulk request cannot reach past the end either.
+    auto bulk = rt.next_ids("global", 2);
+    REQUIRE_FALSE(bulk);
+    CHECK(classify(bulk.error()) == errc::exhausted);
+  }
+  // A task level ends at the same value.
+  {
+    runtime rt{durable(dir)};
+    advance_to(rt, "0001", hybrid36::max_ordinal - 1);
+    CHECK(rt.next_task_id("0001") == std::string{"0001_t736335"});
+    CHECK_FALSE(rt.next_task_id("0001"));
+  }
+  runtime rt{durable(dir)};
+  CHECK_FALSE(rt.next_task_id("0001"));
+}
+
 TEST_CASE("id allocator: restoring an explicit ID advances the counter past "
           "it (D4)") {
   runtime rt;

@@ -37,5 +37,6 @@ void add_task(CLI::App& app, registry& commands);
 void add_session(CLI::App& app, registry& commands);
 void add_serve(CLI::App& app, registry& commands);
 void add_stress(CLI::App& app, registry& commands);
+void add_worker(CLI::App& app, registry& commands);
 
 } // namespace spindle::cli

@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   spindle::cli::add_session(app, commands);
   spindle::cli::add_serve(app, commands);
   spindle::cli::add_stress(app, commands);
+  spindle::cli::add_worker(app, commands);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

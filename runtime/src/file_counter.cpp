@@ -168,6 +168,26 @@ bool token_visible(const fs::path& dir, const std::string& base,
   return exists(counter);
 }
 
+// What a counter file holds once ZZZZ, the last value, was handed out. It
+// is not hybrid base36 (hybrid36::parse refuses it), so no reader can take
+// it for a value, and it is recognised in whatever whitespace surrounds it.
+constexpr std::string_view end_marker = "exhausted";
+
+// The text a counter file holds after `value` was handed out: its
+// successor, or the end marker after ZZZZ.
+std::string successor_text(uint64_t value) {
+  return value >= hybrid36::max_ordinal
+           ? std::string{end_marker}
+           : *hybrid36::format(value + 1);
+}
+
+caf::error exhausted_error(const std::string& counter) {
+  return make_error(errc::exhausted,
+                    "counter '" + counter + "' is exhausted: ZZZZ, the last "
+                    "4-character value, was handed out and nothing follows "
+                    "it");
+}
+
 class backoff {
 public:
   void wait() {
@@ -231,6 +251,10 @@ caf::expected<std::string> claim_next_id(const fs::path& root,
         rename_noreplace(mine, counter);
         return text.error();
       }
+      if (*text == end_marker) {
+        rename_noreplace(mine, counter);
+        return exhausted_error(counter);
+      }
       auto value = hybrid36::parse(*text);
       if (!value) {
         rename_noreplace(mine, counter);
@@ -240,13 +264,7 @@ caf::expected<std::string> claim_next_id(const fs::path& root,
                             + "', not a hybrid base36 value");
       }
       auto current = std::max<uint64_t>(*value, 1); // "0000" means 0001
-      if (current >= hybrid36::max_ordinal) {
-        rename_noreplace(mine, counter);
-        return make_error(errc::exhausted,
-                          "counter '" + counter + "' is at ZZZZ; the "
-                          "4-character sequence has no value after it");
-      }
-      if (auto err = write_value(mine, *hybrid36::format(current + 1))) {
+      if (auto err = write_value(mine, successor_text(current))) {
         rename_noreplace(mine, counter);
         return err;
       }
@@ -284,17 +302,19 @@ caf::expected<std::string> claim_next_id(const fs::path& root,
         continue;
       }
       auto text = read_value(mine);
-      auto value = text ? hybrid36::parse(*text) : std::nullopt;
-      if (!value) {
+      bool ended = text && *text == end_marker;
+      auto value = text && !ended ? hybrid36::parse(*text) : std::nullopt;
+      if (!ended && !value) {
         rename_noreplace(mine, counter);
         return make_error(errc::io_failure,
                           "cannot recover counter '" + counter
                             + "' from a dead claimer's file");
       }
-      // Skip the value the dead claimer may have handed out.
-      auto restored = std::min(std::max<uint64_t>(*value, 1) + 1,
-                               hybrid36::max_ordinal);
-      if (auto err = write_value(mine, *hybrid36::format(restored)))
+      // Skip the value the dead claimer may have handed out; after ZZZZ
+      // (or once ended) the counter stays ended.
+      auto restored = ended ? std::string{end_marker}
+                            : successor_text(std::max<uint64_t>(*value, 1));
+      if (auto err = write_value(mine, restored))
         return err;
       rename_noreplace(mine, counter);
       live_holder = true; // retry the claim at once

@@ -38,12 +38,14 @@ struct claim_options {
 /// `prefix` is "global" (orchestrations: 0001, 0002, ...) or a task ID
 /// (0001 -> 0001_t1, ...; 0001_t1 -> 0001_t1.1, ...). The file holds the
 /// next value in 4-character hybrid base36 ("0000" reads as "next is 0001").
+/// ZZZZ, the last value, is handed out like any other; the file then holds
+/// the end marker `exhausted` (not a hybrid value), also when a dead
+/// claimer's ZZZZ is recovered, so ZZZZ is never handed out twice.
 ///
 /// Errors: `invalid_id` (bad prefix), `io_failure` (root missing or not a
-/// directory, unreadable counter), `exhausted` (the counter holds ZZZZ: a
-/// 4-character file cannot hold a value after it, so ZZZZ itself is never
-/// handed out through files), `timeout` (a live claimer held the counter
-/// longer than `options.timeout`). On `invalid_id` and a missing root no
+/// directory, unreadable counter), `exhausted` (ZZZZ was handed out: the
+/// file holds the end marker and is left so), `timeout` (a live claimer
+/// held the counter longer than `options.timeout`). On `invalid_id` and a missing root no
 /// file is touched. This function is thread-safe and safe across processes.
 caf::expected<std::string> claim_next_id(const std::filesystem::path& root,
                                          std::string_view prefix,
