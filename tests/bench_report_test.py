@@ -4,7 +4,8 @@
   Generator  renders tests/golden/bench-report/ with make_report.py and
              checks the markdown (every table, baselines beside their
              tables, ratios, the Python benchmarks' sections, the failed
-             benchmark) and the SVG charts; unit checks of the
+             benchmark, a benchmark's own baseline and the latency
+             headline) and the SVG charts; unit checks of the
              throughput-column rule and of the sections' descriptions.
   RunReport  runs bench/run-report --quick on a fake build whose bench_*
              executables copy the fixture's figures (one fails), with a
@@ -183,6 +184,39 @@ class Generator(unittest.TestCase):
         texts = svg_texts(os.path.join(self.charts, "http-1.svg"))
         for column in ("spindle / nginx", "spindle p50 ms", "errors"):
             self.assertNotIn(column, texts)
+
+    def test_a_benchmarks_own_baseline_and_latencies(self):
+        run = self.render()
+        self.assertEqual(run.returncode, 0, run.stderr)
+        with open(self.out) as f:
+            md = f.read()
+        spindle, redis = fixture("orchestration")["tables"]
+        self.assertEqual(redis["beside"]["unit"], "ms")
+
+        # Redis BLPOP, measured by bench_orchestration itself, follows the
+        # waiting claim's table as its baseline, with the ratios.
+        wakeup = section(md, "### Waiting claim wake-up")
+        self.assertIn("**Baseline: %s**" % redis["title"], wakeup)
+        self.assertNotIn("### " + redis["title"], md)
+        self.assertNotIn("## Other baselines", md)
+        p50 = [make_report.number(r[2]) / make_report.number(b[2])
+               for r, b in zip(spindle["rows"], redis["rows"])]
+        self.assertIn("**spindle p50 ms / Redis BLPOP p50 ms:** 1 waiter: "
+                      "%.2fx; 64 waiters: %.2fx" % tuple(p50), wakeup)
+        self.assertIn("**spindle p99 ms / Redis BLPOP p99 ms:**", wakeup)
+
+        # Latencies have a headline table of their own, in milliseconds,
+        # at the largest waiter count; no chart (waiters are no clients).
+        headline = section(md, "## Headline")
+        self.assertIn("| comparison | at | spindle ms | baseline ms | "
+                      "spindle / baseline |", headline)
+        self.assertIn("| orchestration: spindle p50 ms vs Redis BLPOP p50 "
+                      "ms | 64 waiters | %s | %s | %.2fx |"
+                      % (spindle["rows"][-1][2], redis["rows"][-1][2],
+                         p50[-1]), headline)
+        self.assertIn("lower is faster", headline)
+        self.assertNotIn("orchestration", headline.split("| at |")[0])
+        self.assertNotIn("orchestration-1.svg", md)
 
     def test_a_busy_machine_is_stated(self):
         results = os.path.join(self.dir, "busy")
