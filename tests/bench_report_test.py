@@ -9,10 +9,11 @@
              throughput-column rule and of the sections' descriptions.
   RunReport  runs bench/run-report --quick on a fake build whose bench_*
              executables copy the fixture's figures (one fails), with a
-             real redis-server: the Redis tables are measured, the Python
-             benchmarks run on the fake build and fail (it has no
-             spindle), the report is written and says so, the exit status
-             is 1 and Redis is stopped.
+             real redis-server whose port bench_orchestration is given:
+             the Redis tables are measured, the Python benchmarks run on
+             the fake build and fail (it has no spindle), the report is
+             written and says so, the exit status is 1 and Redis is
+             stopped.
 
 Usage: bench_report_test.py [Generator|RunReport ...] (unittest names)
 Python 3 standard library only.
@@ -309,14 +310,17 @@ class RunReport(unittest.TestCase):
         self.addCleanup(shutil.rmtree, work)
         bench = os.path.join(work, "build", "bench")
         os.makedirs(bench)
-        for name in ("ids", "server", "threads"):
+        args = os.path.join(work, "orchestration-args")
+        for name in ("ids", "orchestration", "server", "threads"):
             path = os.path.join(bench, "bench_" + name)
             with open(path, "w") as f:
                 f.write('#!/bin/sh\n'
+                        '[ %s = orchestration ] && echo "$@" > "%s"\n'
                         'while [ $# -gt 0 ]; do\n'
                         '  [ "$1" = --json ] && cp "%s" "$2"\n'
                         '  shift\n'
-                        'done\n' % os.path.join(FIXTURE, name + ".json"))
+                        'done\n' % (name, args,
+                                     os.path.join(FIXTURE, name + ".json")))
             os.chmod(path, 0o755)
         broken = os.path.join(bench, "bench_broken")
         with open(broken, "w") as f:
@@ -354,8 +358,13 @@ class RunReport(unittest.TestCase):
         # The Python benchmarks ran after the executables, on the fake
         # build (--build-dir), and their failures are in the report.
         areas = [line.split("\t")[0] for line in runs.splitlines()[1:]]
-        self.assertEqual(areas, ["broken", "ids", "server", "threads",
-                                 "http", "streams"])
+        self.assertEqual(areas, ["broken", "ids", "orchestration",
+                                 "server", "threads", "http", "streams"])
+        # bench_orchestration got the running Redis, for BLPOP beside a
+        # waiting claim.
+        with open(args) as f:
+            self.assertIn("--redis-port %s " % facts["redis_port"],
+                          f.read())
         missing = os.path.join(work, "build", "spindle") + " not found"
         for name in ("http", "streams"):
             self.assertIn("- `bench/bench_%s.py`: exit status 1, no figures"
