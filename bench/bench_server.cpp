@@ -6,62 +6,15 @@
 // Usage: bench_server [--quick] [--json PATH]
 
 #include <atomic>
-#include <csignal>
-#include <iostream>
 #include <thread>
 
-#include <fcntl.h>
 #include <httplib.h>
-#include <poll.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include "report.hpp"
 
 using namespace spindle::bench;
 
-extern char** environ;
-
 namespace {
-
-struct server_child {
-  pid_t pid = -1;
-  int port = 0;
-
-  server_child() {
-    int out[2];
-    if (pipe(out) != 0)
-      std::abort();
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, out[1], 1);
-    posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
-    std::vector<std::string> args{SPINDLE_BINARY, "serve",        "--port",
-                                  "0",            "--data",       ":memory:",
-                                  "--log-level",  "warn"};
-    std::vector<char*> argv;
-    for (auto& a : args)
-      argv.push_back(a.data());
-    argv.push_back(nullptr);
-    if (posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ)
-        != 0)
-      std::abort();
-    close(out[1]);
-    std::string line;
-    char c;
-    while (read(out[0], &c, 1) == 1 && c != '\n')
-      line += c;
-    close(out[0]);
-    port = std::stoi(line.substr(line.rfind(':') + 1));
-  }
-
-  ~server_child() {
-    kill(pid, SIGTERM);
-    int status = 0;
-    waitpid(pid, &status, 0);
-  }
-};
 
 struct load_result {
   double rps = 0, p50 = 0, p99 = 0;
@@ -114,7 +67,7 @@ int main(int argc, char** argv) {
   bool quick = report::quick(argc, argv);
   double seconds = quick ? 1.0 : 5.0;
   report rep{"server"};
-  server_child srv;
+  serve_child srv{{"--data", ":memory:"}};
   table t;
   t.title = "spindle serve: POST messages (offline provider) beside GET "
             "/healthz, keep-alive connections";
@@ -122,8 +75,8 @@ int main(int argc, char** argv) {
                "messages p99 ms", "healthz req/s", "healthz p50 ms",
                "healthz p99 ms", "errors"};
   for (size_t conns : {1, 8, 64}) {
-    auto m = drive(srv.port, conns, seconds, true);
-    auto h = drive(srv.port, conns, seconds, false);
+    auto m = drive(srv.port(), conns, seconds, true);
+    auto h = drive(srv.port(), conns, seconds, false);
     t.add_row(conns, m.rps, fmt(m.p50, 3), fmt(m.p99, 3), h.rps,
               fmt(h.p50, 3), fmt(h.p99, 3), m.errors + h.errors);
   }

@@ -10,7 +10,13 @@ Reads a results directory written by bench/run-report:
                   baseline documents (redis.json); each of their tables
                   names in "beside" the benchmark table it sits next to:
                   {"benchmark", "title" (a prefix of the table's title),
-                   "versus": [[spindle column, baseline column], ...]}
+                   "versus": [[spindle column, baseline column], ...],
+                   "unit" (optional): "ms" when the columns compared are
+                   latencies (lower is faster), else they are rates}
+                  A benchmark's own table with "beside" is a baseline too
+                  (one the benchmark measured itself, such as Redis BLPOP
+                  beside a waiting claim): it moves under the table it
+                  names
   run.txt         key=value facts about the run (dates, load, build)
   runs.tsv        benchmark, exit status, seconds, load average (1 min)
                   when it started
@@ -97,7 +103,9 @@ def read_runs(path):
 
 
 def load_results(results):
-    """(benchmarks by name, baseline documents), from the JSON files."""
+    """(benchmarks by name, baseline documents), from the JSON files; a
+    benchmark's tables with "beside" are taken out of it into a baseline
+    document of their own."""
     benchmarks, baselines = {}, []
     for path in sorted(glob.glob(os.path.join(results, "*.json"))):
         try:
@@ -110,9 +118,14 @@ def load_results(results):
             raise SystemExit("make_report: %s has no tables" % path)
         if doc.get("baseline"):
             baselines.append(doc)
-        else:
-            name = doc.get("benchmark") or os.path.basename(path)[:-5]
-            benchmarks[name] = doc
+            continue
+        name = doc.get("benchmark") or os.path.basename(path)[:-5]
+        own = [t for t in doc["tables"] if t.get("beside")]
+        if own:
+            doc["tables"] = [t for t in doc["tables"] if not t.get("beside")]
+            baselines.append({"benchmark": name, "baseline": True,
+                              "tables": own})
+        benchmarks[name] = doc
     return benchmarks, baselines
 
 
@@ -312,12 +325,14 @@ def ratio(a, b):
 
 def comparisons(table):
     """[(spindle column, baseline title, baseline column,
-         [(clients, spindle, baseline)])] for every "versus" pair."""
+         [(clients, spindle, baseline)], unit)] for every "versus" pair;
+    unit is "ms" for latencies, "/s" for rates."""
     out = []
     mine = {table["columns"][i]: i for i in range(len(table["columns"]))}
     for base in table.get("baselines", []):
         theirs = {c: i for i, c in enumerate(base["columns"])}
-        for pair in (base.get("beside") or {}).get("versus", []):
+        beside = base.get("beside") or {}
+        for pair in beside.get("versus", []):
             left, right = pair
             if left not in mine or right not in theirs:
                 continue
@@ -332,7 +347,8 @@ def comparisons(table):
                 if x in values and mine[left] < len(row):
                     points.append((x, number(row[mine[left]]), values[x]))
             if points:
-                out.append((left, base["title"], right, points))
+                out.append((left, base["title"], right, points,
+                            beside.get("unit") or "/s"))
     return out
 
 
@@ -521,10 +537,14 @@ def render(benchmarks, unplaced, run, runs, results, charts_dir,
         "`python3` and `--build-dir` (spindle serve over HTTP beside "
         "nginx with wrk, streamed exchanges through `--llm openai` "
         "beside the upstream alone).\n"
-        "- It then starts Debian's `redis-server` on a free loopback port "
-        "(no persistence), runs `bench/redis_baseline.py` (redis-benchmark "
-        "at the client counts the benchmarks used) and stops the server, "
-        "also when something fails or the run is interrupted.\n"
+        "- Before them it starts Debian's `redis-server` on a free "
+        "loopback port (no persistence) and gives its port to "
+        "`bench_orchestration` (`--redis-port`), which measures Redis "
+        "BLPOP's wake-up with the client code it measures a waiting "
+        "claim's with; after them it runs `bench/redis_baseline.py` "
+        "(redis-benchmark at the client counts the benchmarks used) and "
+        "stops the server, also when something fails or the run is "
+        "interrupted.\n"
         "- `bench/make_report.py` writes this file. A baseline table "
         "follows the table it compares to, then the ratios and a chart.\n"
         "- Charts: a table gets one when its first column is "
@@ -539,25 +559,49 @@ def render(benchmarks, unplaced, run, runs, results, charts_dir,
         "TCP, as a program using it would. `bench_server` is spindle "
         "over loopback HTTP, beside Redis at the same connection "
         "counts; `bench/bench_http.py` puts it beside nginx, both driven by "
-        "wrk.\n")
+        "wrk.\n"
+        "- Wake-up latency (`bench_orchestration`, waiting claim beside "
+        "Redis BLPOP): connections wait (a claim with `wait_s`, a BLPOP), "
+        "and one client thread times each item from the producer sending "
+        "it (POST /v1/orchestrations, LPUSH) to the complete answer of the "
+        "waiter that got it, with raw sockets and poll() for both servers; "
+        "each item comes 20 ms after the previous waiter waited again, "
+        "which the servers' own counters confirm (claims the server held "
+        "under 10 ms, clients INFO did not count as blocked: both must be "
+        "0).\n")
 
-    # Headline: every comparison at its largest shared client count.
-    headline = []
+    # Headline: every comparison at its largest shared client count,
+    # rates and latencies in tables of their own.
+    kinds = [("/s", ["comparison", "clients", "spindle /s", "baseline /s",
+                     "spindle / baseline"],
+              "At the largest client count both measured; every count is "
+              "in the sections below."),
+             ("ms", ["comparison", "at", "spindle ms", "baseline ms",
+                     "spindle / baseline"],
+              "Latencies, lower is faster (a ratio above 1x: spindle takes "
+              "longer), at the largest count both measured; every count is "
+              "in the sections below.")]
+    headline = {unit: [] for unit, _, _ in kinds}
     for area in sorted(benchmarks):
         for table in benchmarks[area]["tables"]:
-            for left, _, right, points in comparisons(table):
+            for left, _, right, points, unit in comparisons(table):
                 x, a, b = points[-1]
-                headline.append(["%s: %s vs %s" % (area, left, right),
-                                 "%g" % x, a if a is not None else "-",
-                                 b if b is not None else "-", ratio(a, b)])
-    if headline:
+                if unit == "/s":
+                    at, cells = "%g" % x, [a, b]
+                else:  # milliseconds, to the microsecond
+                    at = count(x, table["columns"][0])
+                    cells = ["%.3f" % v if v is not None else None
+                             for v in (a, b)]
+                headline.setdefault(unit, []).append(
+                    ["%s: %s vs %s" % (area, left, right), at] +
+                    [v if v is not None else "-" for v in cells] +
+                    [ratio(a, b)])
+    if any(headline.values()):
         md.append("## Headline\n")
-        md.append(markdown_table(
-            ["comparison", "clients", "spindle /s", "baseline /s",
-             "spindle / baseline"], headline))
-        md.append(
-            "\nAt the largest client count both measured; every count is "
-            "in the sections below.\n")
+    for unit, columns, note in kinds:
+        if headline[unit]:
+            md.append(markdown_table(columns, headline[unit]))
+            md.append("\n" + note + "\n")
 
     failed = []
     os.makedirs(charts_dir, exist_ok=True)
@@ -592,7 +636,7 @@ def render(benchmarks, unplaced, run, runs, results, charts_dir,
                 for note in base.get("notes", []):
                     md.append("\n" + escape(note))
                 md.append("")
-            for left, _, right, points in comparisons(table):
+            for left, _, right, points, _ in comparisons(table):
                 md.append("**%s / %s:** %s\n" % (
                     escape(left), escape(right),
                     "; ".join("%s: %s" % (count(x, table["columns"][0]),

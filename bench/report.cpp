@@ -1,7 +1,11 @@
 #include "report.hpp"
 
+#include <fcntl.h>
+#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include <csignal>
 
 #include <algorithm>
 #include <cmath>
@@ -13,6 +17,8 @@
 #include <thread>
 
 #include <sys/utsname.h>
+
+extern char** environ;
 
 namespace spindle::bench {
 
@@ -123,11 +129,15 @@ bool report::write(const std::string& path) const {
   doc["benchmark"] = name_;
   doc["machine"] = machine();
   doc["tables"] = nlohmann::json::array();
-  for (auto& t : tables_)
-    doc["tables"].push_back({{"title", t.title},
-                             {"columns", t.columns},
-                             {"rows", t.rows},
-                             {"notes", t.notes}});
+  for (auto& t : tables_) {
+    nlohmann::json out{{"title", t.title},
+                       {"columns", t.columns},
+                       {"rows", t.rows},
+                       {"notes", t.notes}};
+    if (!t.beside.is_null())
+      out["beside"] = t.beside;
+    doc["tables"].push_back(std::move(out));
+  }
   std::error_code ec;
   auto parent = std::filesystem::path{path}.parent_path();
   if (!parent.empty())
@@ -142,10 +152,15 @@ bool report::write(const std::string& path) const {
 
 std::string report::json_path(int argc, char** argv,
                               const std::string& benchmark) {
+  auto path = value(argc, argv, "--json");
+  return path.empty() ? "bench/results/" + benchmark + ".json" : path;
+}
+
+std::string report::value(int argc, char** argv, const std::string& flag) {
   for (int i = 1; i + 1 < argc; ++i)
-    if (std::string{argv[i]} == "--json")
+    if (flag == argv[i])
       return argv[i + 1];
-  return "bench/results/" + benchmark + ".json";
+  return {};
 }
 
 bool report::quick(int argc, char** argv) {
@@ -184,6 +199,53 @@ uint64_t in_child(const std::function<uint64_t()>& fn) {
   int status = 0;
   waitpid(pid, &status, 0);
   return value;
+}
+
+serve_child::serve_child(const std::vector<std::string>& args) {
+  int out[2];
+  if (pipe(out) != 0)
+    std::abort();
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, out[1], 1);
+  posix_spawn_file_actions_addclose(&actions, out[0]);
+  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  std::vector<std::string> all{SPINDLE_BINARY, "serve",       "--port",
+                               "0",            "--log-level", "warn"};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : all)
+    argv.push_back(a.data());
+  argv.push_back(nullptr);
+  auto spawned = posix_spawn(&pid_, argv[0], &actions, nullptr, argv.data(),
+                             environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(out[1]);
+  std::string line;
+  char c;
+  while (spawned == 0 && read(out[0], &c, 1) == 1 && c != '\n')
+    line += c;
+  close(out[0]);
+  auto colon = line.rfind(':');
+  if (spawned == 0 && colon != std::string::npos)
+    port_ = std::atoi(line.c_str() + colon + 1);
+  if (port_ <= 0) {
+    if (spawned == 0) {
+      kill(pid_, SIGTERM);
+      waitpid(pid_, nullptr, 0);
+    }
+    std::cerr << SPINDLE_BINARY << " serve did not start (it printed '"
+              << line << "')\n";
+    std::exit(1);
+  }
+}
+
+serve_child::~serve_child() {
+  if (pid_ <= 0)
+    return;
+  kill(pid_, SIGTERM);
+  int status = 0;
+  waitpid(pid_, &status, 0);
 }
 
 } // namespace spindle::bench

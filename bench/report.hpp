@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/types.h>
+
 #include <nlohmann/json.hpp>
 
 namespace spindle::bench {
@@ -26,12 +28,16 @@ double percentile(std::vector<double>& samples, double p);
 uint64_t rss_bytes();
 
 /// One table: a title, column names, rows of cells (strings or numbers),
-/// and notes (target, how to read it) printed under it.
+/// and notes (target, how to read it) printed under it. A table measured
+/// as another's baseline names it in `beside` (make_report.py: the
+/// table's "benchmark" and "title" prefix, "versus" column pairs, "unit"),
+/// and the report shows it under that table.
 struct table {
   std::string title;
   std::vector<std::string> columns;
   std::vector<std::vector<nlohmann::json>> rows;
   std::vector<std::string> notes;
+  nlohmann::json beside;
 
   /// Appends a row; each cell may be a string or a number.
   template <class... Ts>
@@ -58,6 +64,9 @@ public:
   static std::string json_path(int argc, char** argv,
                                const std::string& benchmark);
 
+  /// The value after `flag` in argv (`--redis-port 6379`), or empty.
+  static std::string value(int argc, char** argv, const std::string& flag);
+
   /// True if argv holds --quick (smaller sizes, for smoke runs in CI).
   static bool quick(int argc, char** argv);
 
@@ -75,6 +84,26 @@ private:
 /// (0 if the child failed). For measurements that need a fresh process
 /// (resident memory). Call it only while no other thread runs.
 uint64_t in_child(const std::function<uint64_t()>& fn);
+
+/// `spindle serve --port 0 --log-level warn ARGS...` (the build's binary)
+/// as a child process, its port read from the first line it prints;
+/// stopped with SIGTERM, and waited for, on destruction. Exits the
+/// benchmark when the server does not start.
+class serve_child {
+public:
+  explicit serve_child(const std::vector<std::string>& args);
+  ~serve_child();
+  serve_child(const serve_child&) = delete;
+  serve_child& operator=(const serve_child&) = delete;
+
+  int port() const noexcept {
+    return port_;
+  }
+
+private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
 
 /// Formats a number with thousands separators and `digits` decimals.
 std::string fmt(double value, int digits = 0);

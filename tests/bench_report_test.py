@@ -4,14 +4,16 @@
   Generator  renders tests/golden/bench-report/ with make_report.py and
              checks the markdown (every table, baselines beside their
              tables, ratios, the Python benchmarks' sections, the failed
-             benchmark) and the SVG charts; unit checks of the
+             benchmark, a benchmark's own baseline and the latency
+             headline) and the SVG charts; unit checks of the
              throughput-column rule and of the sections' descriptions.
   RunReport  runs bench/run-report --quick on a fake build whose bench_*
              executables copy the fixture's figures (one fails), with a
-             real redis-server: the Redis tables are measured, the Python
-             benchmarks run on the fake build and fail (it has no
-             spindle), the report is written and says so, the exit status
-             is 1 and Redis is stopped.
+             real redis-server whose port bench_orchestration is given:
+             the Redis tables are measured, the Python benchmarks run on
+             the fake build and fail (it has no spindle), the report is
+             written and says so, the exit status is 1 and Redis is
+             stopped.
 
 Usage: bench_report_test.py [Generator|RunReport ...] (unittest names)
 Python 3 standard library only.
@@ -184,6 +186,39 @@ class Generator(unittest.TestCase):
         for column in ("spindle / nginx", "spindle p50 ms", "errors"):
             self.assertNotIn(column, texts)
 
+    def test_a_benchmarks_own_baseline_and_latencies(self):
+        run = self.render()
+        self.assertEqual(run.returncode, 0, run.stderr)
+        with open(self.out) as f:
+            md = f.read()
+        spindle, redis = fixture("orchestration")["tables"]
+        self.assertEqual(redis["beside"]["unit"], "ms")
+
+        # Redis BLPOP, measured by bench_orchestration itself, follows the
+        # waiting claim's table as its baseline, with the ratios.
+        wakeup = section(md, "### Waiting claim wake-up")
+        self.assertIn("**Baseline: %s**" % redis["title"], wakeup)
+        self.assertNotIn("### " + redis["title"], md)
+        self.assertNotIn("## Other baselines", md)
+        p50 = [make_report.number(r[2]) / make_report.number(b[2])
+               for r, b in zip(spindle["rows"], redis["rows"])]
+        self.assertIn("**spindle p50 ms / Redis BLPOP p50 ms:** 1 waiter: "
+                      "%.2fx; 64 waiters: %.2fx" % tuple(p50), wakeup)
+        self.assertIn("**spindle p99 ms / Redis BLPOP p99 ms:**", wakeup)
+
+        # Latencies have a headline table of their own, in milliseconds,
+        # at the largest waiter count; no chart (waiters are no clients).
+        headline = section(md, "## Headline")
+        self.assertIn("| comparison | at | spindle ms | baseline ms | "
+                      "spindle / baseline |", headline)
+        self.assertIn("| orchestration: spindle p50 ms vs Redis BLPOP p50 "
+                      "ms | 64 waiters | %s | %s | %.2fx |"
+                      % (spindle["rows"][-1][2], redis["rows"][-1][2],
+                         p50[-1]), headline)
+        self.assertIn("lower is faster", headline)
+        self.assertNotIn("orchestration", headline.split("| at |")[0])
+        self.assertNotIn("orchestration-1.svg", md)
+
     def test_a_busy_machine_is_stated(self):
         results = os.path.join(self.dir, "busy")
         shutil.copytree(FIXTURE, results)
@@ -275,14 +310,17 @@ class RunReport(unittest.TestCase):
         self.addCleanup(shutil.rmtree, work)
         bench = os.path.join(work, "build", "bench")
         os.makedirs(bench)
-        for name in ("ids", "server", "threads"):
+        args = os.path.join(work, "orchestration-args")
+        for name in ("ids", "orchestration", "server", "threads"):
             path = os.path.join(bench, "bench_" + name)
             with open(path, "w") as f:
                 f.write('#!/bin/sh\n'
+                        '[ %s = orchestration ] && echo "$@" > "%s"\n'
                         'while [ $# -gt 0 ]; do\n'
                         '  [ "$1" = --json ] && cp "%s" "$2"\n'
                         '  shift\n'
-                        'done\n' % os.path.join(FIXTURE, name + ".json"))
+                        'done\n' % (name, args,
+                                     os.path.join(FIXTURE, name + ".json")))
             os.chmod(path, 0o755)
         broken = os.path.join(bench, "bench_broken")
         with open(broken, "w") as f:
@@ -320,8 +358,13 @@ class RunReport(unittest.TestCase):
         # The Python benchmarks ran after the executables, on the fake
         # build (--build-dir), and their failures are in the report.
         areas = [line.split("\t")[0] for line in runs.splitlines()[1:]]
-        self.assertEqual(areas, ["broken", "ids", "server", "threads",
-                                 "http", "streams"])
+        self.assertEqual(areas, ["broken", "ids", "orchestration",
+                                 "server", "threads", "http", "streams"])
+        # bench_orchestration got the running Redis, for BLPOP beside a
+        # waiting claim.
+        with open(args) as f:
+            self.assertIn("--redis-port %s " % facts["redis_port"],
+                          f.read())
         missing = os.path.join(work, "build", "spindle") + " not found"
         for name in ("http", "streams"):
             self.assertIn("- `bench/bench_%s.py`: exit status 1, no figures"
