@@ -318,6 +318,79 @@ TEST_CASE("leases: over HTTP a claim carries its lease and heartbeats "
   CHECK(ns == 409);
 }
 
+TEST_CASE("leases: hostile input over HTTP is a clear 4xx and changes "
+          "nothing") {
+  test::server_process srv;
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  REQUIRE(test::post_json(cli, "/v1/orchestrations", {{"payload", "a"}}).first
+          == 201);
+  REQUIRE(test::post_json(cli, "/v1/tasks/0001/subtasks", {{"payload", "b"}})
+            .first
+          == 201);
+  auto [cs, claimed] = test::post_json(cli, "/v1/tasks/claim",
+                                       {{"worker", "w"}, {"lease_s", 60}});
+  REQUIRE(cs == 200);
+  REQUIRE(claimed["id"] == "0001_t1");
+  auto token = claimed["lease"]["token"].get<std::string>();
+  auto before = test::get_json(cli, "/v1/orchestrations/0001").second;
+  struct attempt {
+    std::string path;
+    json body;
+    int status;
+    std::string code;
+  };
+  std::string huge(5000, '7');
+  for (auto& a : std::vector<attempt>{
+         // A task never claimed (the parent is pending): no lease holds it.
+         {"/v1/tasks/0001/heartbeat", {{"lease", token}}, 409, "lease_lost"},
+         {"/v1/tasks/0001/complete", {{"lease", token}}, 409, "lease_lost"},
+         // Made-up and foreign tokens.
+         {"/v1/tasks/0001_t1/heartbeat", {{"lease", "x"}}, 409, "lease_lost"},
+         {"/v1/tasks/0001_t1/fail", {{"lease", std::string(32, '0')}}, 409,
+          "lease_lost"},
+         {"/v1/tasks/0001_t1/heartbeat", {{"lease", 42}}, 400, "malformed"},
+         // Lengths out of range or of the wrong type.
+         {"/v1/tasks/0001_t1/heartbeat", {{"lease", token}, {"lease_s", -1}},
+          400, "invalid_argument"},
+         {"/v1/tasks/0001_t1/heartbeat",
+          {{"lease", token}, {"lease_s", 1e300}}, 400, "invalid_argument"},
+         {"/v1/tasks/claim", {{"worker", "v"}, {"wait_s", -0.5}}, 400,
+          "invalid_argument"},
+         {"/v1/tasks/claim", {{"worker", "v"}, {"wait_s", 61}}, 400,
+          "invalid_argument"},
+         {"/v1/tasks/claim", {{"worker", "v"}, {"wait_s", "soon"}}, 400,
+          "malformed"},
+         {"/v1/tasks/claim", {{"worker", "a b"}}, 400, "invalid_argument"},
+         {"/v1/tasks/claim", {{"worker", "v"}, {"lease", token}}, 400,
+          "unknown_field"},
+         // Hostile task IDs.
+         // (an encoded slash splits the path: no route matches)
+         {"/v1/tasks/..%2F..%2Fetc/heartbeat", {{"lease", token}}, 404,
+          "not_found"},
+         {"/v1/tasks/..%2E/heartbeat", {{"lease", token}}, 400,
+          "invalid_id"},
+         {"/v1/tasks/0001_t1%00/complete", {{"lease", token}}, 400,
+          "invalid_id"},
+         {"/v1/tasks/" + huge + "/fail", {{"lease", token}}, 400,
+          "invalid_id"},
+         {"/v1/tasks/0001_t-1/heartbeat", {{"lease", token}}, 400,
+          "invalid_id"},
+         {"/v1/tasks/ZZZZZ/requeue", json::object(), 400, "invalid_id"},
+         {"/v1/tasks/0042/heartbeat", {{"lease", token}}, 404, "not_found"},
+       }) {
+    INFO(a.path.substr(0, 80) << " " << a.body.dump());
+    auto [status, body] = test::post_json(cli, a.path, a.body);
+    CHECK(status == a.status);
+    CHECK(body["error"]["code"] == a.code);
+  }
+  // Nothing changed: the same tree, and the lease still holds.
+  CHECK(test::get_json(cli, "/v1/orchestrations/0001").second == before);
+  auto [hs, beat] = test::post_json(cli, "/v1/tasks/0001_t1/heartbeat",
+                                    {{"lease", token}});
+  CHECK(hs == 200);
+  CHECK(beat["state"] == "running");
+}
+
 // -- waiting claims --------------------------------------------------------------
 
 namespace {

@@ -67,8 +67,10 @@ uint64_t event_log::oldest() const {
                           : backlog_.front()->seq;
 }
 
-event_log::page event_log::read(uint64_t after, size_t max) const {
-  page out;
+event_log::scan_result
+event_log::scan(uint64_t after, size_t max,
+                const std::function<void(const event_ptr&)>& visit) const {
+  scan_result out;
   std::lock_guard<std::mutex> guard{mx_};
   auto last = last_.load(std::memory_order_relaxed);
   auto first = backlog_.empty() ? last + 1 : backlog_.front()->seq;
@@ -83,12 +85,24 @@ event_log::page event_log::read(uint64_t after, size_t max) const {
   }
   auto begin = backlog_.begin() + static_cast<ptrdiff_t>(after + 1 - first);
   auto n = std::min<size_t>(max, static_cast<size_t>(backlog_.end() - begin));
-  out.events.assign(begin, begin + static_cast<ptrdiff_t>(n));
+  for (auto i = begin; i != begin + static_cast<ptrdiff_t>(n); ++i)
+    visit(*i);
+  out.seen = n;
   out.next_after = after + n;
   return out;
 }
 
+event_log::page event_log::read(uint64_t after, size_t max) const {
+  page out;
+  auto r = scan(after, max,
+                [&out](const event_ptr& e) { out.events.push_back(e); });
+  out.reset = r.reset;
+  out.next_after = r.next_after;
+  return out;
+}
+
 void event_log::subscription::resume() {
+  due_.store(true, std::memory_order_release);
   paused_.store(false, std::memory_order_release);
   if (auto log = log_.lock())
     log->poke();
@@ -103,9 +117,15 @@ void event_log::poke() {
 }
 
 std::shared_ptr<event_log::subscription>
-event_log::subscribe(std::function<void()> wake) {
+event_log::subscribe(std::function<void()> wake,
+                     const std::string& orchestration,
+                     const std::string& thread) {
   auto sub = std::make_shared<subscription>();
   sub->wake_ = std::move(wake);
+  if (!orchestration.empty())
+    sub->key_ = "o" + orchestration;
+  else if (!thread.empty())
+    sub->key_ = "t" + thread;
   sub->log_ = weak_from_this();
   std::lock_guard<std::mutex> guard{mx_};
   subs_.push_back(sub);
@@ -127,6 +147,7 @@ void event_log::dispatch_loop() {
   auto last_round = clock::now() - opts_.keepalive;
   auto next_keepalive = clock::now() + opts_.keepalive;
   std::vector<std::shared_ptr<subscription>> live;
+  std::unordered_set<std::string> keys;
   while (!stop_) {
     cv_.wait_until(lk, next_keepalive, [this] { return stop_ || dirty_; });
     if (stop_)
@@ -142,6 +163,22 @@ void event_log::dispatch_loop() {
         break;
     }
     dirty_ = false;
+    // What the new events are about: a subscriber to one orchestration or
+    // thread is woken only for its own.
+    keys.clear();
+    auto last = last_.load(std::memory_order_relaxed);
+    bool evicted = !backlog_.empty() && backlog_.front()->seq > dispatched_ + 1;
+    if (!backlog_.empty() && !evicted)
+      for (auto i = backlog_.begin()
+                    + static_cast<ptrdiff_t>(dispatched_ + 1
+                                             - backlog_.front()->seq);
+           i != backlog_.end(); ++i) {
+        if (!(*i)->orchestration.empty())
+          keys.insert("o" + (*i)->orchestration);
+        if (!(*i)->thread.empty())
+          keys.insert("t" + (*i)->thread);
+      }
+    dispatched_ = last;
     live.clear();
     for (auto i = subs_.begin(); i != subs_.end();) {
       if (auto s = i->lock()) {
@@ -152,9 +189,14 @@ void event_log::dispatch_loop() {
       }
     }
     lk.unlock();
-    for (auto& s : live)
-      if (!s->paused_.load(std::memory_order_acquire))
+    for (auto& s : live) {
+      auto due = s->due_.exchange(false, std::memory_order_acq_rel);
+      if (s->paused_.load(std::memory_order_acquire))
+        continue;
+      if (keepalive || evicted || due || s->key_.empty()
+          || keys.count(s->key_) > 0)
         s->wake_();
+    }
     // Dropped outside the lock: the last reference may end a subscriber.
     live.clear();
     lk.lock();

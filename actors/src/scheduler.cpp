@@ -62,13 +62,12 @@ void track(scheduler_pointer self, const task_id& id,
   self->state.workers[worker].running.insert(id);
 }
 
+void drop_lease(scheduler_pointer self, const task_id& id);
+
 void untrack(scheduler_pointer self, const task_id& id) {
   auto& st = self->state;
   // The task is no longer running: its lease ends with it.
-  if (auto l = st.lease_of.find(id); l != st.lease_of.end()) {
-    st.leases.erase(l->second);
-    st.lease_of.erase(l);
-  }
+  drop_lease(self, id);
   auto i = st.running.find(id);
   if (i == st.running.end())
     return;
@@ -92,14 +91,31 @@ int64_t wall_ms_after(std::chrono::milliseconds d) {
     .count();
 }
 
-// (Re)starts the expiry timer of lease `token`: only its latest timer
-// counts.
+// Arms the lease timer for `at` (replacing the one armed: only the latest
+// counts).
+void start_lease_timer(scheduler_pointer self,
+                       std::chrono::steady_clock::time_point at) {
+  auto& st = self->state;
+  st.lease_timer_at = at;
+  auto left = std::max(at - std::chrono::steady_clock::now(),
+                       std::chrono::steady_clock::duration::zero());
+  self->delayed_send(self,
+                     std::chrono::duration_cast<std::chrono::microseconds>(left)
+                       + std::chrono::microseconds{1},
+                     lease_atom::value, ++st.lease_timer);
+}
+
+// (Re)sets lease `token` to expire `length` from now; the one timer is
+// armed again only if this lease now expires first.
 void arm(scheduler_pointer self, const std::string& token, lease_record& l,
          std::chrono::milliseconds length) {
+  auto& st = self->state;
+  st.lease_deadlines.erase({l.expires, token});
   l.expires = std::chrono::steady_clock::now() + length;
   l.expires_ms = wall_ms_after(length);
-  l.generation = ++self->state.lease_generation;
-  self->delayed_send(self, length, lease_atom::value, token, l.generation);
+  st.lease_deadlines.emplace(l.expires, token);
+  if (l.expires < st.lease_timer_at)
+    start_lease_timer(self, l.expires);
 }
 
 void drop_lease(scheduler_pointer self, const task_id& id) {
@@ -107,8 +123,36 @@ void drop_lease(scheduler_pointer self, const task_id& id) {
   auto i = st.lease_of.find(id);
   if (i == st.lease_of.end())
     return;
-  st.leases.erase(i->second);
+  if (auto l = st.leases.find(i->second); l != st.leases.end()) {
+    st.lease_deadlines.erase({l->second.expires, i->second});
+    st.leases.erase(l);
+  }
   st.lease_of.erase(i);
+}
+
+// Lease `token` expired: it is dropped (a late call is lease_lost from now
+// on) and its task loses its worker at its orchestrator.
+void expire_lease(scheduler_pointer self, const std::string& token) {
+  auto& st = self->state;
+  auto i = st.leases.find(token);
+  if (i == st.leases.end())
+    return;
+  auto l = i->second;
+  untrack(self, l.task);
+  auto orch = st.orchestrators.find(l.task.orchestration);
+  if (orch == st.orchestrators.end())
+    return;
+  auto why = "{\"lease_expired_at\":" + std::to_string(l.expires_ms)
+             + ",\"worker\":" + nlohmann::json(l.worker).dump() + "}";
+  self
+    ->request(orch->second, st.options.timeout, stale_atom::value, l.task,
+              l.worker, std::move(why))
+    .then([](task_info&) {},
+          [task = l.task](caf::error& err) {
+            spdlog::warn("task {}: its lease expired but it could not be "
+                         "made stale: {}",
+                         task.to_string(), describe(err));
+          });
 }
 
 // A fresh lease on `id` for `worker`; a lease the task held before (an
@@ -699,27 +743,20 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
           [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
       return rp;
     },
-    [self](lease_atom, const std::string& token, uint64_t generation) {
+    [self](lease_atom, uint64_t timer) {
       auto& st = self->state;
-      auto i = st.leases.find(token);
-      if (i == st.leases.end() || i->second.generation != generation)
-        return; // finished, or extended since this timer was sent
-      auto l = std::move(i->second);
-      untrack(self, l.task); // drops the lease: a late call is lease_lost
-      auto orch = st.orchestrators.find(l.task.orchestration);
-      if (orch == st.orchestrators.end())
-        return;
-      auto why = "{\"lease_expired_at\":" + std::to_string(l.expires_ms)
-                 + ",\"worker\":" + nlohmann::json(l.worker).dump() + "}";
-      self
-        ->request(orch->second, st.options.timeout, stale_atom::value,
-                  l.task, l.worker, std::move(why))
-        .then([](task_info&) {},
-              [task = l.task](caf::error& err) {
-                spdlog::warn("task {}: its lease expired but it could not be "
-                             "made stale: {}",
-                             task.to_string(), describe(err));
-              });
+      if (timer != st.lease_timer)
+        return; // a later timer replaced this one
+      st.lease_timer_at = std::chrono::steady_clock::time_point::max();
+      auto now = std::chrono::steady_clock::now();
+      while (!st.lease_deadlines.empty()
+             && st.lease_deadlines.begin()->first <= now) {
+        auto token = st.lease_deadlines.begin()->second;
+        st.lease_deadlines.erase(st.lease_deadlines.begin());
+        expire_lease(self, token);
+      }
+      if (!st.lease_deadlines.empty())
+        start_lease_timer(self, st.lease_deadlines.begin()->first);
     },
     [self](complete_atom, const std::string& task,
            std::string& result) -> caf::result<task_info> {

@@ -145,10 +145,12 @@ public:
     std::weak_ptr<event_stream> weak = shared_from_this();
     {
       std::lock_guard<std::recursive_mutex> guard{mx_};
-      sub_ = log_->subscribe([weak] {
-        if (auto self = weak.lock())
-          self->pump();
-      });
+      sub_ = log_->subscribe(
+        [weak] {
+          if (auto self = weak.lock())
+            self->pump();
+        },
+        filter_.orchestration, filter_.thread);
     }
     // The connection keeps the stream until the client goes away.
     call_->on_gone([self = shared_from_this()] { self->stop(); });
@@ -203,26 +205,28 @@ private:
       sub_->pause();
       return;
     }
-    constexpr size_t page_size = 512;
+    constexpr size_t page_size = 4096;
     std::string chunk;
-    for (int round = 0; round < 8; ++round) {
-      auto page = log_->read(after_, page_size);
+    for (int round = 0; round < 4; ++round) {
+      auto page = log_->scan(after_, page_size, [this, &chunk](const event_ptr& e) {
+        if (filter_.matches(*e))
+          chunk += e->frame;
+      });
       if (page.reset) {
         // Fallen out of the backlog: say so, and go on from now.
         auto missed = std::to_string(log_->epoch()) + "-"
                       + std::to_string(after_);
         after_ = log_->last();
-        chunk += reset_frame("the client fell behind the backlog of "
-                               + std::to_string(log_->capacity())
-                               + " events",
-                             missed);
+        // What the scan gathered past the gap is dropped: the client
+        // starts again from the reset.
+        chunk = reset_frame("the client fell behind the backlog of "
+                              + std::to_string(log_->capacity())
+                              + " events",
+                            missed);
         break;
       }
-      for (auto& e : page.events)
-        if (filter_.matches(*e))
-          chunk += e->frame;
       after_ = page.next_after;
-      if (page.events.size() < page_size)
+      if (page.seen < page_size)
         break;
     }
     if (!chunk.empty()) {

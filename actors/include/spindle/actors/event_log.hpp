@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "spindle/messages/orchestration.hpp"
@@ -76,6 +77,16 @@ public:
   };
   page read(uint64_t after, size_t max) const;
 
+  /// The same without copies: calls `visit` for each event, under the
+  /// log's lock (so it must be quick and must not publish).
+  struct scan_result {
+    bool reset = false;
+    uint64_t next_after = 0;
+    size_t seen = 0;
+  };
+  scan_result scan(uint64_t after, size_t max,
+                   const std::function<void(const event_ptr&)>& visit) const;
+
   /// The newest event's number (0 before the first).
   uint64_t last() const noexcept {
     return last_.load(std::memory_order_acquire);
@@ -93,9 +104,10 @@ public:
     return opts_.capacity;
   }
 
-  /// A subscriber: `wake` runs on the dispatcher thread when events arrived
-  /// (or a keep-alive is due) and the subscription is not paused. Dropping
-  /// the last reference unsubscribes; `wake` may be running meanwhile.
+  /// A subscriber: `wake` runs on the dispatcher thread when events it
+  /// watches arrived (or a keep-alive is due) and the subscription is not
+  /// paused. Dropping the last reference unsubscribes; `wake` may be
+  /// running meanwhile.
   class subscription {
   public:
     /// While paused (a slow client), the subscriber is not woken.
@@ -108,11 +120,19 @@ public:
   private:
     friend class event_log;
     std::function<void()> wake_;
+    /// "" (every event), "o" + an orchestration, or "t" + a thread.
+    std::string key_;
     std::atomic<bool> paused_{false};
+    /// Woken in the next round whatever arrived (after a resume).
+    std::atomic<bool> due_{false};
     std::weak_ptr<event_log> log_;
   };
 
-  std::shared_ptr<subscription> subscribe(std::function<void()> wake);
+  /// Subscribes to every event, or with `orchestration` or `thread` set,
+  /// only to that one's: the others do not wake it.
+  std::shared_ptr<subscription> subscribe(std::function<void()> wake,
+                                          const std::string& orchestration = {},
+                                          const std::string& thread = {});
 
   /// How many subscribers are attached.
   size_t subscribers() const;
@@ -126,6 +146,8 @@ private:
   std::atomic<uint64_t> last_{0};
   mutable std::mutex mx_;
   std::deque<event_ptr> backlog_;
+  /// The last event a round has looked at (dispatcher only, under `mx_`).
+  uint64_t dispatched_ = 0;
   std::vector<std::weak_ptr<subscription>> subs_;
   std::condition_variable cv_;
   bool dirty_ = false;

@@ -79,19 +79,25 @@ struct scheduler_state {
   std::map<caf::actor_addr, std::set<std::string>> watched;
 
   /// A running task's lease (docs/orchestration.md, "Leases"). Kept in
-  /// memory: a restart makes every running task stale anyway.
+  /// memory: a restart makes every running task lose its worker anyway.
   struct lease_record {
     task_id task;
     std::string worker;
     std::chrono::steady_clock::time_point expires;
     int64_t expires_ms = 0;
-    /// Which of the expiry timers sent for it counts (heartbeats re-arm).
-    uint64_t generation = 0;
   };
   /// Token -> lease; task -> its lease's token.
   std::unordered_map<std::string, lease_record> leases;
   std::map<task_id, std::string> lease_of;
-  uint64_t lease_generation = 0;
+  /// Every lease by expiry. One timer, for the earliest, serves them all:
+  /// a claim or heartbeat arms it only when its lease expires first.
+  std::set<std::pair<std::chrono::steady_clock::time_point, std::string>>
+    lease_deadlines;
+  /// The timer that counts (earlier ones are ignored) and when it fires
+  /// (time_point::max(): none is armed).
+  uint64_t lease_timer = 0;
+  std::chrono::steady_clock::time_point lease_timer_at
+    = std::chrono::steady_clock::time_point::max();
 
   /// Claims waiting for an executable task, in arrival order.
   struct claim_waiter {

@@ -341,7 +341,7 @@ using scheduler_actor = caf::typed_actor<
   caf::replies_to<stats_atom>::with<task_counts>,
   caf::reacts_to<ready_atom, std::vector<task_id>>,
   caf::reacts_to<unready_atom, task_id>,
-  caf::reacts_to<lease_atom, std::string, uint64_t>,
+  caf::reacts_to<lease_atom, uint64_t>,
   caf::reacts_to<claim_wait_atom, uint64_t>>;
 
 /// An orchestrator: one per orchestration, spawned by the scheduler. It owns
