@@ -147,14 +147,21 @@ TEST_CASE("idempotency: an error answer is not kept - the retry runs again") {
                "application/json");
   });
   json body{{"content", "now?"}, {"on_conflict", "exit"}};
-  int status = 0;
-  for (int i = 0; i < 100 && status != 409; ++i) {
-    auto r = post(cli, "/v1/threads/busy/messages", body, "retry-me");
+  // Wait (without a key) until the holder has the thread: a keyed message
+  // that came first would run, and its answer would be kept.
+  int probe = 0;
+  for (int i = 0; i < 400 && probe != 409; ++i) {
+    auto r = cli.Post("/v1/threads/busy/messages", body.dump(),
+                      "application/json");
     REQUIRE(r);
-    status = r->status;
-    if (status != 409)
+    probe = r->status;
+    if (probe != 409)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
+  REQUIRE(probe == 409);
+  auto refused = post(cli, "/v1/threads/busy/messages", body, "retry-me");
+  REQUIRE(refused);
+  auto status = refused->status;
   holder.join();
   REQUIRE(status == 409);
   // The thread is free now: the same key runs the message.
