@@ -460,8 +460,8 @@ TEST_CASE("event log: a bounded backlog read in order and reset past it and "
     log->publish(std::move(batch));
   };
   std::atomic<int> woken_a{0}, woken_b{0};
-  auto a = log->subscribe([&] { ++woken_a; });
-  auto b = log->subscribe([&] { ++woken_b; });
+  auto a = log->subscribe([&](const event_log::round&) { ++woken_a; });
+  auto b = log->subscribe([&](const event_log::round&) { ++woken_b; });
   b->pause();
   publish(4);
   auto until = steady_clock::now() + seconds(5);

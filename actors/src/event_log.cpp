@@ -117,7 +117,7 @@ void event_log::poke() {
 }
 
 std::shared_ptr<event_log::subscription>
-event_log::subscribe(std::function<void()> wake,
+event_log::subscribe(std::function<void(const round&)> wake,
                      const std::string& orchestration,
                      const std::string& thread) {
   auto sub = std::make_shared<subscription>();
@@ -166,28 +166,39 @@ void event_log::dispatch_loop() {
     // What the new events are about: a subscriber to one orchestration or
     // thread is woken only for its own.
     keys.clear();
-    auto last = last_.load(std::memory_order_relaxed);
-    bool evicted = !backlog_.empty() && backlog_.front()->seq > dispatched_ + 1;
-    if (!backlog_.empty() && !evicted)
-      for (auto i = backlog_.begin()
-                    + static_cast<ptrdiff_t>(dispatched_ + 1
-                                             - backlog_.front()->seq);
-           i != backlog_.end(); ++i) {
-        if (!(*i)->orchestration.empty())
-          keys.insert("o" + (*i)->orchestration);
-        if (!(*i)->thread.empty())
-          keys.insert("t" + (*i)->thread);
-      }
-    dispatched_ = last;
     live.clear();
+    bool any_all = false;
     for (auto i = subs_.begin(); i != subs_.end();) {
       if (auto s = i->lock()) {
+        any_all = any_all || s->key_.empty();
         live.push_back(std::move(s));
         ++i;
       } else {
         i = subs_.erase(i);
       }
     }
+    auto last = last_.load(std::memory_order_relaxed);
+    bool evicted = !backlog_.empty() && backlog_.front()->seq > dispatched_ + 1;
+    round r;
+    r.from = dispatched_;
+    r.to = last;
+    if (!backlog_.empty() && !evicted && last > dispatched_) {
+      std::string frames;
+      auto first = backlog_.begin()
+                   + static_cast<ptrdiff_t>(dispatched_ + 1
+                                            - backlog_.front()->seq);
+      for (auto i = first; i != backlog_.end(); ++i) {
+        if (!(*i)->orchestration.empty())
+          keys.insert("o" + (*i)->orchestration);
+        if (!(*i)->thread.empty())
+          keys.insert("t" + (*i)->thread);
+        if (any_all)
+          frames += (*i)->frame;
+      }
+      if (any_all)
+        r.frames = std::make_shared<const std::string>(std::move(frames));
+    }
+    dispatched_ = last;
     lk.unlock();
     for (auto& s : live) {
       auto due = s->due_.exchange(false, std::memory_order_acq_rel);
@@ -195,7 +206,7 @@ void event_log::dispatch_loop() {
         continue;
       if (keepalive || evicted || due || s->key_.empty()
           || keys.count(s->key_) > 0)
-        s->wake_();
+        s->wake_(r);
     }
     // Dropped outside the lock: the last reference may end a subscriber.
     live.clear();

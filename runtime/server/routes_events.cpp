@@ -146,9 +146,9 @@ public:
     {
       std::lock_guard<std::recursive_mutex> guard{mx_};
       sub_ = log_->subscribe(
-        [weak] {
+        [weak](const event_log::round& r) {
           if (auto self = weak.lock())
-            self->pump();
+            self->pump(&r);
         },
         filter_.orchestration, filter_.thread);
     }
@@ -185,7 +185,9 @@ private:
     sub_.reset();
   }
 
-  void pump() {
+  // `r`: the dispatcher's round, whose frames a subscriber to every event
+  // takes whole when it stands where the round begins.
+  void pump(const event_log::round* r = nullptr) {
     std::lock_guard<std::recursive_mutex> guard{mx_};
     if (!sub_)
       return;
@@ -207,6 +209,11 @@ private:
     }
     constexpr size_t page_size = 4096;
     std::string chunk;
+    if (r && r->frames && after_ == r->from && filter_.types.empty()
+        && filter_.orchestration.empty() && filter_.thread.empty()) {
+      chunk = *r->frames;
+      after_ = r->to;
+    }
     for (int round = 0; round < 4; ++round) {
       auto page = log_->scan(after_, page_size, [this, &chunk](const event_ptr& e) {
         if (filter_.matches(*e))

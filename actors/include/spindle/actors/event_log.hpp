@@ -104,6 +104,15 @@ public:
     return opts_.capacity;
   }
 
+  /// What a round brings: the events after `from` up to `to`, and when a
+  /// subscriber to every event exists, their frames in one string (one
+  /// copy for all of them instead of a scan each; else null).
+  struct round {
+    uint64_t from = 0;
+    uint64_t to = 0;
+    std::shared_ptr<const std::string> frames;
+  };
+
   /// A subscriber: `wake` runs on the dispatcher thread when events it
   /// watches arrived (or a keep-alive is due) and the subscription is not
   /// paused. Dropping the last reference unsubscribes; `wake` may be
@@ -119,7 +128,7 @@ public:
 
   private:
     friend class event_log;
-    std::function<void()> wake_;
+    std::function<void(const round&)> wake_;
     /// "" (every event), "o" + an orchestration, or "t" + a thread.
     std::string key_;
     std::atomic<bool> paused_{false};
@@ -130,7 +139,7 @@ public:
 
   /// Subscribes to every event, or with `orchestration` or `thread` set,
   /// only to that one's: the others do not wake it.
-  std::shared_ptr<subscription> subscribe(std::function<void()> wake,
+  std::shared_ptr<subscription> subscribe(std::function<void(const round&)> wake,
                                           const std::string& orchestration = {},
                                           const std::string& thread = {});
 
