@@ -411,6 +411,15 @@ TEST_CASE("events: 500 subscribers each receive every event in order") {
   }
   CHECK(behind == 0);
   CHECK(different == 0);
+  // /metrics counts them.
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  auto metrics = cli.Get("/metrics");
+  REQUIRE(metrics);
+  CHECK(metrics->body.find("spindle_event_subscribers 500")
+        != std::string::npos);
+  CHECK(metrics->body.find("spindle_events_published "
+                           + std::to_string(expected))
+        != std::string::npos);
 }
 
 TEST_CASE("events: bad filters and event IDs are refused with 400 and no "

@@ -85,6 +85,17 @@ void add_gauges(http_metrics& metrics, runtime& rt) {
       }
       return out;
     });
+  // The event stream (docs/api.md, "Events"), read from its log.
+  metrics.add_gauge("spindle_events_published",
+                    "Events published since the server started", [&rt] {
+                      return http_metrics::samples{
+                        {{}, static_cast<double>(rt.events()->last())}};
+                    });
+  metrics.add_gauge("spindle_event_subscribers",
+                    "Clients following GET /v1/events now", [&rt] {
+                      return http_metrics::samples{
+                        {{}, static_cast<double>(rt.events()->subscribers())}};
+                    });
   // The state store's counters, read without asking it (docs/storage.md).
   struct storage_gauge {
     const char* name;
