@@ -665,6 +665,71 @@ struct scored {
   uint64_t shortest;
 };
 
+// A candidate's place in the ranking: its score as a float (never
+// negative, so its bits order as the float does), its ID for ties, and
+// its index in the retrieval's candidates.
+struct ranked_key {
+  uint32_t score;
+  uint32_t index;
+  int64_t id;
+};
+
+// Sorts by score, lowest first, and among equal scores by ID: a
+// least-significant-digit radix sort over the bytes of the score that
+// differ between keys (one retrieval's scores share their high bytes),
+// with the histograms of all bytes counted in one pass, then the runs of
+// equal scores among the highest `top` put in ID order. No comparison
+// decides a branch but in those runs. `spare` is the other buffer.
+void rank_sort(std::vector<ranked_key>& keys, std::vector<ranked_key>& spare,
+               size_t top) {
+  uint32_t count[4][256] = {};
+  for (auto& k : keys) {
+    ++count[0][k.score & 0xff];
+    ++count[1][(k.score >> 8) & 0xff];
+    ++count[2][(k.score >> 16) & 0xff];
+    ++count[3][k.score >> 24];
+  }
+  spare.resize(keys.size());
+  for (unsigned byte = 0; byte < 4; ++byte) {
+    auto& c = count[byte];
+    // A byte all keys share leaves the order as it is.
+    if (c[(keys.front().score >> (8 * byte)) & 0xff] == keys.size())
+      continue;
+    uint32_t sum = 0;
+    for (auto& slot : c) {
+      auto here = slot;
+      slot = sum;
+      sum += here;
+    }
+    for (auto& k : keys)
+      spare[c[(k.score >> (8 * byte)) & 0xff]++] = k;
+    keys.swap(spare);
+  }
+  // Ties: every run of one score that reaches into the highest `top`,
+  // whole (a run across the boundary decides by ID which of it is in),
+  // by ID.
+  auto end = keys.size();
+  auto from = end - std::min(end, top);
+  while (end > from) {
+    auto begin = end - 1;
+    while (begin > 0 && keys[begin - 1].score == keys[end - 1].score)
+      --begin;
+    if (end - begin > 1)
+      std::sort(keys.begin() + static_cast<long>(begin),
+                keys.begin() + static_cast<long>(end),
+                [](const ranked_key& x, const ranked_key& y) {
+                  return x.id < y.id;
+                });
+    end = begin;
+  }
+}
+
+// A slot of a retrieval's table from entry to candidate.
+struct table_slot {
+  uint32_t generation = 0; // the retrieval that filled it; 0: never
+  uint32_t index = 0;      // in the retrieval's candidates
+};
+
 // An entry as a reader read it: its scope columns, its content
 // whitespace normalised, and the content's hash (for the snippet's
 // duplicate check).
@@ -740,11 +805,11 @@ struct memory_reader::impl {
   // Reused between retrievals: no allocation once they have grown.
   std::vector<posting> list;
   std::string key;
-  std::vector<scored> hits;       // every list's entries, list after list
-  std::vector<size_t> starts;     // where each list begins in `hits`
-  std::vector<size_t> next;       // each list's next entry while merging
-  std::vector<scored> candidates; // one per entry, newest first
-  std::vector<uint64_t> order;    // the ranking
+  std::vector<table_slot> table;  // entry -> candidate, while summing
+  uint32_t generation = 0;        // the retrieval's mark in `table`
+  std::vector<scored> candidates; // one per entry
+  std::vector<ranked_key> order;  // the ranking, worst first
+  std::vector<ranked_key> sorting; // the radix sort's other buffer
 
   // The scope of a request: kept, or read (and kept).
   caf::expected<cached_scope> scope_of(const memory_query& q) {
@@ -823,8 +888,19 @@ struct memory_reader::impl {
       return scope.error();
     if (!scope->exists)
       return memory_snippet{}; // nothing stored in this scope
-    hits.clear();
-    starts.clear();
+    // One candidate per entry, its score summed over the lists it is in
+    // (in the order of the terms): an open-addressing table maps an entry
+    // to its candidate, one probe per hit. Its slots carry the
+    // retrieval's number, so a new retrieval starts without clearing it.
+    candidates.clear();
+    size_t slots = 16;
+    while (slots < terms.size() * memory_recent_per_term * 2)
+      slots *= 2;
+    if (table.size() < slots || ++generation == 0) {
+      table.assign(std::max(slots, table.size()), table_slot{});
+      generation = 1;
+    }
+    auto mask = slots - 1;
     for (auto& term : terms) {
       key.assign(reinterpret_cast<const char*>(&scope->id), sizeof scope->id);
       key += term;
@@ -844,63 +920,52 @@ struct memory_reader::impl {
         continue;
       ++cost.terms;
       cost.postings += kept->hits.size();
-      starts.push_back(hits.size());
-      hits.insert(hits.end(), kept->hits.begin(), kept->hits.end());
-    }
-    // One candidate per entry, its score summed over the lists it is in:
-    // each list is newest first, so merging them meets an entry's hits
-    // one after another.
-    candidates.clear();
-    auto lists_used = starts.size();
-    starts.push_back(hits.size());
-    next.assign(starts.begin(), starts.end() - 1);
-    for (;;) {
-      size_t best = lists_used;
-      for (size_t l = 0; l < lists_used; ++l)
-        if (next[l] < starts[l + 1]
-            && (best == lists_used || hits[next[l]].id > hits[next[best]].id))
-          best = l;
-      if (best == lists_used)
-        break;
-      auto& hit = hits[next[best]++];
-      if (!candidates.empty() && candidates.back().id == hit.id)
-        candidates.back().score += hit.score;
-      else
-        candidates.push_back(hit);
+      for (auto& hit : kept->hits) {
+        auto h = static_cast<size_t>(static_cast<uint64_t>(hit.id)
+                                     * 0x9e3779b97f4a7c15ull >> 40)
+                 & mask;
+        for (;; h = (h + 1) & mask) {
+          auto& slot = table[h];
+          if (slot.generation != generation) {
+            slot = table_slot{generation,
+                              static_cast<uint32_t>(candidates.size())};
+            candidates.push_back(hit);
+            break;
+          }
+          if (candidates[slot.index].id == hit.id) {
+            candidates[slot.index].score += hit.score;
+            break;
+          }
+        }
+      }
     }
     auto n = candidates.size();
     cost.candidates = n;
-    // The best `memory_max_ranked`, best first (among equals, the
-    // newest), by keys that compare as integers: the score's float bits
-    // (a positive float's bits order as the float does) above the
-    // candidate's position counted from the end (the merge left the
-    // newest first).
-    order.clear();
+    if (n == 0)
+      return memory_snippet{};
+    // The ranking: best first, among equals the newest (the highest ID).
     uint64_t fits_none_below = ~uint64_t{0};
-    for (size_t i = 0; i < n; ++i) {
-      // Never negative (that would break the key's order): a term's
-      // frequency never exceeds its scope's count of entries.
-      auto score = static_cast<float>(std::max(0.0, candidates[i].score));
-      uint32_t bits = 0;
-      std::memcpy(&bits, &score, sizeof bits);
-      order.push_back((uint64_t{bits} << 32) | (0xffffffffu - i));
+    order.clear();
+    for (uint32_t i = 0; i < n; ++i) {
+      auto& c = candidates[i];
       // Once the room left is below every candidate's shortest cut, no
       // further entry can be shown.
-      if (candidates[i].shortest > 0)
-        fits_none_below = std::min(fits_none_below, candidates[i].shortest);
+      if (c.shortest > 0)
+        fits_none_below = std::min(fits_none_below, c.shortest);
+      auto score = static_cast<float>(std::max(0.0, c.score));
+      uint32_t bits = 0;
+      std::memcpy(&bits, &score, sizeof bits);
+      order.push_back(ranked_key{bits, i, c.id});
     }
+    rank_sort(order, sorting, memory_max_ranked);
     auto ranked = std::min(n, memory_max_ranked);
-    auto top = order.begin() + static_cast<long>(ranked);
-    if (ranked < n)
-      std::nth_element(order.begin(), top, order.end(), std::greater<>{});
-    std::sort(order.begin(), top, std::greater<>{});
     memory_snippet_builder snippet{static_cast<size_t>(q.max_chars)};
     uint64_t matched = ranked;
     for (size_t i = 0; i < ranked; ++i) {
       auto room = snippet.room();
       if (room < fits_none_below)
         break;
-      auto& c = candidates[0xffffffffu - (order[i] & 0xffffffffu)];
+      auto& c = candidates[order[n - 1 - i].index];
       // An entry that cannot be shown, not even its first sentence, is
       // not read: the snippet would skip it.
       if (c.shortest == 0 || c.shortest > room)
