@@ -530,3 +530,172 @@ TEST_CASE("thread resources: bad cursors limits metadata and hostile keys "
   auto all = body_of(cli.Get("/v1/threads?limit=100"));
   CHECK(all["data"].size() == 4);
 }
+
+// -- copies ------------------------------------------------------------------------
+
+namespace {
+
+std::vector<std::string> contents(runtime& rt, const std::string& id) {
+  auto snap = rt.snapshot(id);
+  REQUIRE(snap);
+  std::vector<std::string> out;
+  for (auto& t : snap->turns)
+    out.push_back(std::string{to_string(t.role)} + ":" + t.content);
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("thread resources: a copy at turn N holds the first N turns and "
+          "the metadata and the original is unchanged across a restart") {
+  test::temp_dir dir;
+  std::vector<std::string> original;
+  std::string at4, whole, empty;
+  {
+    runtime rt{durable(dir)};
+    auto t = rt.create_thread({{"owner", "alice"}});
+    REQUIRE(t);
+    for (int i = 0; i < 3; ++i)
+      REQUIRE(rt.send_message(t->thread_id, "question " + std::to_string(i),
+                              "", conflict_policy::queue, 12));
+    original = contents(rt, t->thread_id);
+    REQUIRE(original.size() == 6);
+    auto c4 = rt.copy_thread(t->thread_id, 4);
+    REQUIRE(c4);
+    CHECK(c4->thread_id != t->thread_id);
+    CHECK(c4->turns == 4);
+    CHECK(c4->metadata == thread_metadata{{"owner", "alice"}});
+    CHECK(contents(rt, c4->thread_id)
+          == std::vector<std::string>(original.begin(), original.begin() + 4));
+    auto all = rt.copy_thread(t->thread_id);
+    REQUIRE(all);
+    CHECK(contents(rt, all->thread_id) == original);
+    auto none = rt.copy_thread(t->thread_id, 0);
+    REQUIRE(none);
+    CHECK(none->turns == 0);
+    // Edit and continue: the copy goes its own way.
+    REQUIRE(rt.send_message(c4->thread_id, "a different question", "",
+                            conflict_policy::queue, 12));
+    CHECK(contents(rt, c4->thread_id).size() == 6);
+    CHECK(contents(rt, t->thread_id) == original);
+    auto past = rt.copy_thread(t->thread_id, 7);
+    REQUIRE_FALSE(past);
+    CHECK(classify(past.error()) == errc::invalid_argument);
+    auto missing = rt.copy_thread("no-such-thread", 1);
+    REQUIRE_FALSE(missing);
+    CHECK(classify(missing.error()) == errc::not_found);
+    auto listed = walk(rt, thread_list_request{});
+    CHECK(listed.size() == 4); // the original and three copies
+    at4 = c4->thread_id;
+    whole = all->thread_id;
+    empty = none->thread_id;
+    REQUIRE(rt.thread_details(t->thread_id));
+  }
+  runtime rt{durable(dir)};
+  auto c4 = contents(rt, at4);
+  REQUIRE(c4.size() == 6);
+  CHECK(std::vector<std::string>(c4.begin(), c4.begin() + 4)
+        == std::vector<std::string>(original.begin(), original.begin() + 4));
+  CHECK(c4[4] == "user:a different question");
+  CHECK(contents(rt, whole) == original);
+  auto e = rt.thread_details(empty);
+  REQUIRE(e);
+  CHECK(e->turns == 0);
+  CHECK(e->metadata == thread_metadata{{"owner", "alice"}});
+}
+
+TEST_CASE("thread resources: copies made while the thread is written are "
+          "each a prefix of its turns") {
+  runtime rt;
+  const std::string source = "copied-while-written";
+  REQUIRE(rt.add_turn(source, make_user_turn("first")));
+  constexpr int writes = 200, copiers = 8, copies_each = 25;
+  std::atomic<bool> writing{true};
+  std::thread writer([&] {
+    for (int i = 0; i < writes; ++i)
+      REQUIRE(rt.add_turn(source, make_user_turn("turn " + std::to_string(i))));
+    writing = false;
+  });
+  std::vector<std::future<std::vector<std::string>>> made;
+  for (int c = 0; c < copiers; ++c)
+    made.push_back(std::async(std::launch::async, [&] {
+      std::vector<std::string> ids;
+      for (int i = 0; i < copies_each; ++i) {
+        auto copy = rt.copy_thread(source);
+        REQUIRE(copy);
+        ids.push_back(copy->thread_id);
+      }
+      return ids;
+    }));
+  writer.join();
+  auto final_turns = contents(rt, source);
+  REQUIRE(final_turns.size() == writes + 1);
+  std::set<std::string> distinct;
+  for (auto& f : made)
+    for (auto& id : f.get()) {
+      distinct.insert(id);
+      auto got = contents(rt, id);
+      REQUIRE(got.size() <= final_turns.size());
+      CHECK(got.size() >= 1);
+      CHECK(std::equal(got.begin(), got.end(), final_turns.begin()));
+    }
+  CHECK(distinct.size() == copiers * copies_each);
+  CHECK(contents(rt, source) == final_turns);
+}
+
+TEST_CASE("thread resources: POST copy answers 201 with the copy and bad "
+          "input gets a clear 4xx that creates nothing") {
+  test::server_process srv;
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  auto t = body_of(cli.Post("/v1/threads", R"({"metadata":{"team":"blue"}})",
+                            "application/json"));
+  auto id = t["thread_id"].get<std::string>();
+  for (auto q : {"one", "two"})
+    REQUIRE(cli.Post("/v1/threads/" + id + "/messages",
+                     json{{"content", q}}.dump(), "application/json")
+              ->status
+            == 200);
+  auto copied = cli.Post("/v1/threads/" + id + "/copy", R"({"at_turn":2})",
+                         "application/json");
+  REQUIRE(copied);
+  CHECK(copied->status == 201);
+  auto c = body_of(copied);
+  CHECK(c["object"] == "thread");
+  CHECK(c["copied_from"] == id);
+  CHECK(c["turns"] == 2);
+  CHECK(c["metadata"] == json{{"team", "blue"}});
+  auto history = body_of(cli.Get("/v1/threads/" + c["thread_id"].get<std::string>()
+                                 + "/history"));
+  REQUIRE(history["turns"].size() == 2);
+  CHECK(history["turns"][0]["content"] == "one");
+  auto all = body_of(cli.Post("/v1/threads/" + id + "/copy", "",
+                              "application/json"));
+  CHECK(all["turns"] == 4);
+  auto count = [&] {
+    return body_of(cli.Get("/v1/threads?limit=100"))["data"].size();
+  };
+  auto before = count();
+  struct bad {
+    std::string path, body;
+    int status;
+    std::string code;
+  };
+  for (auto& b : std::vector<bad>{
+         {"/v1/threads/" + id + "/copy", R"({"at_turn":-1})", 400, "malformed"},
+         {"/v1/threads/" + id + "/copy", R"({"at_turn":"2"})", 400, "malformed"},
+         {"/v1/threads/" + id + "/copy", R"({"at_turn":1.5})", 400, "malformed"},
+         {"/v1/threads/" + id + "/copy", R"({"at":1})", 400, "unknown_field"},
+         {"/v1/threads/" + id + "/copy", R"([1])", 400, "malformed"},
+         {"/v1/threads/" + id + "/copy", R"({"at_turn":5})", 400,
+          "invalid_argument"},
+         {"/v1/threads/no-such-thread/copy", "{}", 404, "not_found"},
+         {"/v1/threads/a%20b/copy", "{}", 400, "invalid_id"}}) {
+    auto r = cli.Post(b.path, b.body, "application/json");
+    REQUIRE(r);
+    INFO(b.path << " " << b.body << " -> " << r->body);
+    CHECK(r->status == b.status);
+    CHECK(body_of(r)["error"]["code"] == b.code);
+  }
+  CHECK(count() == before);
+  CHECK(body_of(cli.Get("/v1/threads/" + id))["turns"] == 4);
+}

@@ -1,6 +1,7 @@
 #include "spindle/actors/thread_registry.hpp"
 
 #include <algorithm>
+#include <limits>
 
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
@@ -176,6 +177,110 @@ caf::error not_found(const std::string& id) {
   return make_error(errc::not_found, "thread '" + id + "' does not exist");
 }
 
+// The thread as a resource, as committed: a thread being created answers
+// once it is stored.
+void read_info(pointer self, const std::string& id,
+               std::function<void(caf::expected<thread_info>)> done) {
+  auto& st = self->state;
+  if (!st.store) {
+    if (auto info = st.catalog->get(id))
+      done(std::move(*info));
+    else
+      done(not_found(id));
+    return;
+  }
+  self
+    ->request(st.store, st.options.store_timeout, load_atom::value,
+              records::load_thread_info(id))
+    .then(
+      [done, id](sql_rows& rows) {
+        auto info = records::decode_thread_info(rows);
+        if (!info)
+          done(info.error());
+        else if (!*info)
+          done(not_found(id));
+        else
+          done(std::move(**info));
+      },
+      [done, id](caf::error& err) { done(store_error(id, err)); });
+}
+
+/// `at_turn` meaning every completed turn.
+constexpr uint64_t all_turns = std::numeric_limits<uint64_t>::max();
+
+// A new thread (fresh ID) holding the first `at_turn` completed turns of
+// `source` (all of them with `all_turns`), and its metadata when
+// `with_metadata`: a fork (D9) or a copy (POST .../copy). A running
+// exchange's turns stay with the original. Errors: `not_found`,
+// `invalid_argument` for an `at_turn` past the completed turns.
+caf::result<thread_ref> copy_thread(pointer self, const std::string& source,
+                                    uint64_t at_turn, bool with_metadata) {
+  if (auto err = validate_thread_id(source))
+    return err;
+  if (source == "new")
+    return not_found(source);
+  auto rp = self->make_response_promise<thread_ref>();
+  auto failed = [rp, source](const caf::error& err) mutable {
+    rp.deliver(make_error(classify(err), "cannot copy thread '" + source
+                                           + "': " + describe(err)));
+  };
+  resolve(self, source, false, [=](caf::expected<resolved> r) mutable {
+    if (!r || !r->handle) {
+      rp.deliver(r ? not_found(source) : r.error());
+      return;
+    }
+    self
+      ->request(r->handle, self->state.options.snapshot_timeout,
+                caf::get_atom::value, thread_snapshot_atom::value)
+      .then(
+        [=](thread_snapshot& snap) mutable {
+          auto n = std::min<uint64_t>(snap.committed, snap.turns.size());
+          if (at_turn != all_turns && at_turn > n) {
+            rp.deliver(make_error(
+              errc::invalid_argument,
+              "at_turn " + std::to_string(at_turn) + " is past the "
+                + std::to_string(n) + " completed turns of thread '"
+                + source + "'"));
+            return;
+          }
+          if (at_turn != all_turns)
+            n = at_turn;
+          snap.turns.resize(static_cast<size_t>(n));
+          auto make = [=](std::vector<turn> turns,
+                          thread_metadata metadata) mutable {
+            auto id = fresh_id(self);
+            self->state.threads.reserve(
+              id, [rp, source, id](caf::expected<resolved> x) mutable {
+                if (!x)
+                  rp.deliver(x.error());
+                else
+                  rp.deliver(thread_ref{id, x->handle, false, true, source});
+              });
+            create(self, id, std::move(turns),
+                   [self, id](caf::expected<resolved> x) {
+                     self->state.threads.settle(id, std::move(x));
+                   },
+                   std::move(metadata), source);
+          };
+          if (!with_metadata) {
+            make(std::move(snap.turns), {});
+            return;
+          }
+          auto turns = std::make_shared<std::vector<turn>>(
+            std::move(snap.turns));
+          read_info(self, source,
+                    [=](caf::expected<thread_info> info) mutable {
+                      if (!info)
+                        failed(info.error());
+                      else
+                        make(std::move(*turns), std::move(info->metadata));
+                    });
+        },
+        [=](caf::error& err) mutable { failed(err); });
+  });
+  return rp;
+}
+
 } // namespace
 
 thread_registry_actor::behavior_type
@@ -239,45 +344,11 @@ thread_registry(thread_registry_pointer self, thread_registry_options options,
       return rp;
     },
     [self](fork_atom, const std::string& source) -> caf::result<thread_ref> {
-      if (auto err = validate_thread_id(source))
-        return err;
-      auto rp = self->make_response_promise<thread_ref>();
-      resolve(self, source, false, [self, rp, source](
-                                     caf::expected<resolved> r) mutable {
-        if (!r || !r->handle) {
-          rp.deliver(r ? not_found(source) : r.error());
-          return;
-        }
-        self
-          ->request(r->handle, self->state.options.snapshot_timeout,
-                    caf::get_atom::value, thread_snapshot_atom::value)
-          .then(
-            [self, rp, source](thread_snapshot& snap) mutable {
-              // Copy the completed exchanges only: a running exchange's
-              // user turn stays with the original.
-              auto n = std::min<uint64_t>(snap.committed, snap.turns.size());
-              snap.turns.resize(static_cast<size_t>(n));
-              auto id = fresh_id(self);
-              auto deliver = [rp, source, id](caf::expected<resolved> x) mutable {
-                if (!x)
-                  rp.deliver(x.error());
-                else
-                  rp.deliver(thread_ref{id, x->handle, false, true, source});
-              };
-              self->state.threads.reserve(id, deliver);
-              create(self, id, std::move(snap.turns),
-                     [self, id](caf::expected<resolved> x) {
-                       self->state.threads.settle(id, std::move(x));
-                     },
-                     {}, source);
-            },
-            [rp, source](caf::error& err) mutable {
-              rp.deliver(make_error(classify(err),
-                                    "cannot fork thread '" + source
-                                      + "': " + describe(err)));
-            });
-      });
-      return rp;
+      return copy_thread(self, source, all_turns, false);
+    },
+    [self](fork_atom, const std::string& source,
+           uint64_t at_turn) -> caf::result<thread_ref> {
+      return copy_thread(self, source, at_turn, true);
     },
     [self](caf::add_atom, const std::string& id,
            turn& t) -> caf::result<uint64_t> {
@@ -357,30 +428,13 @@ thread_registry(thread_registry_pointer self, thread_registry_options options,
         return err;
       if (id == "new")
         return not_found(id);
-      auto& st = self->state;
-      if (!st.store) {
-        if (auto info = st.catalog->get(id))
-          return std::move(*info);
-        return not_found(id);
-      }
-      // Committed state: a thread being created answers once it is stored.
       auto rp = self->make_response_promise<thread_info>();
-      self
-        ->request(st.store, st.options.store_timeout, load_atom::value,
-                  records::load_thread_info(id))
-        .then(
-          [rp, id](sql_rows& rows) mutable {
-            auto info = records::decode_thread_info(rows);
-            if (!info)
-              rp.deliver(info.error());
-            else if (!*info)
-              rp.deliver(not_found(id));
-            else
-              rp.deliver(std::move(**info));
-          },
-          [rp, id](caf::error& err) mutable {
-            rp.deliver(store_error(id, err));
-          });
+      read_info(self, id, [rp](caf::expected<thread_info> info) mutable {
+        if (info)
+          rp.deliver(std::move(*info));
+        else
+          rp.deliver(info.error());
+      });
       return rp;
     },
     [self](thread_list_atom,

@@ -261,6 +261,31 @@ void add_thread_resource_routes(router& r) {
             reply(res, 200, thread_json(*info));
           });
 
+  r.post(R"(/v1/threads/([^/]+)/copy)", "POST /v1/threads/{id}/copy",
+         [&r](const request& req, response& res, request_context& ctx) {
+           auto id = path_thread(req, false);
+           ctx.log["thread_id"] = id;
+           auto body = parse_body(req, {"at_turn"}, /*allow_empty=*/true);
+           std::optional<uint64_t> at_turn;
+           if (body.contains("at_turn") && !body["at_turn"].is_null()) {
+             auto& n = body["at_turn"];
+             if (!n.is_number_integer() || n.get<int64_t>() < 0)
+               throw api_error{400, "malformed",
+                               "field 'at_turn' must be a whole number of "
+                               "turns, 0 or more",
+                               "at_turn"};
+             at_turn = n.get<uint64_t>();
+           }
+           auto copy = r.rt().copy_thread(id, at_turn);
+           if (!copy)
+             fail(copy.error());
+           ctx.log["copy"] = copy->thread_id;
+           ctx.log["turns"] = copy->turns;
+           auto out = thread_json(*copy);
+           out["copied_from"] = id;
+           reply(res, 201, out);
+         });
+
   r.del(R"(/v1/threads/([^/]+))", "DELETE /v1/threads/{id}",
         [&r](const request& req, response& res, request_context& ctx) {
           auto id = path_thread(req, false);

@@ -2,6 +2,7 @@
 // (runtime.hpp, section "threads, memory, context builder").
 
 #include <future>
+#include <limits>
 
 #include <caf/all.hpp>
 
@@ -114,6 +115,17 @@ caf::expected<thread_info> runtime::create_thread(thread_metadata metadata) {
   auto ref = call<thread_ref>(thread_registry_, options_.default_timeout,
                               caf::put_atom::value, std::string{"new"},
                               std::move(metadata));
+  if (!ref)
+    return ref.error();
+  return thread_details(ref->thread_id);
+}
+
+caf::expected<thread_info>
+runtime::copy_thread(const std::string& thread_id,
+                     std::optional<uint64_t> at_turn) {
+  auto ref = call<thread_ref>(
+    thread_registry_, options_.default_timeout, fork_atom::value, thread_id,
+    at_turn.value_or(std::numeric_limits<uint64_t>::max()));
   if (!ref)
     return ref.error();
   return thread_details(ref->thread_id);

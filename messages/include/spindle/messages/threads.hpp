@@ -403,6 +403,10 @@ typename Inspector::result_type inspect(Inspector& f,
 /// - `(fork, thread_id)`: creates a thread with a fresh UUIDv4 ID whose
 ///   turns are a copy of the source's committed turns.
 ///   Errors: `not_found` for an unknown source.
+/// - `(fork, thread_id, at_turn)`: a copy (POST .../copy): like a fork,
+///   with the first `at_turn` committed turns (all of them with
+///   `UINT64_MAX`) and the source's metadata. Errors: `not_found`,
+///   `invalid_argument` for an `at_turn` past the committed turns.
 /// - `(get, tlist)`: every thread ID, sorted.
 /// - `(get, tcount)`: how many threads exist.
 /// - `(add, thread_id, turn)`: get_or_create, then the thread's `add`
@@ -430,6 +434,7 @@ using thread_registry_actor = caf::typed_actor<
   caf::replies_to<caf::get_atom, std::string>::with<thread_ref>,
   caf::replies_to<caf::put_atom, std::string>::with<thread_ref>,
   caf::replies_to<fork_atom, std::string>::with<thread_ref>,
+  caf::replies_to<fork_atom, std::string, uint64_t>::with<thread_ref>,
   caf::replies_to<caf::add_atom, std::string, turn>::with<uint64_t>,
   caf::replies_to<caf::get_atom, history_atom, std::string, uint64_t>::with<
     history_window>,

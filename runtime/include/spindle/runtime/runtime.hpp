@@ -296,6 +296,15 @@ public:
   /// invalid_argument, too_large, storage_failure, timeout.
   caf::expected<thread_info> create_thread(thread_metadata metadata);
 
+  /// A new thread (fresh ID) holding the first `at_turn` completed turns
+  /// of `thread_id` (all of them without `at_turn`) and its metadata; the
+  /// original is untouched. A running exchange's turns stay with the
+  /// original. Errors: invalid_id, not_found, invalid_argument (an
+  /// `at_turn` past the completed turns), storage_failure, timeout.
+  caf::expected<thread_info>
+  copy_thread(const std::string& thread_id,
+              std::optional<uint64_t> at_turn = std::nullopt);
+
   /// The thread's creation and update times, turn count and metadata.
   /// Errors: invalid_id, not_found, storage_failure, timeout.
   caf::expected<thread_info> thread_details(const std::string& thread_id);
