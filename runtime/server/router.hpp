@@ -269,6 +269,7 @@ void add_memory_routes(router& r);
 void add_task_routes(router& r);
 void add_event_routes(router& r);
 void add_openai_routes(router& r);
+void add_token_routes(router& r);
 
 } // namespace http
 } // namespace spindle
