@@ -81,12 +81,95 @@ constexpr const char* cl100k_pattern
 #undef SPINDLE_UPPER
 #undef SPINDLE_LOWER
 
+// How a pattern treats the words its ASCII fast path reads (ascii_piece).
+enum class word_rule {
+  // o200k_base: upper-case letters then lower-case ones form a word
+  // ("HTTPServer"), a contraction ('s, 'LL) ends it.
+  cased_with_contraction,
+  // cl100k_base: any letters form a word; contractions are pieces of
+  // their own, tried first.
+  letters,
+};
+
 struct spec {
   const char* name;
   const char* pattern;
+  word_rule words;
 };
-constexpr std::array<spec, 2> specs{{{"o200k_base", o200k_pattern},
-                                     {"cl100k_base", cl100k_pattern}}};
+constexpr std::array<spec, 2> specs{
+  {{"o200k_base", o200k_pattern, word_rule::cased_with_contraction},
+   {"cl100k_base", cl100k_pattern, word_rule::letters}}};
+
+inline bool is_upper(unsigned char c) noexcept {
+  return c >= 'A' && c <= 'Z';
+}
+inline bool is_lower(unsigned char c) noexcept {
+  return c >= 'a' && c <= 'z';
+}
+inline bool is_letter(unsigned char c) noexcept {
+  return is_upper(c) || is_lower(c);
+}
+inline bool is_digit(unsigned char c) noexcept {
+  return c >= '0' && c <= '9';
+}
+
+// The piece the split pattern matches at `i`, found without the regex for
+// the common shapes of ASCII text: a word with an optional leading space
+// or punctuation character, and digit runs. 0 when the piece has another
+// shape or touches a non-ASCII character whose class would decide it (the
+// regex decides then). The tests compare both paths with the reference.
+size_t ascii_piece(const unsigned char* p, size_t n, size_t i,
+                   word_rule words) noexcept {
+  auto at = [&](size_t k) -> int { // -1 past the end
+    return k < n ? p[k] : -1;
+  };
+  auto ascii_or_end = [&](size_t k) { return k >= n || p[k] < 0x80; };
+  int c = p[i];
+  if (is_digit(c)) { // \p{N}{1,3}
+    size_t k = i + 1;
+    while (k < n && k < i + 3 && is_digit(p[k]))
+      ++k;
+    return k < i + 3 && !ascii_or_end(k) ? 0 : k - i;
+  }
+  size_t start = i;
+  if (!is_letter(c)) {
+    // A leading character: not a newline, letter or digit; cl100k tries a
+    // contraction at an apostrophe first.
+    if (c >= 0x80 || c == '\r' || c == '\n'
+        || (c == '\'' && words == word_rule::letters))
+      return 0;
+    int next = at(i + 1);
+    if (next < 0 || !is_letter(next))
+      return 0;
+    ++i;
+  }
+  size_t k = i;
+  if (words == word_rule::letters) {
+    while (k < n && is_letter(p[k]))
+      ++k;
+    return ascii_or_end(k) ? k - start : 0;
+  }
+  while (k < n && is_upper(p[k]))
+    ++k;
+  while (k < n && is_lower(p[k]))
+    ++k;
+  if (!ascii_or_end(k))
+    return 0;
+  if (at(k) == '\'') { // (?i:'s|'t|'re|'ve|'m|'ll|'d)?
+    int a = at(k + 1);
+    int b = at(k + 2);
+    if ((a >= 0x80) || (a >= 0 && b >= 0x80))
+      return 0;
+    a = a | 0x20;
+    b = b < 0 ? b : b | 0x20;
+    if (a == 's' || a == 't' || a == 'm' || a == 'd')
+      k += 2;
+    else if ((a == 'r' && b == 'e') || (a == 'v' && b == 'e')
+             || (a == 'l' && b == 'l'))
+      k += 3;
+  }
+  return k - start;
+}
 
 inline uint64_t hash_bytes(const unsigned char* p, size_t n) noexcept {
   uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
@@ -383,7 +466,7 @@ std::string_view valid_utf8(std::string_view text, std::string& scratch) {
 // match data and JIT stack.
 class splitter {
 public:
-  explicit splitter(const char* pattern) {
+  splitter(const char* pattern, word_rule words) : words_(words) {
     int err = 0;
     PCRE2_SIZE offset = 0;
     code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern),
@@ -410,6 +493,11 @@ public:
     auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     size_t pos = 0;
     while (pos < text.size()) {
+      if (auto n = ascii_piece(subject, text.size(), pos, words_)) {
+        piece(text.data() + pos, n);
+        pos += n;
+        continue;
+      }
       int rc = jit_ ? pcre2_jit_match(code_, subject, text.size(), pos, 0,
                                       t.data, t.context)
                     : pcre2_match(code_, subject, text.size(), pos,
@@ -457,6 +545,7 @@ private:
 
   pcre2_code* code_ = nullptr;
   bool jit_ = false;
+  word_rule words_;
 };
 
 } // namespace
@@ -500,7 +589,8 @@ const encoding* encoding::find(std::string_view name) {
       auto self = std::make_unique<impl>();
       self->name = specs[i].name;
       self->ranks.load(detail::packed_ranks(self->name), self->name);
-      self->split = std::make_unique<splitter>(specs[i].pattern);
+      self->split = std::make_unique<splitter>(specs[i].pattern,
+                                                specs[i].words);
       self->load_seconds = std::chrono::duration<double>(
                              std::chrono::steady_clock::now() - start)
                              .count();
