@@ -100,7 +100,8 @@ int main(int argc, char** argv) {
     auto start = clock::now();
     auto* enc = tokens::encoding::find(name);
     auto first_find = seconds_since(start);
-    load.add_row(name, bench::fmt(first_find * 1000, 1), enc->vocabulary_size());
+    load.add_row(name, bench::fmt(first_find * 1000, 1),
+                 enc->vocabulary_size());
 
     auto expected = (dir / ("bench-reference-" + name + ".bin")).string();
     auto ref = last_json(run("node " + quote((dir / "reference.mjs").string())

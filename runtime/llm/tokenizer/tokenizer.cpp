@@ -51,7 +51,8 @@ constexpr rank no_rank = std::numeric_limits<rank>::max();
 // o200k_base (tiktoken: `[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*
 // [\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?
 // [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve
-// |'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`).
+// |'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)
+// |\s+`).
 constexpr const char* o200k_pattern
   = "[^\\r\\n" SPINDLE_L SPINDLE_N "]?" SPINDLE_UPPER "*" SPINDLE_LOWER
     "+" SPINDLE_CONTRACTIONS "?"
