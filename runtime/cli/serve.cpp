@@ -20,6 +20,7 @@
 #include "spindle/runtime/rewriter.hpp"
 #include "spindle/runtime/runtime.hpp"
 #include "spindle/runtime/server.hpp"
+#include "spindle/runtime/tokenizer.hpp"
 #include "spindle/version.hpp"
 
 namespace spindle::cli {
@@ -142,6 +143,9 @@ int serve(serve_args args) {
                                     {"port", *port},
                                     {"data", args.data},
                                     {"llm", args.llm},
+                                    {"tokenizer", args.http.tokenizer.empty()
+                                                    ? "per model"
+                                                    : args.http.tokenizer},
                                     {"version", version_string},
                                     {"auth", !args.http.token.empty()}}));
 
@@ -218,6 +222,12 @@ void add_serve(CLI::App& app, registry& commands) {
                   "of a reply, to watch streaming (default 0)")
     ->envname("SPINDLE_LLM_DELTA_DELAY_MS")
     ->check(CLI::Range(0L, 60000L));
+  sub->add_option("--tokenizer", args->http.tokenizer,
+                  "the encoding POST /v1/tokens/count uses for every model: "
+                  "o200k_base or cl100k_base (default: the model's, from "
+                  "tiktoken's table; docs/tokens.md)")
+    ->envname("SPINDLE_TOKENIZER")
+    ->check(CLI::IsMember(tokens::encoding_names()));
   sub->add_option("--token", args->http.token,
                   "require 'Authorization: Bearer TOKEN' on every route but "
                   "/healthz")

@@ -205,6 +205,28 @@ std::optional<std::string> optional_string(const json& body,
   return it->get<std::string>();
 }
 
+std::string chat_content_text(const json& content, const std::string& param) {
+  if (content.is_string())
+    return content.get<std::string>();
+  if (!content.is_array())
+    throw api_error{400, "invalid_argument",
+                    param + " must be a string or an array of text parts",
+                    param};
+  std::string text;
+  for (auto& part : content) {
+    auto type = part.is_object() ? part.find("type") : part.end();
+    if (!part.is_object() || type == part.end() || *type != "text"
+        || !part.contains("text") || !part["text"].is_string())
+      throw api_error{400, "invalid_argument",
+                      param + " may hold only parts of type 'text' with a "
+                              "string 'text' (images, audio and files are "
+                              "not supported)",
+                      param};
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
 std::optional<int64_t> optional_int(const json& body, const char* field) {
   auto it = body.find(field);
   if (it == body.end() || it->is_null())

@@ -142,6 +142,11 @@ std::optional<std::string> optional_string(const json& body,
                                            const char* field);
 std::optional<int64_t> optional_int(const json& body, const char* field);
 
+/// The text of a chat message's content (`param` names it in errors, e.g.
+/// `messages[2].content`): a string, or an array of parts of type `text`,
+/// concatenated. Throws 400 `invalid_argument` for anything else.
+std::string chat_content_text(const json& content, const std::string& param);
+
 /// The thread ID of the path's first `{}` segment, validated (D10); "new"
 /// only where allowed (400 `invalid_id` otherwise).
 std::string path_thread(const request& req, bool allow_new);
@@ -264,6 +269,7 @@ void add_memory_routes(router& r);
 void add_task_routes(router& r);
 void add_event_routes(router& r);
 void add_openai_routes(router& r);
+void add_token_routes(router& r);
 
 } // namespace http
 } // namespace spindle

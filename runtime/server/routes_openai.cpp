@@ -56,26 +56,6 @@ bool listed(const char* const (&names)[N], const std::string& key) {
   return false;
 }
 
-// The text of a message's content: a string, or text parts.
-std::string content_text(const json& content, size_t index) {
-  auto param = "messages[" + std::to_string(index) + "].content";
-  if (content.is_string())
-    return content.get<std::string>();
-  if (!content.is_array())
-    invalid(param + " must be a string or an array of text parts", param);
-  std::string text;
-  for (auto& part : content) {
-    auto type = part.is_object() ? part.find("type") : part.end();
-    if (!part.is_object() || type == part.end() || *type != "text"
-        || !part.contains("text") || !part["text"].is_string())
-      invalid(param + " may hold only parts of type 'text' with a string "
-                      "'text' (images, audio and files are not supported)",
-              param);
-    text += part["text"].get<std::string>();
-  }
-  return text;
-}
-
 struct chat_request {
   std::vector<chat_message> messages;
   std::string model;
@@ -177,7 +157,7 @@ chat_request parse_chat(const request& req) {
     auto content = m.find("content");
     if (content == m.end() || content->is_null())
       invalid(param + ".content is required", param + ".content");
-    msg.content = content_text(*content, i);
+    msg.content = chat_content_text(*content, param + ".content");
     if (r == "tool") {
       auto id = m.find("tool_call_id");
       if (id == m.end() || !id->is_string() || id->get<std::string>().empty())

@@ -185,6 +185,7 @@ server::server(runtime& rt, server_options options)
   http::add_task_routes(r);
   http::add_event_routes(r);
   http::add_openai_routes(r);
+  http::add_token_routes(r);
   // A retry with the same Idempotency-Key gets the first answer.
   for (auto* route :
        {"POST /v1/threads/{id}/messages",

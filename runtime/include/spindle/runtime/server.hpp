@@ -61,6 +61,10 @@ struct server_options {
   size_t send_buffer = 0;
   /// How long a stopping server waits for in-flight requests.
   std::chrono::milliseconds shutdown_grace{10000};
+  /// The encoding `POST /v1/tokens/count` uses for every model
+  /// (`o200k_base`, `cl100k_base`); empty: the model's, from tiktoken's
+  /// table (docs/tokens.md). A request's own `encoding` still wins.
+  std::string tokenizer;
   /// How long the answer to a request with an Idempotency-Key is kept for
   /// its retries (docs/api.md, "Idempotent retries").
   std::chrono::seconds idempotency_retention{24 * 3600};
