@@ -417,14 +417,16 @@ TEST_CASE("query rewriter: the offline rewriter returns the original for "
 }
 
 TEST_CASE("prompt assembly: D7 order with every part present") {
-  std::vector<turn> history{make_user_turn("q1"), make_assistant_turn("a1"),
+  auto asking = make_assistant_turn("a1");
+  asking.tool_calls = {tool_call{"call-7", "answer", "{}"}};
+  std::vector<turn> history{make_user_turn("q1"), asking,
                             make_tool_turn("42", "call-7")};
   auto m = assemble_messages("sys", "- fact", history, "orig", "rewritten");
   REQUIRE(m.size() == 6);
   REQUIRE(m[0] == chat_message{"system", "sys", {}});
   REQUIRE(m[1] == chat_message{"system", "Long-term memory:\n- fact", {}});
   REQUIRE(m[2] == chat_message{"user", "q1", {}});
-  REQUIRE(m[3] == chat_message{"assistant", "a1", {}});
+  REQUIRE(m[3] == chat_message{"assistant", "a1", {}, asking.tool_calls});
   REQUIRE(m[4] == chat_message{"tool", "42", "call-7"});
   REQUIRE(m[5].content
           == "Original user message:\norig\n\n---\n\nContextualized "

@@ -36,23 +36,25 @@ namespace {
 sql_statement journal_row(const std::string& thread_id, uint64_t seq,
                           const turn& t) {
   return make_sql("INSERT INTO turn_journal(thread_id, seq, role, content, "
-                  "timestamp_ms, tool_call_id, interrupted) "
-                  "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7);",
+                  "timestamp_ms, tool_call_id, interrupted, tool_calls) "
+                  "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8);",
                   thread_id, seq, static_cast<int64_t>(t.role), t.content,
-                  t.timestamp_ms, t.tool_call_id, t.interrupted);
+                  t.timestamp_ms, t.tool_call_id, t.interrupted,
+                  tool_calls_to_json(t.tool_calls));
 }
 
 // A thread and its turns; `journal`: also those not folded yet.
 std::string load_thread_sql(bool journal) {
   std::string turns = "SELECT thread_id, seq, role, content, timestamp_ms, "
-                      "tool_call_id, interrupted FROM turns "
+                      "tool_call_id, interrupted, tool_calls FROM turns "
                       "WHERE thread_id = ?1";
   if (journal)
     turns += " UNION ALL SELECT thread_id, seq, role, content, "
-             "timestamp_ms, tool_call_id, interrupted FROM turn_journal "
-             "WHERE thread_id = ?1";
+             "timestamp_ms, tool_call_id, interrupted, tool_calls "
+             "FROM turn_journal WHERE thread_id = ?1";
   return "SELECT t.epoch, u.seq, u.role, u.content, u.timestamp_ms, "
-         "u.tool_call_id, u.interrupted, t.metadata FROM threads t "
+         "u.tool_call_id, u.interrupted, t.metadata, u.tool_calls "
+         "FROM threads t "
          "LEFT JOIN ("
          + turns
          + ") u ON u.thread_id = t.thread_id WHERE t.thread_id = ?1 "
@@ -94,6 +96,13 @@ decode_thread(const sql_rows& rows) {
     t.timestamp_ms = row[4].integer;
     t.tool_call_id = row[5].text;
     t.interrupted = row[6].integer != 0;
+    if (is_text(row, 8)) {
+      auto calls = tool_calls_from_json(row[8].text);
+      if (!calls)
+        return unreadable("a turn's tool calls (" + describe(calls.error())
+                          + ")");
+      t.tool_calls = std::move(*calls);
+    }
     out.turns.push_back(std::move(t));
     out.next_seq = u64(row[1]) + 1;
   }
@@ -141,6 +150,20 @@ sql_write append_turn(const std::string& thread_id, uint64_t seq,
   out.push_back(make_sql("UPDATE threads SET version = ?2, "
                          "turn_count = turn_count + 1 WHERE thread_id = ?1;",
                          thread_id, sql_value::kind::version));
+  return out;
+}
+
+sql_write append_turns(const std::string& thread_id, uint64_t first_seq,
+                       const std::vector<turn>& turns) {
+  sql_write out;
+  out.reserve(turns.size() + 2);
+  for (size_t i = 0; i < turns.size(); ++i)
+    out.push_back(journal_row(thread_id, first_seq + i, turns[i]));
+  out.push_back(keep_version(thread_id));
+  out.push_back(make_sql("UPDATE threads SET version = ?2, "
+                         "turn_count = turn_count + ?3 WHERE thread_id = ?1;",
+                         thread_id, sql_value::kind::version,
+                         static_cast<uint64_t>(turns.size())));
   return out;
 }
 
@@ -279,9 +302,9 @@ caf::expected<thread_page> decode_threads_page(const sql_rows& rows,
 
 sql_write fold_turn_journal() {
   return {make_sql("INSERT INTO turns(thread_id, seq, role, content, "
-                   "timestamp_ms, tool_call_id, interrupted) "
+                   "timestamp_ms, tool_call_id, interrupted, tool_calls) "
                    "SELECT thread_id, seq, role, content, timestamp_ms, "
-                   "tool_call_id, interrupted FROM turn_journal "
+                   "tool_call_id, interrupted, tool_calls FROM turn_journal "
                    "ORDER BY thread_id, seq;"),
           make_sql("DELETE FROM turn_journal;")};
 }

@@ -116,6 +116,68 @@ void append(thread_pointer self, turn t, promise rp) {
                 st.turns, std::move(t), st.appends, st.events)});
 }
 
+template <class Apply>
+void write_through(thread_pointer self, sql_write write, promise rp,
+                   Apply apply, std::vector<event> events);
+
+// Appends `batch` in one write, after every append handed to the store
+// before it is published (a barrier when some are in flight), so that it
+// is checked against every turn of the thread: tool call IDs unique, tool
+// turns answering open calls. Later requests wait for it.
+void append_batch(thread_pointer self, std::vector<turn> batch, promise rp) {
+  auto& st = self->state;
+  if (st.store && appends_in_flight(st) > 0) {
+    st.writing = true;
+    self->request(st.store, caf::infinite, store_atom::value, sql_write{})
+      .then(
+        [self, batch = std::move(batch), rp](uint64_t) mutable {
+          self->state.writing = false;
+          append_batch(self, std::move(batch), std::move(rp));
+          drain(self);
+        },
+        [self, rp](caf::error& err) mutable {
+          self->state.writing = false;
+          rp.deliver(store_error(self->state.thread_id, err));
+          drain(self);
+        });
+    return;
+  }
+  tool_call_ledger ledger;
+  auto& log = *st.turns;
+  for (size_t i = 0, n = log.size(); i < n; ++i)
+    ledger.add(log[i]);
+  if (auto err = validate_turn_batch(std::move(ledger), batch)) {
+    rp.deliver(std::move(err));
+    return;
+  }
+  auto now = unix_time_ms();
+  std::vector<event> events;
+  auto count = log.size();
+  for (auto& t : batch) {
+    if (t.timestamp_ms == 0)
+      t.timestamp_ms = now;
+    events.push_back(appended_event(st.thread_id, t.role, ++count));
+  }
+  sql_write write;
+  if (st.store) {
+    write = records::append_turns(st.thread_id, st.next_seq, batch);
+    st.next_seq += batch.size();
+  }
+  auto turns = std::make_shared<std::vector<turn>>(std::move(batch));
+  write_through(
+    self, std::move(write), std::move(rp),
+    [self, turns]() -> uint64_t {
+      auto& s = self->state;
+      uint64_t n = s.turns->size();
+      for (auto& t : *turns)
+        n = s.turns->push_back(std::move(t));
+      if (!s.store && s.catalog)
+        s.catalog->set_turns(s.thread_id, n);
+      return n;
+    },
+    std::move(events));
+}
+
 // Runs `apply` once `write` committed (at once without a store), then
 // answers `rp` with what it returns; `events` are published after the
 // commit. Later requests wait until then. The store answers only after
@@ -123,7 +185,7 @@ void append(thread_pointer self, turn t, promise rp) {
 // all in the log; an empty write is such a barrier alone.
 template <class Apply>
 void write_through(thread_pointer self, sql_write write, promise rp,
-                   Apply apply, std::vector<event> events = {}) {
+                   Apply apply, std::vector<event> events) {
   auto& st = self->state;
   if (!st.store) {
     rp.deliver(apply());
@@ -192,7 +254,8 @@ void begin(thread_pointer self, caf::strong_actor_ptr holder, promise rp) {
   write_through(self, sql_write{}, std::move(rp),
                 [self, holder = std::move(holder)]() mutable {
                   return grant(self, std::move(holder));
-                });
+                },
+                {});
 }
 
 caf::error deleted_error(const std::string& thread_id) {
@@ -259,6 +322,9 @@ void drain(thread_pointer self) {
       case waiter::op::add:
         append(self, std::move(w.item), std::move(w.promise));
         break;
+      case waiter::op::add_batch:
+        append_batch(self, std::move(w.items), std::move(w.promise));
+        break;
       case waiter::op::clear:
         clear(self, std::move(w.promise));
         break;
@@ -296,7 +362,17 @@ enqueue(thread_pointer self, waiter::op what, turn item) {
   auto from = requester(self);
   auto rp = self->make_response_promise<uint64_t>();
   self->state.waiting.push_back(
-    waiter{what, std::move(item), rp, std::move(from)});
+    waiter{what, std::move(item), {}, rp, std::move(from)});
+  return rp;
+}
+
+caf::typed_response_promise<uint64_t> enqueue_batch(thread_pointer self,
+                                                    std::vector<turn> items) {
+  auto from = requester(self);
+  auto rp = self->make_response_promise<uint64_t>();
+  self->state.waiting.push_back(waiter{waiter::op::add_batch, turn{},
+                                       std::move(items), rp,
+                                       std::move(from)});
   return rp;
 }
 
@@ -405,6 +481,16 @@ conversation_thread(thread_pointer self, std::string thread_id,
         return enqueue(self, waiter::op::add, std::move(t));
       auto rp = self->make_response_promise<uint64_t>();
       append(self, std::move(t), rp);
+      return rp;
+    },
+    [self](caf::add_atom, std::vector<turn>& batch) -> caf::result<uint64_t> {
+      // What the batch alone decides, before it waits in line.
+      if (auto err = validate_turns_alone(batch))
+        return err;
+      if (busy(self->state))
+        return enqueue_batch(self, std::move(batch));
+      auto rp = self->make_response_promise<uint64_t>();
+      append_batch(self, std::move(batch), rp);
       return rp;
     },
     [self](caf::add_atom, turn& t, uint64_t lease) -> caf::result<uint64_t> {

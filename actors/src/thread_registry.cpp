@@ -364,6 +364,23 @@ thread_registry(thread_registry_pointer self, thread_registry_options options,
         self, id, true, [] { return uint64_t{0}; }, caf::add_atom::value,
         std::move(t));
     },
+    [self](caf::add_atom, const std::string& id,
+           std::vector<turn>& batch) -> caf::result<uint64_t> {
+      if (auto err = validate_thread_id(id))
+        return err;
+      if (id == "new")
+        return make_error(errc::invalid_id,
+                          "thread_id 'new' names no thread: create one with "
+                          "POST /v1/threads, then append to it");
+      if (auto err = validate_turns_alone(batch))
+        return err;
+      // Appending without generating creates no thread: a refused batch
+      // must leave nothing behind.
+      return route<uint64_t>(
+        self, id, false,
+        [id]() -> caf::expected<uint64_t> { return not_found(id); },
+        caf::add_atom::value, std::move(batch));
+    },
     [self](caf::get_atom, history_atom, const std::string& id,
            uint64_t max_turns) -> caf::result<history_window> {
       if (auto err = validate_thread_id(id))

@@ -65,6 +65,105 @@ caf::error validate_turn(const turn& x) {
   if (x.interrupted && x.role != turn_role::assistant)
     return make_error(errc::invalid_argument,
                       "only assistant turns can be interrupted");
+  if (!x.tool_calls.empty()) {
+    if (x.role != turn_role::assistant)
+      return make_error(errc::invalid_argument,
+                        std::string{"tool_calls are only for assistant "
+                                    "turns, not "}
+                          + to_string(x.role) + " turns");
+    if (auto err = validate_tool_calls(x.tool_calls, x.content.size()))
+      return err;
+  }
+  return caf::none;
+}
+
+caf::error validate_tool_calls(const std::vector<tool_call>& calls,
+                               size_t content_bytes) {
+  if (calls.size() > max_tool_calls)
+    return make_error(errc::too_large,
+                      "tool_calls has " + std::to_string(calls.size())
+                        + " calls; a turn makes at most "
+                        + std::to_string(max_tool_calls));
+  auto bytes = content_bytes;
+  for (size_t i = 0; i < calls.size(); ++i) {
+    auto& c = calls[i];
+    auto field = "tool_calls[" + std::to_string(i) + "]";
+    if (c.id.empty() || c.id.size() > max_tool_call_id)
+      return make_error(errc::invalid_argument,
+                        field + ".id must have 1 to "
+                          + std::to_string(max_tool_call_id) + " characters");
+    for (size_t j = 0; j < i; ++j)
+      if (calls[j].id == c.id)
+        return make_error(errc::invalid_argument,
+                          field + ".id '" + c.id
+                            + "' is given twice in the turn");
+    auto name_ok = !c.name.empty() && c.name.size() <= max_tool_name;
+    for (auto ch : c.name)
+      name_ok = name_ok
+                && ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z')
+                    || (ch >= '0' && ch <= '9') || ch == '_' || ch == '-');
+    if (!name_ok)
+      return make_error(errc::invalid_argument,
+                        field + ".function.name must have 1 to "
+                          + std::to_string(max_tool_name)
+                          + " characters of A-Z, a-z, 0-9, _ and -");
+    bytes += c.arguments.size();
+    if (bytes > max_turn_content)
+      return make_error(errc::too_large,
+                        "content and tool call arguments have more than "
+                          + std::to_string(max_turn_content)
+                          + " bytes; a turn holds at most that");
+  }
+  return caf::none;
+}
+
+void tool_call_ledger::add(const turn& t) {
+  for (auto& c : t.tool_calls)
+    made.insert(c.id);
+  if (t.role == turn_role::tool)
+    answered.insert(t.tool_call_id);
+}
+
+caf::error validate_turns_alone(const std::vector<turn>& batch) {
+  if (batch.empty())
+    return make_error(errc::invalid_argument,
+                      "turns must hold at least one turn");
+  if (batch.size() > max_turn_batch)
+    return make_error(errc::too_large,
+                      "turns holds " + std::to_string(batch.size())
+                        + " turns; a batch appends at most "
+                        + std::to_string(max_turn_batch));
+  for (size_t i = 0; i < batch.size(); ++i)
+    if (auto err = validate_turn(batch[i]))
+      return make_error(classify(err), "turns[" + std::to_string(i)
+                                         + "]: " + describe(err));
+  return caf::none;
+}
+
+caf::error validate_turn_batch(tool_call_ledger ledger,
+                               const std::vector<turn>& batch) {
+  if (auto err = validate_turns_alone(batch))
+    return err;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    auto& t = batch[i];
+    auto field = "turns[" + std::to_string(i) + "]";
+    for (auto& c : t.tool_calls)
+      if (ledger.made.count(c.id) > 0)
+        return make_error(errc::invalid_argument,
+                          field + ": tool call ID '" + c.id
+                            + "' was already used in this thread");
+    if (t.role == turn_role::tool) {
+      if (ledger.made.count(t.tool_call_id) == 0)
+        return make_error(errc::invalid_argument,
+                          field + ": tool_call_id '" + t.tool_call_id
+                            + "' answers no call this thread made");
+      if (ledger.answered.count(t.tool_call_id) > 0)
+        return make_error(errc::invalid_argument,
+                          field + ": the call '" + t.tool_call_id
+                            + "' was already answered");
+    }
+    ledger.add(t);
+  }
   return caf::none;
 }
 
@@ -86,7 +185,8 @@ turn make_tool_turn(std::string content, std::string tool_call_id) {
 }
 
 chat_message to_chat_message(const turn& x) {
-  return chat_message{to_string(x.role), x.content, x.tool_call_id};
+  return chat_message{to_string(x.role), x.content, x.tool_call_id,
+                      x.tool_calls};
 }
 
 // -- history windows ----------------------------------------------------------

@@ -147,6 +147,11 @@ make_request(const endpoint& ep, const std::vector<chat_message>& messages,
     json msg{{"role", m.role}, {"content", m.content}};
     if (!m.tool_call_id.empty())
       msg["tool_call_id"] = m.tool_call_id;
+    if (!m.tool_calls.empty()) {
+      msg["tool_calls"] = json::parse(tool_calls_to_json(m.tool_calls));
+      if (m.content.empty())
+        msg["content"] = nullptr; // as OpenAI writes a call-only message
+    }
     body["messages"].push_back(std::move(msg));
   }
   if (options.max_tokens > 0)

@@ -35,6 +35,8 @@ json turn_json(const turn& t) {
     out["tool_call_id"] = t.tool_call_id;
   if (t.interrupted)
     out["interrupted"] = true;
+  if (!t.tool_calls.empty())
+    out["tool_calls"] = json::parse(tool_calls_to_json(t.tool_calls));
   return out;
 }
 
@@ -51,9 +53,64 @@ json messages_json(const std::vector<chat_message>& messages) {
     json msg{{"role", m.role}, {"content", m.content}};
     if (!m.tool_call_id.empty())
       msg["tool_call_id"] = m.tool_call_id;
+    if (!m.tool_calls.empty())
+      msg["tool_calls"] = json::parse(tool_calls_to_json(m.tool_calls));
     out.push_back(std::move(msg));
   }
   return out;
+}
+
+// One turn of a POST .../turns body: OpenAI's message form (`role`,
+// `content`, `tool_calls`, `tool_call_id`).
+turn turn_of(const json& x, size_t i) {
+  auto field = "turns[" + std::to_string(i) + "]";
+  if (!x.is_object())
+    throw api_error{400, "malformed", field + " must be an object", field};
+  for (auto& [key, value] : x.items())
+    if (key != "role" && key != "content" && key != "tool_calls"
+        && key != "tool_call_id")
+      throw api_error{400, "unknown_field",
+                      field + " has an unknown field '" + key.substr(0, 64)
+                        + "'; a turn has role, content, tool_calls, "
+                          "tool_call_id",
+                      field + "." + key.substr(0, 64)};
+  turn t;
+  auto role = x.find("role");
+  if (role == x.end() || !role->is_string())
+    throw api_error{400, "malformed", field + ".role must be a string",
+                    field + ".role"};
+  auto parsed = parse_turn_role(role->get<std::string>());
+  if (!parsed)
+    throw api_error{400, "invalid_argument",
+                    field + ".role must be system, user, assistant or tool",
+                    field + ".role"};
+  t.role = *parsed;
+  auto content = x.find("content");
+  if (content != x.end() && !content->is_null()) {
+    if (!content->is_string())
+      throw api_error{400, "malformed",
+                      field + ".content must be a string (or null for an "
+                              "assistant turn that only calls tools)",
+                      field + ".content"};
+    t.content = content->get<std::string>();
+  }
+  auto id = x.find("tool_call_id");
+  if (id != x.end() && !id->is_null()) {
+    if (!id->is_string())
+      throw api_error{400, "malformed", field + ".tool_call_id must be a string",
+                      field + ".tool_call_id"};
+    t.tool_call_id = id->get<std::string>();
+  }
+  auto calls = x.find("tool_calls");
+  if (calls != x.end() && !calls->is_null()) {
+    auto parsed_calls = tool_calls_from_json(calls->dump());
+    if (!parsed_calls)
+      throw api_error{400, "malformed",
+                      field + ": " + describe(parsed_calls.error()),
+                      field + ".tool_calls"};
+    t.tool_calls = std::move(*parsed_calls);
+  }
+  return t;
 }
 
 // Parses the body of both message routes into an exchange request.
@@ -218,6 +275,36 @@ void add_thread_routes(router& r) {
                            {"turns", turns_json(window->turns)},
                            {"total_turns", window->total_turns}});
         });
+
+  r.post(R"(/v1/threads/([^/]+)/turns)", "POST /v1/threads/{id}/turns",
+         [&r](const request& req, response& res, request_context& ctx) {
+           auto id = path_thread(req, false);
+           ctx.log["thread_id"] = id;
+           auto body = parse_body(req, {"turns"});
+           auto list = body.find("turns");
+           if (list == body.end() || !list->is_array())
+             throw api_error{400, "malformed",
+                             "field 'turns' must be an array of turns",
+                             "turns"};
+           if (list->size() > max_turn_batch)
+             throw api_error{413, "too_large",
+                             "turns holds " + std::to_string(list->size())
+                               + " turns; a batch appends at most "
+                               + std::to_string(max_turn_batch),
+                             "turns"};
+           std::vector<turn> turns;
+           turns.reserve(list->size());
+           for (size_t i = 0; i < list->size(); ++i)
+             turns.push_back(turn_of((*list)[i], i));
+           auto appended = turns.size();
+           auto count = r.rt().append_turns(id, std::move(turns));
+           if (!count)
+             fail(count.error());
+           ctx.log["appended"] = appended;
+           reply(res, 200, {{"thread_id", id},
+                            {"appended", appended},
+                            {"turns", *count}});
+         });
 
   r.del(R"(/v1/threads/([^/]+)/turns)", "DELETE /v1/threads/{id}/turns",
         [&r](const request& req, response& res,

@@ -230,6 +230,11 @@ const char* const migrations[] = {
   "ALTER TABLE tasks ADD COLUMN backoff_ms INTEGER NOT NULL DEFAULT 0;"
   "ALTER TABLE tasks ADD COLUMN retry_at INTEGER NOT NULL DEFAULT 0;"
   "UPDATE tasks SET attempts = 1 WHERE state <> 0;",
+
+  // 9 -> 10: an assistant turn's tool calls, OpenAI's JSON array as text
+  // ('' for none: every turn stored before).
+  "ALTER TABLE turns ADD COLUMN tool_calls TEXT NOT NULL DEFAULT '';"
+  "ALTER TABLE turn_journal ADD COLUMN tool_calls TEXT NOT NULL DEFAULT '';",
 };
 
 static_assert(sizeof(migrations) / sizeof(migrations[0])

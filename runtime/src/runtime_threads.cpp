@@ -120,6 +120,12 @@ caf::expected<thread_info> runtime::create_thread(thread_metadata metadata) {
   return thread_details(ref->thread_id);
 }
 
+caf::expected<uint64_t> runtime::append_turns(const std::string& thread_id,
+                                              std::vector<turn> turns) {
+  return call<uint64_t>(thread_registry_, options_.conversation.queue_timeout,
+                        caf::add_atom::value, thread_id, std::move(turns));
+}
+
 caf::expected<thread_info>
 runtime::copy_thread(const std::string& thread_id,
                      std::optional<uint64_t> at_turn) {

@@ -60,6 +60,11 @@ sql_write create_thread(const std::string& thread_id,
 sql_write append_turn(const std::string& thread_id, uint64_t seq,
                       const turn& t);
 
+/// Appends `turns` from sequence number `first_seq` in one write (a batch:
+/// all of them or none).
+sql_write append_turns(const std::string& thread_id, uint64_t first_seq,
+                       const std::vector<turn>& turns);
+
 /// Removes every turn and counts the clear.
 sql_write clear_thread(const std::string& thread_id);
 

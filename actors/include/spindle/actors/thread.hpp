@@ -34,8 +34,9 @@ struct thread_state {
 
   /// A write or exchange that arrived while the thread was held.
   struct waiter {
-    enum class op : uint8_t { add, clear, begin } what;
+    enum class op : uint8_t { add, add_batch, clear, begin } what;
     turn item;
+    std::vector<turn> items; // add_batch
     caf::typed_response_promise<uint64_t> promise;
     caf::strong_actor_ptr requester;
   };

@@ -65,10 +65,25 @@ inline constexpr std::string_view memory_message_prefix = "Long-term memory:\n";
 std::string final_user_content(const std::string& original,
                                const std::string& rewritten);
 
+/// The content of the tool result a prompt gives a call that has none
+/// stored (`close_tool_calls`).
+inline constexpr std::string_view interrupted_tool_result
+  = "interrupted: no result was stored for this tool call";
+
+/// History as an upstream takes it: every assistant message that calls
+/// tools is followed at once by one tool message per call, in the calls'
+/// order: the call's stored result (moved there if it was stored later),
+/// else one saying the call was interrupted (`interrupted_tool_result`).
+/// Tool messages answering no call of the history (their call fell out of
+/// the window) are left out. Stored turns are not changed: only the
+/// prompt is. This function is thread-safe.
+std::vector<chat_message> close_tool_calls(std::vector<chat_message> history);
+
 /// The messages of a prompt, in D7's order: the system prompt (if
 /// non-empty); "Long-term memory:\n{snippet}" as a system message (if the
-/// snippet is non-empty); the history turns in the order given; the current
-/// user message (`final_user_content`). This function is thread-safe.
+/// snippet is non-empty); the history turns in the order given, with their
+/// tool calls closed (`close_tool_calls`); the current user message
+/// (`final_user_content`). This function is thread-safe.
 std::vector<chat_message> assemble_messages(const std::string& system_prompt,
                                             const std::string& memory_snippet,
                                             const std::vector<turn>& history,

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include <caf/atom.hpp>
@@ -52,12 +53,15 @@ struct turn {
   /// True for an assistant turn whose generation stopped because the client
   /// went away: `content` holds what was generated until then.
   bool interrupted = false;
+  /// For assistant turns: the tool calls the turn makes, in order. Empty
+  /// for every other role.
+  std::vector<tool_call> tool_calls;
 
   friend bool operator==(const turn& x, const turn& y) {
     return x.role == y.role && x.content == y.content
            && x.timestamp_ms == y.timestamp_ms
            && x.tool_call_id == y.tool_call_id
-           && x.interrupted == y.interrupted;
+           && x.interrupted == y.interrupted && x.tool_calls == y.tool_calls;
   }
   friend bool operator!=(const turn& x, const turn& y) {
     return !(x == y);
@@ -67,7 +71,7 @@ struct turn {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, turn& x) {
   return f(caf::meta::type_name("turn"), x.role, x.content, x.timestamp_ms,
-           x.tool_call_id, x.interrupted);
+           x.tool_call_id, x.interrupted, x.tool_calls);
 }
 
 /// The largest turn content a thread accepts (1 MiB).
@@ -76,13 +80,57 @@ inline constexpr size_t max_turn_content = 1u << 20;
 /// The longest tool call ID a thread accepts.
 inline constexpr size_t max_tool_call_id = 256;
 
+/// The most tool calls one assistant turn makes.
+inline constexpr size_t max_tool_calls = 128;
+
+/// The longest tool (function) name: OpenAI's limit.
+inline constexpr size_t max_tool_name = 64;
+
 /// Checks a turn before it is appended: a known role; content at most
 /// `max_turn_content` bytes and non-empty for system and user turns; a
 /// tool turn names its `tool_call_id` (1 to 256 characters), other roles
-/// leave it empty; only assistant turns may be `interrupted`.
+/// leave it empty; only assistant turns may be `interrupted` or make
+/// `tool_calls`: at most `max_tool_calls`, each with an ID of 1 to 256
+/// characters unique in the turn, a name of 1 to 64 characters of
+/// `[A-Za-z0-9_-]`, and arguments that, with the content, fit in
+/// `max_turn_content` bytes.
 /// Errors: `invalid_argument` or `too_large`, naming the field.
 /// This function is thread-safe.
 caf::error validate_turn(const turn& x);
+
+/// Checks an assistant turn's tool calls (the rules of `validate_turn`);
+/// `content_bytes`: the size of the turn's content, which the arguments
+/// share `max_turn_content` with.
+/// Errors: `invalid_argument` or `too_large`, naming the field.
+caf::error validate_tool_calls(const std::vector<tool_call>& calls,
+                               size_t content_bytes);
+
+/// The most turns one batch appends (`POST /v1/threads/{id}/turns`).
+inline constexpr size_t max_turn_batch = 1000;
+
+/// The tool calls a thread has made and those its tool turns answered: what
+/// a batch of appended turns is checked against.
+struct tool_call_ledger {
+  std::unordered_set<std::string> made;
+  std::unordered_set<std::string> answered;
+
+  /// Notes the calls `t` makes, or the call it answers.
+  void add(const turn& t);
+};
+
+/// Checks turns to append after those noted in `ledger`, as one batch:
+/// 1 to `max_turn_batch` turns, each valid (`validate_turn`); a call ID is
+/// made once in the thread; a tool turn answers a call the thread (or an
+/// earlier turn of the batch) made and no turn has answered yet.
+/// Errors: `invalid_argument` or `too_large`, naming `turns[i]`.
+/// This function is thread-safe.
+caf::error validate_turn_batch(tool_call_ledger ledger,
+                               const std::vector<turn>& batch);
+
+/// What a batch decides alone, without its thread: 1 to `max_turn_batch`
+/// turns, each valid (`validate_turn`). Errors as `validate_turn_batch`.
+/// This function is thread-safe.
+caf::error validate_turns_alone(const std::vector<turn>& batch);
 
 /// Builds a user turn (timestamp 0: stamped on append).
 turn make_user_turn(std::string content);
@@ -328,6 +376,11 @@ caf::error validate_thread_list_request(const thread_list_request& x);
 ///   until the exchange ends, so it never lands inside an exchange.
 /// - `(add, turn, lease)` appends for the exchange holding `lease`.
 ///   Errors: `conflict` if `lease` does not hold the thread.
+/// - `(add, turns)` appends a batch in one write, all or nothing, and
+///   replies with the new turn count; waits like `add`. The batch is
+///   checked against the thread's turns (`validate_turn_batch`: tool calls
+///   unique, tool turns answering open calls). Errors: `invalid_argument`,
+///   `too_large` naming `turns[i]` (nothing is stored).
 /// - `(get, history, max_turns)` replies with the D6 window. Never
 ///   mutates. Errors: `invalid_argument` for `max_turns < 2`.
 /// - `(get, tsnapshot)` replies with a copy of every turn.
@@ -346,6 +399,7 @@ caf::error validate_thread_list_request(const thread_list_request& x);
 ///   exchanges waiting behind it fail with `not_found`.
 using thread_actor = caf::typed_actor<
   caf::replies_to<caf::add_atom, turn>::with<uint64_t>,
+  caf::replies_to<caf::add_atom, std::vector<turn>>::with<uint64_t>,
   caf::replies_to<caf::add_atom, turn, uint64_t>::with<uint64_t>,
   caf::replies_to<caf::get_atom, history_atom, uint64_t>::with<history_window>,
   caf::replies_to<caf::get_atom, thread_snapshot_atom>::with<thread_snapshot>,
@@ -411,6 +465,8 @@ typename Inspector::result_type inspect(Inspector& f,
 /// - `(get, tcount)`: how many threads exist.
 /// - `(add, thread_id, turn)`: get_or_create, then the thread's `add`
 ///   (one round trip for callers that do not keep the thread's handle).
+/// - `(add, thread_id, turns)`: the existing thread's batch `add`
+///   (nothing is created). Errors: `not_found`.
 /// - `(get, history, thread_id, max_turns)`: the thread's `history`; an
 ///   empty window for an unknown thread (nothing is created).
 /// - `(get, tsnapshot, thread_id)`, `(reset, thread_id)`: the thread's
@@ -436,6 +492,8 @@ using thread_registry_actor = caf::typed_actor<
   caf::replies_to<fork_atom, std::string>::with<thread_ref>,
   caf::replies_to<fork_atom, std::string, uint64_t>::with<thread_ref>,
   caf::replies_to<caf::add_atom, std::string, turn>::with<uint64_t>,
+  caf::replies_to<caf::add_atom, std::string, std::vector<turn>>::with<
+    uint64_t>,
   caf::replies_to<caf::get_atom, history_atom, std::string, uint64_t>::with<
     history_window>,
   caf::replies_to<caf::get_atom, thread_snapshot_atom, std::string>::with<

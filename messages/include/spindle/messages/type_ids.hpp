@@ -65,6 +65,8 @@ CAF_BEGIN_TYPE_ID_BLOCK(spindle, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(spindle, (spindle::build_options))
   CAF_ADD_TYPE_ID(spindle, (spindle::build_request))
   CAF_ADD_TYPE_ID(spindle, (spindle::built_context))
+  CAF_ADD_TYPE_ID(spindle, (spindle::tool_call))
+  CAF_ADD_TYPE_ID(spindle, (std::vector<spindle::tool_call>))
 
   // -- orchestration ------------------------------------------------------------------
   CAF_ADD_TYPE_ID(spindle, (spindle::task_id))

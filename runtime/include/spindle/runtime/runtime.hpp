@@ -296,6 +296,16 @@ public:
   /// invalid_argument, too_large, storage_failure, timeout.
   caf::expected<thread_info> create_thread(thread_metadata metadata);
 
+  /// Appends `turns` to the existing thread `thread_id` in one write, all
+  /// or nothing, without generating; replies with the new turn count. The
+  /// batch is checked against the thread (`validate_turn_batch`): tool
+  /// call IDs unique in the thread, each tool turn answering an open call.
+  /// Waits for a running exchange. Errors: invalid_id, not_found,
+  /// invalid_argument, too_large (nothing is stored), storage_failure,
+  /// timeout.
+  caf::expected<uint64_t> append_turns(const std::string& thread_id,
+                                       std::vector<turn> turns);
+
   /// A new thread (fresh ID) holding the first `at_turn` completed turns
   /// of `thread_id` (all of them without `at_turn`) and its metadata; the
   /// original is untouched. A running exchange's turns stay with the
