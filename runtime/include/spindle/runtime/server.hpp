@@ -108,6 +108,8 @@ public:
 
 private:
   void add_connection_gauges();
+  /// The body of GET /v1/stats over the last `window_s` seconds.
+  std::string stats_body(int window_s);
 
   struct impl;
   std::unique_ptr<impl> impl_;
