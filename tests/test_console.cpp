@@ -1,6 +1,8 @@
-// The routes the browser console stands on, end to end against the real
-// binary: GET /v1/stats, GET /v1/orchestrations with the next task in D1
-// order, and the lease expiry of running tasks.
+// The routes the browser console stands on (docs/console.md), end to end
+// against the real binary: the console's files at / and /console/, GET
+// /v1/stats, GET /v1/orchestrations with the next task in D1 order, and
+// the lease expiry of running tasks. The page itself is tested in
+// Chromium by tests/console/run.sh.
 
 #include <chrono>
 #include <thread>
@@ -25,6 +27,47 @@ int64_t now_ms() {
 }
 
 } // namespace
+
+TEST_CASE("console: the page and its files are served from the binary with "
+          "a content security policy and ETags - without a token") {
+  server_process srv{{"--token", "t0ken"}};
+  httplib::Client cli("127.0.0.1", srv.port());
+  auto page = cli.Get("/");
+  REQUIRE(page);
+  CHECK(page->status == 200);
+  CHECK(page->get_header_value("Content-Type") == "text/html; charset=utf-8");
+  CHECK(page->body.find("<script type=\"module\" src=\"/console/main.js\">")
+        != std::string::npos);
+  auto csp = page->get_header_value("Content-Security-Policy");
+  CHECK(csp.find("script-src 'self'") != std::string::npos);
+  CHECK(csp.find("unsafe-inline") == std::string::npos);
+  auto etag = page->get_header_value("ETag");
+  REQUIRE(etag.size() == 18);
+  auto again = cli.Get("/", {{"If-None-Match", etag}});
+  REQUIRE(again);
+  CHECK(again->status == 304);
+  CHECK(again->body.empty());
+  for (auto [file, type] :
+       {std::pair{"main.js", "text/javascript; charset=utf-8"},
+        std::pair{"api.js", "text/javascript; charset=utf-8"},
+        std::pair{"console.css", "text/css; charset=utf-8"}}) {
+    auto r = cli.Get(std::string{"/console/"} + file);
+    REQUIRE(r);
+    CHECK(r->status == 200);
+    CHECK(r->get_header_value("Content-Type") == type);
+    CHECK(r->get_header_value("X-Content-Type-Options") == "nosniff");
+    CHECK(!r->body.empty());
+  }
+  // The API keeps its auth, health its route; nothing else is a file.
+  for (auto [target, status] : {std::pair{"/console/secrets.txt", 404},
+                                std::pair{"/console/", 404},
+                                std::pair{"/v1/stats", 401},
+                                std::pair{"/healthz", 200}}) {
+    auto r = cli.Get(target);
+    REQUIRE(r);
+    CHECK(r->status == status);
+  }
+}
 
 TEST_CASE("console: GET /v1/stats reports this node, request rate and "
           "latency, exchanges in flight and store commits") {

@@ -220,7 +220,7 @@ void add_serve(CLI::App& app, registry& commands) {
     ->check(CLI::Range(0L, 60000L));
   sub->add_option("--token", args->http.token,
                   "require 'Authorization: Bearer TOKEN' on every route but "
-                  "/healthz")
+                  "/healthz and the console's page and files")
     ->envname("SPINDLE_TOKEN");
   sub->add_option("--log-level", args->log_level,
                   "trace, debug, info (default), warn, error, off")

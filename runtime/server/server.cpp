@@ -254,6 +254,7 @@ server::server(runtime& rt, server_options options)
           res.set_content(stats_body(static_cast<int>(window)),
                           "application/json");
         });
+  http::add_console_routes(r);
   http::add_id_routes(r);
   http::add_thread_routes(r);
   http::add_thread_resource_routes(r);
