@@ -170,7 +170,10 @@ function update(node, t, order) {
   }
   const worker = merged.worker ? "worker " + merged.worker : "";
   if (node.parts.worker.textContent !== worker) node.parts.worker.textContent = worker;
-  const attempts = merged.attempts ? `attempt ${merged.attempts}/${merged.max_attempts ?? 1}` : "";
+  // A requeue by hand may go past max_attempts (docs/orchestration.md).
+  const max = merged.max_attempts; // unknown until the task is read
+  const a = merged.attempts;
+  const attempts = !a ? "" : max === undefined ? `attempt ${a}` : a <= max ? `attempt ${a}/${max}` : `attempt ${a} (${max} allowed, requeued)`;
   if (node.parts.attempts.textContent !== attempts) node.parts.attempts.textContent = attempts;
   if (order !== undefined) {
     const text = order ? "#" + order + " to run" : "";

@@ -17,6 +17,7 @@ const state = {
   streaming: false,
   stopEvents: null,
   refreshTimer: 0,
+  listTimer: 0,
 };
 
 const TABS = [
@@ -130,7 +131,7 @@ function threadItem(t) {
       "a",
       { href: "#/threads/" + seg(t.thread_id), "aria-current": t.thread_id === state.thread ? "true" : null },
       h("code", { class: "tid", text: t.thread_id }),
-      h("span", { class: "sub" }, `${plural(t.turns, "turn")} · `, timeEl(t.updated_at)),
+      h("span", { class: "sub" }, h("span", { class: "turn-count", text: plural(t.turns, "turn") }), " · ", timeEl(t.updated_at)),
       meta.length ? h("span", { class: "chips" }, meta) : null,
     ),
   );
@@ -146,12 +147,23 @@ async function newThread() {
   }
 }
 
-// Thread events: the list and the open thread follow other clients.
+// Thread events: the list and the open thread follow other clients. A
+// turn or a clear changes its row in place; a thread created, forked or
+// deleted reads the list again (each read is a new walk of the listing,
+// which costs the store a little while it is young: docs/console.md).
 function onEvent(type, data) {
+  const count = type === "thread.turn_appended" ? data.turns : type === "thread.cleared" ? 0 : null;
+  if (count !== null) {
+    const row = $(`#thread-items li[data-thread="${CSS.escape(data.thread)}"] .turn-count`, state.root);
+    if (row) row.textContent = plural(count, "turn");
+  } else if (!state.filter) {
+    clearTimeout(state.listTimer);
+    state.listTimer = setTimeout(() => loadList(true), 300);
+  }
+  if (data.thread !== state.thread) return;
   clearTimeout(state.refreshTimer);
   state.refreshTimer = setTimeout(() => {
-    if (!state.filter) loadList(true);
-    if (data.thread === state.thread && !state.streaming) {
+    if (!state.streaming) {
       if (type === "thread.deleted") {
         notify(`Conversation ${data.thread} was deleted.`, "info");
         location.hash = "#/threads";
@@ -389,7 +401,6 @@ async function sendMessage(text) {
     state.streaming = false;
     button.disabled = false;
     refreshInfo();
-    if (!state.filter) loadList(true);
   }
 }
 
