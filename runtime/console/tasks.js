@@ -101,6 +101,7 @@ async function refresh(id) {
     if (err.status !== 404) notify(err);
     return;
   }
+  const started = performance.now();
   const o = orchSection(id);
   const exec = new Map(tree.executable.map((t, i) => [t, i + 1]));
   const n = Object.fromEntries(STATES.map((s) => [s, 0]));
@@ -111,6 +112,8 @@ async function refresh(id) {
   }
   o.counts.textContent = STATES.filter((s) => n[s]).map((s) => `${n[s]} ${s}`).join(" · ");
   setNext(tree.next);
+  // How long applying a read took (bench/bench_console.mjs reports it).
+  performance.measure("spindle:tree-apply", { start: started });
 }
 
 function addNode(t) {
