@@ -56,6 +56,22 @@ route(scheduler_pointer self, const std::string& text) {
   return std::make_pair(std::move(*id), i->second);
 }
 
+// Sets the lease expiry of `t` when a lease holds it (orchestrators do
+// not know leases; the scheduler keeps them).
+void add_lease(scheduler_pointer self, task_info& t) {
+  if (t.state != task_state::running)
+    return;
+  auto id = task_id::parse(t.id);
+  if (!id)
+    return;
+  auto& st = self->state;
+  auto token = st.lease_of.find(*id);
+  if (token == st.lease_of.end())
+    return;
+  if (auto lease = st.leases.find(token->second); lease != st.leases.end())
+    t.lease_expires_ms = lease->second.expires_ms;
+}
+
 void track(scheduler_pointer self, const task_id& id,
            const std::string& worker) {
   self->state.running[id] = worker;
@@ -791,15 +807,49 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
         return make_error(errc::invalid_id,
                           "'" + orchestration
                             + "' is a task, not an orchestration ID");
-      return self->delegate(target->second, caf::get_atom::value);
+      auto rp = self->make_response_promise<task_tree>();
+      self
+        ->request(target->second, self->state.options.timeout,
+                  caf::get_atom::value)
+        .then(
+          [self, rp](task_tree& tree) mutable {
+            for (auto& t : tree.tasks)
+              add_lease(self, t);
+            rp.deliver(std::move(tree));
+          },
+          [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+      return rp;
     },
     [self](caf::get_atom, task_atom,
            const std::string& task) -> caf::result<task_info> {
       auto target = route(self, task);
       if (!target)
         return target.error();
-      return self->delegate(target->second, caf::get_atom::value,
-                            task_atom::value, std::move(target->first));
+      auto rp = self->make_response_promise<task_info>();
+      self
+        ->request(target->second, self->state.options.timeout,
+                  caf::get_atom::value, task_atom::value,
+                  std::move(target->first))
+        .then(
+          [self, rp](task_info& t) mutable {
+            add_lease(self, t);
+            rp.deliver(std::move(t));
+          },
+          [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+      return rp;
+    },
+    [self](caf::get_atom, orchestrate_atom) -> std::vector<std::string> {
+      auto& st = self->state;
+      std::set<uint64_t> ordinals;
+      for (auto& [ordinal, actor] : st.orchestrators)
+        ordinals.insert(ordinal);
+      for (auto& [ordinal, loading] : st.unloaded)
+        ordinals.insert(ordinal);
+      std::vector<std::string> out;
+      out.reserve(ordinals.size());
+      for (auto ordinal : ordinals)
+        out.push_back(task_id{ordinal, {}}.to_string());
+      return out;
     },
     [self](executable_atom, const std::string& orchestration,
            uint64_t limit) -> caf::result<std::vector<std::string>> {

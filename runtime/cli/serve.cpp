@@ -230,7 +230,7 @@ void add_serve(CLI::App& app, registry& commands) {
     ->check(CLI::IsMember(tokens::encoding_names()));
   sub->add_option("--token", args->http.token,
                   "require 'Authorization: Bearer TOKEN' on every route but "
-                  "/healthz")
+                  "/healthz and the console's page and files")
     ->envname("SPINDLE_TOKEN");
   sub->add_option("--log-level", args->log_level,
                   "trace, debug, info (default), warn, error, off")

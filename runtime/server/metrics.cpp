@@ -1,10 +1,87 @@
 #include "metrics.hpp"
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <sstream>
 
 #include <prometheus/text_serializer.h>
 
 namespace spindle {
+
+namespace {
+
+int64_t steady_second() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+           std::chrono::steady_clock::now().time_since_epoch())
+    .count();
+}
+
+// The bucket of a latency: the i with 10 us * 2^((i-1)/4) <= seconds <
+// 10 us * 2^(i/4), 0 below 10 us, the last one above ~1.5 hours.
+int bucket_of(double seconds, int buckets) {
+  if (!(seconds >= 1e-5))
+    return 0;
+  auto i = static_cast<int>(std::floor(std::log2(seconds / 1e-5) * 4)) + 1;
+  return std::min(i, buckets - 1);
+}
+
+// The upper bound of bucket i, in seconds.
+double bucket_bound(int i) {
+  return 1e-5 * std::exp2(static_cast<double>(i) / 4);
+}
+
+} // namespace
+
+void http_metrics::note(double seconds) {
+  auto now = steady_second();
+  auto& slot = window_[static_cast<size_t>(now) % window_slots];
+  if (slot.second != now)
+    slot = second_slot{now, 0, {}};
+  ++slot.count;
+  ++slot.buckets[bucket_of(seconds, latency_buckets)];
+  ++total_;
+}
+
+http_metrics::recent_requests http_metrics::recent(int seconds) {
+  seconds = std::clamp(seconds, 1, 60);
+  recent_requests out;
+  out.seconds = seconds;
+  uint64_t merged[latency_buckets] = {};
+  {
+    std::lock_guard<std::mutex> guard{series_mx_};
+    auto now = steady_second();
+    for (auto& slot : window_) {
+      // Whole seconds only: the current one is still filling.
+      if (slot.second < now - seconds || slot.second >= now)
+        continue;
+      out.count += slot.count;
+      for (int i = 0; i < latency_buckets; ++i)
+        merged[i] += slot.buckets[i];
+    }
+  }
+  auto quantile = [&](double q) {
+    if (out.count == 0)
+      return 0.0;
+    auto rank = static_cast<uint64_t>(std::ceil(q * static_cast<double>(out.count)));
+    uint64_t seen = 0;
+    for (int i = 0; i < latency_buckets; ++i) {
+      seen += merged[i];
+      if (seen >= rank)
+        return bucket_bound(i);
+    }
+    return bucket_bound(latency_buckets - 1);
+  };
+  out.p50 = quantile(0.50);
+  out.p95 = quantile(0.95);
+  out.p99 = quantile(0.99);
+  return out;
+}
+
+uint64_t http_metrics::requests_total() {
+  std::lock_guard<std::mutex> guard{series_mx_};
+  return total_;
+}
 
 http_metrics::http_metrics()
   : registry_(std::make_shared<prometheus::Registry>()),
@@ -61,6 +138,7 @@ void http_metrics::observe(const std::string& route, const std::string& method,
       it = series_.emplace(std::move(key), fresh).first;
     }
     s = &it->second;
+    note(seconds);
   }
   s->count->Increment();
   s->latency->Observe(seconds);

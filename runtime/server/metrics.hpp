@@ -3,6 +3,7 @@
 // /metrics: request counts and latencies by route, plus gauges that areas
 // register as sources read at scrape time. Prometheus text format.
 
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <memory>
@@ -44,6 +45,20 @@ public:
   /// The text exposition of every metric. Thread-safe.
   std::string scrape();
 
+  /// Requests of the last `seconds` whole seconds (at most 60) before the
+  /// current one, for GET /v1/stats: how many, and latency percentiles in
+  /// seconds (0 when there were none), estimated from log-spaced buckets
+  /// (each about 19% wide). Thread-safe.
+  struct recent_requests {
+    double seconds = 0;
+    uint64_t count = 0;
+    double p50 = 0, p95 = 0, p99 = 0;
+  };
+  recent_requests recent(int seconds = 10);
+
+  /// Requests counted since the start. Thread-safe.
+  uint64_t requests_total();
+
 private:
   struct gauge_source {
     prometheus::Family<prometheus::Gauge>* family;
@@ -63,6 +78,21 @@ private:
   };
   std::mutex series_mx_;
   std::unordered_map<std::string, series> series_;
+
+  // The last minute of requests, a slot a second (guarded by series_mx_,
+  // which observe() takes anyway): counts and latency buckets, bucket i
+  // holding latencies below 10 us * 2^(i/4).
+  static constexpr int window_slots = 64;
+  static constexpr int latency_buckets = 96;
+  struct second_slot {
+    int64_t second = -1;
+    uint64_t count = 0;
+    uint32_t buckets[latency_buckets] = {};
+  };
+  second_slot window_[window_slots];
+  // Counts one request in the window; series_mx_ held.
+  void note(double seconds);
+  uint64_t total_ = 0;
 };
 
 } // namespace spindle

@@ -383,8 +383,7 @@ void router::add(const std::string& method, const std::string& pattern,
   for (auto at = marked.find(capture); at != std::string::npos;
        at = marked.find(capture, at))
     marked.replace(at, capture.size(), "\x01");
-  for (auto& seg : split_path(marked))
-    e.segments.push_back(seg == "\x01" ? std::string{} : seg);
+  e.segments = split_path(marked);
   e.route = route;
   e.blocking = std::move(h);
   e.async = std::move(a);
@@ -440,7 +439,7 @@ router::match(const request& req, std::vector<std::string>& captures) const {
     captures.clear();
     captures.push_back(req.path);
     for (size_t i = 0; i < segments.size() && ok; ++i) {
-      if (e.segments[i].empty()) {
+      if (e.segments[i] == "\x01") {
         ok = !segments[i].empty();
         captures.push_back(segments[i]);
       } else {

@@ -230,7 +230,8 @@ public:
 private:
   struct route_entry {
     std::string method;
-    std::vector<std::string> segments; // "" captures a segment
+    // "\x01" captures a segment; the root "/" is one empty segment.
+    std::vector<std::string> segments;
     std::string route;
     handler blocking;
     async_handler async;
@@ -270,6 +271,7 @@ void add_task_routes(router& r);
 void add_event_routes(router& r);
 void add_openai_routes(router& r);
 void add_token_routes(router& r);
+void add_console_routes(router& r);
 
 } // namespace http
 } // namespace spindle

@@ -41,7 +41,10 @@ json task_json(const task_info& t) {
            {"max_attempts", t.max_attempts},
            {"backoff_s", static_cast<double>(t.backoff_ms) / 1000},
            {"retry_at", t.retry_at_ms > 0 ? json(t.retry_at_ms)
-                                          : json(nullptr)}};
+                                          : json(nullptr)},
+           {"lease_expires_at", t.lease_expires_ms > 0
+                                  ? json(t.lease_expires_ms)
+                                  : json(nullptr)}};
   if (t.state == task_state::completed)
     out["result"] = give_back(t.outcome);
   else if (t.state == task_state::failed)
@@ -111,6 +114,13 @@ json claim_json(const task_claim& c) {
   return out;
 }
 
+// The task the next claim takes, over every orchestration (D1): the
+// scheduler's first executable task, or null.
+json next_task(router& r) {
+  auto next = r.rt().executable_tasks({}, 1);
+  return next && !next->empty() ? json(next->front()) : json(nullptr);
+}
+
 std::string path_task(const request& req) {
   auto id = req.matches[1];
   if (auto parsed = task_id::parse(id); !parsed)
@@ -149,7 +159,18 @@ void add_task_routes(router& r) {
                 {{"id", tree->orchestration},
                  {"tasks", tasks},
                  {"executable", executable ? json(*executable)
-                                           : json::array()}});
+                                           : json::array()},
+                 {"next", next_task(r)}});
+        });
+
+  r.get(R"(/v1/orchestrations)", "GET /v1/orchestrations",
+        [&r](const request& req, response& res, request_context&) {
+          only_params(req, {});
+          auto ids = r.rt().list_orchestrations();
+          if (!ids)
+            fail(ids.error());
+          reply(res, 200,
+                {{"object", "list"}, {"data", *ids}, {"next", next_task(r)}});
         });
 
   r.get(R"(/v1/tasks/([^/]+))", "GET /v1/tasks/{id}",

@@ -5,6 +5,8 @@
 #include <mutex>
 #include <thread>
 
+#include <unistd.h>
+
 #include <boost/asio/thread_pool.hpp>
 #include <spdlog/spdlog.h>
 
@@ -13,6 +15,7 @@
 #include "metrics.hpp"
 #include "router.hpp"
 #include "spindle/runtime/io_pool.hpp"
+#include "spindle/messages/clock.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/runtime/logging.hpp"
 #include "spindle/runtime/runtime.hpp"
@@ -51,6 +54,9 @@ struct server::impl {
   std::mutex mx;
   std::condition_variable stopped_cv;
   bool stopped = false;
+  /// This node, for GET /v1/stats: its address once bound, and its start.
+  std::string address;
+  int64_t started_ms = unix_time_ms();
 };
 
 namespace {
@@ -151,7 +157,66 @@ void add_gauges(http_metrics& metrics, runtime& rt) {
                     });
 }
 
+std::string host_name() {
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) != 0)
+    return "localhost";
+  return name;
+}
+
 } // namespace
+
+std::string server::stats_body(int window_s) {
+  auto& i = *impl_;
+  auto now = unix_time_ms();
+  auto recent = i.metrics.recent(window_s);
+  auto ms = [](double seconds) { return seconds * 1000.0; };
+  auto store = i.rt.store_stats();
+  http::json tasks = nullptr;
+  if (auto n = i.rt.count_tasks())
+    tasks = {{"pending", n->pending},     {"running", n->running},
+             {"completed", n->completed}, {"failed", n->failed},
+             {"stale", n->stale},         {"orchestrations", n->orchestrations}};
+  http::json threads = nullptr;
+  if (auto n = i.rt.count_threads())
+    threads = *n;
+  // One node today; a cluster would list its members here.
+  http::json node{{"name", host_name()},
+                  {"address", i.address},
+                  {"pid", static_cast<int64_t>(getpid())},
+                  {"version", version_string},
+                  {"started_at", i.started_ms},
+                  {"uptime_s", static_cast<double>(now - i.started_ms) / 1000},
+                  {"self", true}};
+  http::json body{
+    {"object", "stats"},
+    {"time", now},
+    {"nodes", http::json::array({node})},
+    {"http",
+     {{"requests_total", i.metrics.requests_total()},
+      {"window_s", recent.seconds},
+      {"requests_per_s", static_cast<double>(recent.count) / recent.seconds},
+      {"latency_ms",
+       {{"p50", ms(recent.p50)}, {"p95", ms(recent.p95)},
+        {"p99", ms(recent.p99)}}},
+      {"connections_open", stats().open_connections}}},
+    {"exchanges_in_flight", i.rt.exchanges_in_flight()},
+    {"storage",
+     {{"commits", store.commits},
+      {"writes", store.writes},
+      {"writes_per_commit",
+       store.commits > 0 ? static_cast<double>(store.writes)
+                             / static_cast<double>(store.commits)
+                         : 0.0},
+      {"failed_writes", store.failed_writes},
+      {"commit_seconds", store.commit_seconds}}},
+    {"events",
+     {{"published", i.rt.events()->last()},
+      {"subscribers", i.rt.events()->subscribers()}}},
+    {"threads", std::move(threads)},
+    {"tasks", std::move(tasks)}};
+  return http::dump(body);
+}
 
 server::server(runtime& rt, server_options options)
   : impl_(std::make_unique<impl>(rt, std::move(options))) {
@@ -177,6 +242,19 @@ server::server(runtime& rt, server_options options)
           res.set_content(impl_->metrics.scrape(),
                           "text/plain; version=0.0.4");
         });
+  r.get("/v1/stats", "GET /v1/stats",
+        [this](const http::request& req, http::response& res,
+               http::request_context&) {
+          http::only_params(req, {"window"});
+          auto window = http::query_int(req, "window").value_or(10);
+          if (window < 1 || window > 60)
+            throw http::api_error{400, "invalid_argument",
+                                  "window must be between 1 and 60 seconds",
+                                  "window"};
+          res.set_content(stats_body(static_cast<int>(window)),
+                          "application/json");
+        });
+  http::add_console_routes(r);
   http::add_id_routes(r);
   http::add_thread_routes(r);
   http::add_thread_resource_routes(r);
@@ -291,7 +369,10 @@ caf::expected<int> server::bind() {
   if (!keys)
     return keys.error();
   impl_->routes.set_idempotency(std::move(*keys));
-  return impl_->http->listen(opts.bind, opts.port);
+  auto port = impl_->http->listen(opts.bind, opts.port);
+  if (port)
+    impl_->address = opts.bind + ":" + std::to_string(*port);
+  return port;
 }
 
 void server::run() {

@@ -556,6 +556,11 @@ bool exchange_set::cancel(const std::string& thread_id) {
   return flow->cancel();
 }
 
+size_t exchange_set::running() {
+  std::lock_guard<std::mutex> guard{mx_};
+  return live_.size();
+}
+
 void exchange_set::stop_all() {
   std::unordered_map<caf::actor_id, caf::actor> all;
   {

@@ -163,6 +163,12 @@ runtime::executable_tasks(const std::string& orchestration, uint64_t limit) {
                                         limit);
 }
 
+caf::expected<std::vector<std::string>> runtime::list_orchestrations() {
+  return call<std::vector<std::string>>(scheduler_, options_.default_timeout,
+                                        caf::get_atom::value,
+                                        orchestrate_atom::value);
+}
+
 caf::expected<void> runtime::attach_worker(const std::string& worker,
                                            const caf::actor_addr& actor) {
   return to_void(call<caf::ok_atom>(scheduler_, options_.default_timeout,

@@ -111,6 +111,10 @@ caf::expected<std::vector<std::string>> runtime::list_threads() {
                                         thread_list_atom::value);
 }
 
+size_t runtime::exchanges_in_flight() const {
+  return exchanges_ ? exchanges_->running() : 0;
+}
+
 caf::expected<thread_info> runtime::create_thread(thread_metadata metadata) {
   auto ref = call<thread_ref>(thread_registry_, options_.default_timeout,
                               caf::put_atom::value, std::string{"new"},

@@ -101,13 +101,18 @@ struct task_info {
   /// While a retried task waits out its backoff: when it becomes
   /// executable, in milliseconds since the Unix epoch; else 0.
   int64_t retry_at_ms = 0;
+  /// While a running task is held under a lease: when the lease expires,
+  /// in milliseconds since the Unix epoch; else 0. Filled in by the
+  /// scheduler, which keeps the leases (orchestrators leave it 0).
+  int64_t lease_expires_ms = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, task_info& x) {
   return f(caf::meta::type_name("task_info"), x.id, x.parent, x.state,
            x.payload, x.outcome, x.worker, x.incomplete_children, x.children,
-           x.attempts, x.max_attempts, x.backoff_ms, x.retry_at_ms);
+           x.attempts, x.max_attempts, x.backoff_ms, x.retry_at_ms,
+           x.lease_expires_ms);
 }
 
 /// How often a task may be claimed, and how long it waits between
@@ -291,7 +296,8 @@ caf::error validate_worker_name(std::string_view name);
 ///   stale or failed -> pending.
 ///   Errors: invalid_id, not_found, conflict (wrong state).
 /// - `(get, orchestration)` replies with its tree; `(get, task, id)` with
-///   one task.
+///   one task; both with the lease expiry of running tasks held under one.
+///   `(get, orchestrate)`: every orchestration's ID, by value.
 /// - `(executable, orchestration, limit)`: the executable set in D1 order,
 ///   at most `limit` IDs, of all orchestrations when `orchestration` is "".
 /// - `(attach, worker, actor)`: monitors an in-process worker; when it goes
@@ -330,6 +336,8 @@ using scheduler_actor = caf::typed_actor<
   caf::replies_to<requeue_atom, std::string>::with<task_info>,
   caf::replies_to<caf::get_atom, std::string>::with<task_tree>,
   caf::replies_to<caf::get_atom, task_atom, std::string>::with<task_info>,
+  caf::replies_to<caf::get_atom, orchestrate_atom>::with<
+    std::vector<std::string>>,
   caf::replies_to<executable_atom, std::string,
                   uint64_t>::with<std::vector<std::string>>,
   caf::replies_to<attach_atom, std::string, caf::actor_addr>::with<

@@ -111,6 +111,8 @@ public:
   void leave(caf::actor_id id);
   /// Stops every exchange still running (they report `unavailable`).
   void stop_all();
+  /// How many exchanges run now.
+  size_t running();
 
   /// The exchange that holds `thread_id` now (at most one: D9) and the
   /// control of its reply, entered when it holds the thread and left when

@@ -290,6 +290,9 @@ public:
   /// Every thread ID, sorted.
   caf::expected<std::vector<std::string>> list_threads();
 
+  /// How many message exchanges run now. Thread-safe.
+  size_t exchanges_in_flight() const;
+
   // Threads as resources (docs/threads.md, "Threads as resources").
 
   /// Creates a thread with a fresh ID holding `metadata`. Errors:
@@ -536,6 +539,9 @@ public:
   caf::expected<std::vector<std::string>>
   executable_tasks(const std::string& orchestration = {},
                    uint64_t limit = UINT64_MAX);
+
+  /// Every orchestration's ID, by value. Errors: timeout, unavailable.
+  caf::expected<std::vector<std::string>> list_orchestrations();
 
   /// Monitors an in-process worker actor: when it goes down, the tasks
   /// `worker` runs become stale. Errors: invalid_argument.

@@ -22,8 +22,8 @@ struct server_options {
   std::string bind = "127.0.0.1";
   /// Port; 0 picks a free one (see `server::bind`).
   int port = 8080;
-  /// When set, every route but /healthz requires `Authorization: Bearer
-  /// <token>`.
+  /// When set, every route but /healthz and the console's page and files
+  /// requires `Authorization: Bearer <token>`.
   std::string token;
   /// Largest request body accepted; larger ones get 413.
   size_t body_limit = 1024 * 1024;
@@ -112,6 +112,8 @@ public:
 
 private:
   void add_connection_gauges();
+  /// The body of GET /v1/stats over the last `window_s` seconds.
+  std::string stats_body(int window_s);
 
   struct impl;
   std::unique_ptr<impl> impl_;

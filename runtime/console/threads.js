@@ -1,0 +1,486 @@
+// Conversations: the list of threads (search by ID or metadata, paging),
+// a thread's turns as a chat with replies streamed in, its context window
+// and its memory entries; fork, clear and delete.
+
+import { api, followEvents, postStream, seg } from "./api.js";
+import { $, h, replace, timeEl } from "./dom.js";
+import { markdown } from "./markdown.js";
+import { confirmDialog, notify, setLive } from "./main.js";
+
+const state = {
+  root: null,
+  list: null, // the <ul> of threads
+  cursor: null,
+  filter: "",
+  thread: null, // ID shown
+  tab: "chat",
+  streaming: false,
+  stopEvents: null,
+  refreshTimer: 0,
+  listTimer: 0,
+};
+
+const TABS = [
+  ["chat", "Chat"],
+  ["context", "Context window"],
+  ["memory", "Memory"],
+];
+
+export function show(root, args, first) {
+  if (first || !state.root) build(root);
+  const [id, tab] = args;
+  state.tab = TABS.some(([t]) => t === tab) ? tab : "chat";
+  if (id !== undefined && id !== "") openThread(id);
+  else {
+    state.thread = null;
+    replace($("#thread", root), h("p", { class: "empty", text: "Pick a conversation, or start a new one." }));
+  }
+  if (!state.stopEvents) {
+    state.stopEvents = followEvents("types=thread", onEvent, setLive);
+  }
+}
+
+export function leave() {
+  state.stopEvents?.();
+  state.stopEvents = null;
+}
+
+function build(root) {
+  state.root = root;
+  const search = h("input", { id: "thread-search", type: "search", placeholder: "ID, or key=value", autocomplete: "off" });
+  state.list = h("ul", { id: "thread-items", class: "thread-items", "aria-label": "Conversations" });
+  const more = h("button", { id: "thread-more", type: "button", hidden: true, onclick: () => loadList(false) }, "More");
+  replace(
+    root,
+    h("h2", { id: "threads-title", class: "sr-only", text: "Conversations" }),
+    h(
+      "div",
+      { class: "split" },
+      h(
+        "aside",
+        { class: "pane list-pane", "aria-label": "Conversation list" },
+        h(
+          "form",
+          {
+            class: "search",
+            role: "search",
+            onsubmit: (e) => {
+              e.preventDefault();
+              state.filter = search.value.trim();
+              loadList(true);
+            },
+          },
+          h("label", { for: "thread-search", text: "Search conversations" }),
+          h("div", { class: "row" }, search, h("button", { type: "submit", text: "Search" })),
+        ),
+        h("button", { type: "button", class: "primary", id: "new-thread", onclick: newThread }, "New conversation"),
+        state.list,
+        more,
+      ),
+      h("article", { id: "thread", class: "pane thread-pane", "aria-live": "off" }),
+    ),
+  );
+  loadList(true);
+}
+
+// -- the list ----------------------------------------------------------------
+
+async function loadList(fresh) {
+  const more = $("#thread-more", state.root);
+  if (fresh) {
+    state.cursor = null;
+    replace(state.list);
+  }
+  const f = state.filter;
+  try {
+    if (f && !f.includes("=")) {
+      // An ID: read that thread (the server judges the ID).
+      const t = await api("GET", "/v1/threads/" + seg(f));
+      replace(state.list, threadItem(t));
+      more.hidden = true;
+      return;
+    }
+    const q = new URLSearchParams({ limit: "20" });
+    for (const pair of f.split(/\s+/).filter(Boolean)) {
+      const at = pair.indexOf("=");
+      q.append("metadata." + pair.slice(0, at), pair.slice(at + 1));
+    }
+    if (state.cursor) q.set("cursor", state.cursor);
+    const page = await api("GET", "/v1/threads?" + q);
+    for (const t of page.data) state.list.append(threadItem(t));
+    if (!state.list.children.length) state.list.append(h("li", { class: "empty", text: "No conversations." }));
+    state.cursor = page.next_cursor;
+    more.hidden = !page.has_more;
+    // The first data on screen: the console's "interactive" moment, which
+    // bench/bench_console.mjs reads from the browser's performance timeline.
+    if (!performance.getEntriesByName("spindle:interactive").length) performance.mark("spindle:interactive");
+  } catch (err) {
+    replace(state.list, h("li", { class: "error", role: "alert", text: String(err) }));
+    more.hidden = true;
+  }
+}
+
+const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
+
+function threadItem(t) {
+  const meta = Object.entries(t.metadata || {}).map(([k, v]) => h("span", { class: "chip", text: `${k}=${v}` }));
+  return h(
+    "li",
+    { "data-thread": t.thread_id },
+    h(
+      "a",
+      { href: "#/threads/" + seg(t.thread_id), "aria-current": t.thread_id === state.thread ? "true" : null },
+      h("code", { class: "tid", text: t.thread_id }),
+      h("span", { class: "sub" }, h("span", { class: "turn-count", text: plural(t.turns, "turn") }), " · ", timeEl(t.updated_at)),
+      meta.length ? h("span", { class: "chips" }, meta) : null,
+    ),
+  );
+}
+
+async function newThread() {
+  try {
+    const t = await api("POST", "/v1/threads", {});
+    location.hash = "#/threads/" + seg(t.thread_id);
+    loadList(true);
+  } catch (err) {
+    notify(err);
+  }
+}
+
+// Thread events: the list and the open thread follow other clients. A
+// turn or a clear changes its row in place; a thread created, forked or
+// deleted reads the list again (each read is a new walk of the listing,
+// which costs the store a little while it is young: docs/console.md).
+function onEvent(type, data) {
+  const count = type === "thread.turn_appended" ? data.turns : type === "thread.cleared" ? 0 : null;
+  if (count !== null) {
+    const row = $(`#thread-items li[data-thread="${CSS.escape(data.thread)}"] .turn-count`, state.root);
+    if (row) row.textContent = plural(count, "turn");
+  } else if (!state.filter) {
+    clearTimeout(state.listTimer);
+    state.listTimer = setTimeout(() => loadList(true), 300);
+  }
+  if (data.thread !== state.thread) return;
+  clearTimeout(state.refreshTimer);
+  state.refreshTimer = setTimeout(() => {
+    if (!state.streaming) {
+      if (type === "thread.deleted") {
+        notify(`Conversation ${data.thread} was deleted.`, "info");
+        location.hash = "#/threads";
+      } else if (state.tab === "chat") loadTurns();
+    }
+  }, 300);
+}
+
+// -- one thread ----------------------------------------------------------------
+
+async function openThread(id) {
+  const pane = $("#thread", state.root);
+  const same = state.thread === id && pane.dataset.thread === id;
+  state.thread = id;
+  for (const a of state.list.querySelectorAll("a")) {
+    a.toggleAttribute("aria-current", a.closest("li").dataset.thread === id);
+  }
+  if (!same) {
+    pane.dataset.thread = id;
+    replace(
+      pane,
+      h("header", { class: "thread-head" }, h("h2", null, h("code", { class: "tid", text: id })), h("div", { id: "thread-info", class: "sub" })),
+      h("p", { class: "loading", text: "Loading…" }),
+    );
+    try {
+      const t = await api("GET", "/v1/threads/" + seg(id));
+      if (state.thread !== id) return;
+      renderThread(pane, t);
+    } catch (err) {
+      if (state.thread !== id) return;
+      replace(
+        pane,
+        h("header", { class: "thread-head" }, h("h2", null, h("code", { class: "tid", text: id }))),
+        h("p", { class: "error", role: "alert", text: String(err) }),
+      );
+      return;
+    }
+  }
+  selectTab(state.tab);
+}
+
+function renderThread(pane, t) {
+  const tabs = h("div", { class: "tabs", role: "tablist", "aria-label": "Thread views" });
+  for (const [key, label] of TABS) {
+    tabs.append(
+      h("a", {
+        role: "tab",
+        id: "tab-" + key,
+        href: `#/threads/${seg(t.thread_id)}/${key}`,
+        "aria-controls": "panel-" + key,
+        text: label,
+      }),
+    );
+  }
+  replace(
+    pane,
+    h(
+      "header",
+      { class: "thread-head" },
+      h("h2", null, h("code", { class: "tid", text: t.thread_id })),
+      h("div", { id: "thread-info", class: "sub" }, info(t)),
+      h(
+        "div",
+        { class: "actions" },
+        h("button", { type: "button", id: "fork", onclick: () => fork(t.thread_id) }, "Fork"),
+        h("button", { type: "button", id: "clear", onclick: () => clear(t.thread_id) }, "Clear"),
+        h("button", { type: "button", id: "delete", class: "danger", onclick: () => remove(t.thread_id) }, "Delete"),
+      ),
+    ),
+    tabs,
+    h("div", { id: "panel", role: "tabpanel" }),
+  );
+}
+
+function info(t) {
+  const meta = Object.entries(t.metadata || {}).map(([k, v]) => h("span", { class: "chip", text: `${k}=${v}` }));
+  return [`${plural(t.turns, "turn")} · created `, timeEl(t.created_at), " · updated ", timeEl(t.updated_at), " ", meta];
+}
+
+async function refreshInfo() {
+  try {
+    const t = await api("GET", "/v1/threads/" + seg(state.thread));
+    const el = $("#thread-info", state.root);
+    if (el) replace(el, info(t));
+  } catch {
+    // the thread went away: its events say so
+  }
+}
+
+function selectTab(tab) {
+  for (const [key] of TABS) {
+    const el = $("#tab-" + key, state.root);
+    if (el) el.setAttribute("aria-selected", String(key === tab));
+  }
+  const panel = $("#panel", state.root);
+  if (!panel) return;
+  panel.id = "panel";
+  panel.setAttribute("aria-labelledby", "tab-" + tab);
+  if (tab === "chat") chatPanel(panel);
+  else if (tab === "context") contextPanel(panel);
+  else memoryPanel(panel);
+}
+
+// Fork: a copy of every completed turn and the metadata in a new thread.
+async function fork(id) {
+  try {
+    const t = await api("POST", `/v1/threads/${seg(id)}/copy`);
+    notify(`Forked into ${t.thread_id}.`, "info");
+    location.hash = "#/threads/" + seg(t.thread_id);
+  } catch (err) {
+    notify(err);
+  }
+}
+
+async function clear(id) {
+  if (!(await confirmDialog("Clear this conversation?", `Every turn of ${id} is removed. Its metadata and context window stay.`))) return;
+  try {
+    const r = await api("DELETE", `/v1/threads/${seg(id)}/turns`);
+    notify(`Cleared ${r.cleared} turns.`, "info");
+    loadTurns();
+    refreshInfo();
+  } catch (err) {
+    notify(err);
+  }
+}
+
+async function remove(id) {
+  if (!(await confirmDialog("Delete this conversation?", `${id}, its turns, metadata, context window and memories are deleted for good.`))) return;
+  try {
+    await api("DELETE", `/v1/threads/${seg(id)}`);
+    notify(`Deleted ${id}.`, "info");
+    state.thread = null;
+    location.hash = "#/threads";
+    loadList(true);
+  } catch (err) {
+    notify(err);
+  }
+}
+
+// -- chat ------------------------------------------------------------------------
+
+function turnItem(t) {
+  const role = ["user", "assistant", "system", "tool"].includes(t.role) ? t.role : "other";
+  return h(
+    "li",
+    { class: `turn role-${role}${t.interrupted ? " interrupted" : ""}` },
+    h(
+      "div",
+      { class: "turn-head" },
+      h("span", { class: "role", text: t.role }),
+      t.tool_call_id ? h("code", { class: "tool-call", text: "call " + t.tool_call_id }) : null,
+      t.interrupted ? h("span", { class: "badge warn", text: "interrupted" }) : null,
+      timeEl(t.timestamp),
+    ),
+    h("div", { class: "content md" }, markdown(t.content)),
+  );
+}
+
+function chatPanel(panel) {
+  const turns = h("ol", { id: "turns", class: "turns", "aria-label": "Turns", "aria-live": "polite" });
+  const text = h("textarea", { id: "message", rows: 3, required: true, placeholder: "Write a message (Ctrl+Enter sends)" });
+  const form = h(
+    "form",
+    { class: "composer", onsubmit: (e) => (e.preventDefault(), sendMessage(text)) },
+    h("label", { for: "message", text: "Message" }),
+    text,
+    h("div", { class: "row" }, h("button", { type: "submit", class: "primary", id: "send" }, "Send"), h("span", { id: "send-status", role: "status" })),
+  );
+  text.addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) form.requestSubmit();
+  });
+  replace(panel, turns, form);
+  loadTurns();
+}
+
+async function loadTurns() {
+  const id = state.thread;
+  const list = $("#turns", state.root);
+  if (!list) return;
+  try {
+    const r = await api("GET", `/v1/threads/${seg(id)}/history?max_turns=100`);
+    if (state.thread !== id || state.streaming) return;
+    replace(list, r.turns.map(turnItem));
+    if (r.total_turns > r.turns.length) list.prepend(h("li", { class: "sub", text: `${r.total_turns - r.turns.length} earlier turns not shown` }));
+    if (!r.turns.length) list.append(h("li", { class: "empty", text: "No turns yet." }));
+    list.lastElementChild?.scrollIntoView({ block: "nearest" });
+  } catch (err) {
+    if (err.status === 404) replace(list, h("li", { class: "empty", text: "No turns yet." }));
+    else replace(list, h("li", { class: "error", role: "alert", text: String(err) }));
+  }
+}
+
+async function sendMessage(text) {
+  const content = text.value;
+  if (!content.trim() || state.streaming) return;
+  const id = state.thread;
+  const list = $("#turns", state.root);
+  const status = $("#send-status", state.root);
+  const button = $("#send", state.root);
+  list.querySelector(".empty")?.remove();
+  list.append(turnItem({ role: "user", content, timestamp: Date.now() }));
+  const body = h("div", { class: "content streaming", "aria-busy": "true" });
+  const reply = h("li", { class: "turn role-assistant", id: "streaming-turn" }, h("div", { class: "turn-head" }, h("span", { class: "role", text: "assistant" })), body);
+  list.append(reply);
+  reply.scrollIntoView({ block: "nearest" });
+  state.streaming = true;
+  button.disabled = true;
+  status.textContent = "Sending…";
+  let full = "";
+  try {
+    await postStream(`/v1/threads/${seg(id)}/messages/stream`, { content }, (e) => {
+      const data = JSON.parse(e.data);
+      if (e.event === "delta") {
+        full += data.content;
+        body.append(document.createTextNode(data.content));
+        status.textContent = "Receiving…";
+      } else if (e.event === "done" || e.event === "cancelled") {
+        if (data.interrupted) reply.classList.add("interrupted");
+      } else if (e.event === "error") {
+        throw Object.assign(new Error(data.error?.message || "the reply failed"), { toString: () => `${data.error?.code}: ${data.error?.message}` });
+      }
+    });
+    text.value = "";
+    status.textContent = "";
+    body.removeAttribute("aria-busy");
+    replace(body, markdown(full));
+    body.className = "content md";
+    reply.removeAttribute("id");
+  } catch (err) {
+    reply.remove();
+    list.lastElementChild?.classList.add("failed");
+    status.textContent = "";
+    notify(err);
+  } finally {
+    state.streaming = false;
+    button.disabled = false;
+    refreshInfo();
+  }
+}
+
+// -- context window ----------------------------------------------------------
+
+const ITEM_TYPES = ["text", "code", "file", "repl-history", "error", "custom"];
+
+function contextPanel(panel) {
+  const content = h("textarea", { id: "item-content", rows: 3, required: true });
+  const type = h("select", { id: "item-type" }, ITEM_TYPES.map((t) => h("option", { value: t, text: t })));
+  replace(
+    panel,
+    h(
+      "form",
+      { class: "composer", onsubmit: (e) => (e.preventDefault(), addItem(type.value, content)) },
+      h("div", { class: "row" }, h("label", { for: "item-type", text: "Type" }), type),
+      h("label", { for: "item-content", text: "Item content (markdown)" }),
+      content,
+      h("div", { class: "row" }, h("button", { type: "submit", class: "primary", id: "add-item" }, "Add to window"), h("span", { id: "evicted", role: "status" })),
+    ),
+    h("ol", { id: "items", class: "items", "aria-label": "Context items, oldest first" }),
+  );
+  loadItems();
+}
+
+async function loadItems() {
+  const list = $("#items", state.root);
+  try {
+    const r = await api("GET", `/v1/threads/${seg(state.thread)}/items`);
+    replace(list, r.items.map(itemView));
+    if (!r.items.length) list.append(h("li", { class: "empty", text: "The window is empty." }));
+  } catch (err) {
+    replace(list, h("li", { class: "error", role: "alert", text: String(err) }));
+  }
+}
+
+// Context items keep Universal Time: seconds since 1900 (docs/context.md).
+const ntpToMs = (seconds) => (seconds - 2208988800) * 1000;
+
+function itemView(item) {
+  const meta = item.metadata ? Object.entries(item.metadata).map(([k, v]) => h("span", { class: "chip", text: `${k}=${typeof v === "string" ? v : JSON.stringify(v)}` })) : [];
+  const body = item.type === "code" || item.type === "repl-history" ? h("pre", null, h("code", { text: item.content })) : markdown(item.content);
+  return h(
+    "li",
+    { class: "item", "data-item": item.id },
+    h("div", { class: "turn-head" }, h("code", { class: "item-id", text: item.id }), h("span", { class: "badge", text: item.type }), meta, timeEl(ntpToMs(item.timestamp))),
+    h("div", { class: "content md" }, body),
+  );
+}
+
+async function addItem(type, content) {
+  const out = $("#evicted", state.root);
+  try {
+    const r = await api("POST", `/v1/threads/${seg(state.thread)}/items`, { type, content: content.value });
+    content.value = "";
+    out.textContent = r.evicted.length ? `Added ${r.item.id}; evicted ${r.evicted.join(", ")}` : `Added ${r.item.id}`;
+    for (const gone of r.evicted) {
+      const el = $(`[data-item="${CSS.escape(gone)}"]`, state.root);
+      el?.classList.add("evicted");
+    }
+    // The evicted items fade for a moment, then the window is read again.
+    setTimeout(loadItems, r.evicted.length ? 600 : 0);
+  } catch (err) {
+    notify(err);
+  }
+}
+
+// -- memory ------------------------------------------------------------------------
+
+async function memoryPanel(panel) {
+  const list = h("ul", { id: "memories", class: "items", "aria-label": "Memory entries" });
+  replace(panel, h("p", { class: "sub", text: "Long-term memory entries stored from this conversation without a user." }), list);
+  try {
+    const r = await api("GET", `/v1/memories/entries?thread_id=${seg(state.thread)}&limit=100`);
+    replace(
+      list,
+      r.entries.map((m) => h("li", { class: "item" }, h("div", { class: "turn-head" }, h("code", { text: "#" + m.id }), timeEl(m.created)), h("div", { class: "content", text: m.content }))),
+    );
+    if (!r.entries.length) list.append(h("li", { class: "empty", text: "No memory entries." }));
+  } catch (err) {
+    replace(list, h("li", { class: "error", role: "alert", text: String(err) }));
+  }
+}

@@ -1,0 +1,125 @@
+// What the console's test and benchmark share: a `spindle serve` child on
+// a free port (stopped on every way out, SIGKILLed with this process), an
+// OpenAI-compatible upstream that streams its reply a word at a time, and
+// Debian's Chromium through playwright-core with every console error and
+// page error collected.
+
+import { spawn } from "node:child_process";
+import fs from "node:fs";
+import http from "node:http";
+import os from "node:os";
+import path from "node:path";
+import { chromium } from "playwright-core";
+
+const servers = new Set();
+const dirs = new Set();
+const stopAll = () => {
+  for (const s of servers) if (s.exitCode === null) s.kill("SIGKILL");
+  for (const d of dirs) fs.rmSync(d, { recursive: true, force: true });
+};
+process.on("exit", stopAll);
+for (const sig of ["SIGINT", "SIGTERM"]) process.on(sig, () => process.exit(1));
+
+/**
+ * Starts `spindle serve --port 0 ...args` with its data in a fresh
+ * temporary directory (removed when it stops); resolves to {base, stop}.
+ */
+export async function startServer(binary, args = []) {
+  const data = fs.mkdtempSync(path.join(os.tmpdir(), "spindle-console-"));
+  // Through util-linux's setpriv, spindle gets SIGKILL when this process
+  // dies, also when it is killed (a CTest timeout) and cannot stop it.
+  const proc = spawn("setpriv", ["--pdeathsig", "KILL", binary, "serve", "--port", "0", "--data", data, "--log-level", "warn", ...args], {
+    stdio: ["ignore", "pipe", "inherit"],
+  });
+  servers.add(proc);
+  dirs.add(data);
+  proc.on("exit", () => {
+    fs.rmSync(data, { recursive: true, force: true });
+    dirs.delete(data);
+  });
+  const base = await new Promise((ok, fail) => {
+    let out = "";
+    const timer = setTimeout(() => fail(new Error("spindle printed no address in 30 s")), 30000);
+    proc.stdout.on("data", (d) => {
+      out += d;
+      const m = out.match(/serving on (http:\/\/[0-9.]+:\d+)/);
+      if (m) {
+        clearTimeout(timer);
+        ok(m[1]);
+      }
+    });
+    proc.on("exit", (code) => fail(new Error(`spindle exited with ${code}`)));
+  });
+  return {
+    base,
+    stop: () => {
+      if (proc.exitCode === null) proc.kill("SIGTERM");
+      servers.delete(proc);
+    },
+  };
+}
+
+/**
+ * An OpenAI-compatible upstream: the reply is "echo: <last message>",
+ * streamed a word at a time `gapMs` apart; the query rewriter's requests
+ * get the latest message back at once.
+ */
+export async function startUpstream(gapMs = 60) {
+  const server = http.createServer((req, res) => {
+    let body = "";
+    req.on("data", (c) => (body += c));
+    req.on("end", async () => {
+      const request = JSON.parse(body);
+      const last = request.messages[request.messages.length - 1].content;
+      const rewrite = request.messages[0].content.startsWith("You rewrite");
+      const text = rewrite ? last.slice(last.lastIndexOf("Latest message:\n") + 16) : "echo: " + last;
+      res.writeHead(200, { "Content-Type": "text/event-stream" });
+      const pieces = rewrite ? [text] : text.match(/\S+\s*|\s+/g) || [""];
+      for (const piece of pieces) {
+        const chunk = { id: "chatcmpl-up", object: "chat.completion.chunk", choices: [{ index: 0, delta: { content: piece }, finish_reason: null }] };
+        res.write("data: " + JSON.stringify(chunk) + "\n\n");
+        if (!rewrite) await new Promise((r) => setTimeout(r, gapMs));
+      }
+      res.end("data: [DONE]\n\n");
+    });
+  });
+  await new Promise((ok) => server.listen(0, "127.0.0.1", ok));
+  return { url: `http://127.0.0.1:${server.address().port}`, close: () => server.close() };
+}
+
+/** Debian's Chromium, headless. */
+export function launch(extraArgs = []) {
+  return chromium.launch({
+    executablePath: process.env.SPINDLE_CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    args: ["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", ...extraArgs],
+  });
+}
+
+/**
+ * A page of its own context at `viewport`, collecting console errors and
+ * uncaught page errors into `page.errors`. `allowed` matches console
+ * errors a scenario provokes on purpose (the browser logs each 4xx
+ * answer as "Failed to load resource").
+ */
+export async function newPage(browser, viewport = { width: 1280, height: 800 }, allowed = null) {
+  const context = await browser.newContext({ viewport });
+  const page = await context.newPage();
+  page.errors = [];
+  page.on("console", (m) => {
+    if (m.type() !== "error") return;
+    if (allowed && allowed.test(m.text())) return;
+    page.errors.push("console: " + m.text());
+  });
+  page.on("pageerror", (e) => page.errors.push("pageerror: " + e.message));
+  return page;
+}
+
+/** JSON over HTTP from the test itself (not the browser). */
+export async function call(base, method, path, body, token) {
+  const headers = { "Content-Type": "application/json" };
+  if (token) headers.Authorization = "Bearer " + token;
+  const res = await fetch(base + path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
+  const text = await res.text();
+  return { status: res.status, body: text ? JSON.parse(text) : null };
+}
