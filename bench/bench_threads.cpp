@@ -975,6 +975,36 @@ void builder_latency(report& rep, bool quick) {
                builds_of(one_user, varied, threads, false));
   measure_rows(t, rt, {"on: 100,000 entries in the user's scope", storage_name},
                builds / 4, builds_of(one_user, varied, threads, true));
+  // A token budget over a long thread: 100,000 stored turns (counted when
+  // stored), a 100-turn window of which the budget of 4,000 tokens keeps
+  // the newest that fit, with the 100,000-entry memory scope.
+  {
+    const std::string long_thread = "long-thread";
+    memory_corpus talk{99};
+    if (!rt.add_turn(long_thread, make_user_turn(talk.question())))
+      std::cerr << "builder: cannot create the long thread\n";
+    for (int batch = 0; batch < 100; ++batch) {
+      std::vector<turn> turns;
+      for (int i = batch == 0 ? 1 : 0; i < 1000; ++i)
+        turns.push_back(i % 2 == 0 ? make_user_turn(talk.question())
+                                   : make_assistant_turn(talk.entry()));
+      if (!rt.append_turns(long_thread, std::move(turns)))
+        std::cerr << "builder: cannot fill the long thread\n";
+    }
+    auto budgeted = std::make_shared<
+      const std::function<build_request(uint64_t)>>(
+      [long_thread, user, messages](uint64_t n) {
+        build_options options;
+        options.max_turns = 100;
+        options.max_context_tokens = 4000 + default_reply_tokens;
+        return build_request{long_thread, user, messages[n % 256], options};
+      });
+    measure_rows(t, rt,
+                 {"on: 100,000 entries; one thread of 100,000 turns, a "
+                  "100-turn window fitted to 4,000 tokens",
+                  storage_name},
+                 builds / 4, budgeted);
+  }
   t.notes = {
     "Latency of one build: request sent to the context builder to prompt "
     "received (registry get -> thread history(12) and memory retrieval in "

@@ -25,28 +25,76 @@ struct build_job {
   bool converted = false;
   int pending = 0; // history and memory reads still out
   bool failed = false;
+  /// The snippet's entries; the build's context window in tokens.
+  std::vector<int64_t> memory_entries;
+  uint64_t memory_tokens = 0; // the snippet's, when its reader counted them
+  uint64_t max_context_tokens = 0;
 };
 
 using job_ptr = std::shared_ptr<build_job>;
 
+void fail(const job_ptr& job, caf::error err);
+
 void finish(context_builder_pointer self, const job_ptr& job) {
+  auto& st = self->state;
   auto& opts = job->request.options;
   auto& out = job->out;
   if (out.rewritten_query.empty())
     out.rewritten_query = job->request.message;
   const auto& system_prompt = opts.system_prompt.empty()
-                                ? self->state.options.system_prompt
+                                ? st.options.system_prompt
                                 : opts.system_prompt;
-  if (job->converted)
+  if (st.options.tokens) {
+    // Fitted to the budget: the history shrinks to what the prompt holds.
+    prompt_parts parts;
+    parts.system_prompt = system_prompt;
+    if (opts.system_prompt.empty()) {
+      // The default prompt is counted once per builder.
+      if (st.system_tokens == 0)
+        st.system_tokens = count_message_tokens(
+          *st.options.tokens, chat_message{"system", system_prompt, {}, {}});
+      parts.system_tokens = st.system_tokens;
+    }
+    parts.memory_snippet = out.memory_snippet;
+    parts.memory_entries = std::move(job->memory_entries);
+    parts.memory_snippet_tokens = job->memory_tokens;
+    parts.history = std::move(out.short_term_history);
+    parts.first_index = out.total_turns >= parts.history.size()
+                          ? out.total_turns - parts.history.size()
+                          : 0;
+    parts.original = job->request.message;
+    parts.rewritten = out.rewritten_query;
+    auto fitted = fit_prompt(*st.options.tokens, job->max_context_tokens,
+                             st.options.reply_tokens, parts, out.manifest);
+    if (!fitted) {
+      fail(job, std::move(fitted.error()));
+      return;
+    }
+    out.messages = std::move(*fitted);
+    out.short_term_history.clear();
+    out.short_term_history.reserve(out.manifest.turns.size());
+    for (auto index : out.manifest.turns)
+      out.short_term_history.push_back(
+        std::move(parts.history[static_cast<size_t>(index
+                                                    - parts.first_index)]));
+    if (out.manifest.memory_left_out)
+      out.memory_snippet.clear();
+    if (out.manifest.rewrite_left_out) {
+      out.rewritten_query = job->request.message;
+      out.rewrite_fallback = "left out: the contextualized query does not "
+                             "fit the token budget";
+    }
+  } else if (job->converted) {
     out.messages = assemble_messages(system_prompt, out.memory_snippet,
                                      std::move(job->chat_history),
                                      job->request.message,
                                      out.rewritten_query);
-  else
+  } else {
     out.messages = assemble_messages(system_prompt, out.memory_snippet,
                                      out.short_term_history,
                                      job->request.message,
                                      out.rewritten_query);
+  }
   job->promise.deliver(std::move(out));
 }
 
@@ -180,6 +228,11 @@ void read_memory(context_builder_pointer self, const job_ptr& job) {
     .then(
       [self, job](memory_snippet& snippet) {
         job->out.memory_snippet = std::move(snippet.text);
+        job->memory_entries = std::move(snippet.ids);
+        auto& counter = self->state.options.tokens;
+        if (counter && snippet.token_encoding
+                         == static_cast<uint8_t>(counter->id()))
+          job->memory_tokens = snippet.tokens;
         read_done(self, job);
       },
       [self, job](caf::error& err) {
@@ -208,7 +261,16 @@ context_builder(context_builder_pointer self, thread_registry_actor registry,
            build_request& request) -> caf::result<built_context> {
       if (auto err = validate_build_request(request))
         return err;
+      auto& opts = self->state.options;
+      auto context_tokens = request.options.max_context_tokens != 0
+                              ? request.options.max_context_tokens
+                              : opts.context_tokens;
+      if (opts.tokens)
+        if (auto err = validate_context_tokens(context_tokens,
+                                               opts.reply_tokens))
+          return err;
       auto job = std::make_shared<build_job>();
+      job->max_context_tokens = context_tokens;
       job->request = std::move(request);
       job->promise = self->make_response_promise<built_context>();
       bool with_memory = job->request.options.memory

@@ -36,24 +36,28 @@ namespace {
 sql_statement journal_row(const std::string& thread_id, uint64_t seq,
                           const turn& t) {
   return make_sql("INSERT INTO turn_journal(thread_id, seq, role, content, "
-                  "timestamp_ms, tool_call_id, interrupted, tool_calls) "
-                  "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8);",
+                  "timestamp_ms, tool_call_id, interrupted, tool_calls, "
+                  "tokens, token_encoding) "
+                  "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10);",
                   thread_id, seq, static_cast<int64_t>(t.role), t.content,
                   t.timestamp_ms, t.tool_call_id, t.interrupted,
-                  tool_calls_to_json(t.tool_calls));
+                  tool_calls_to_json(t.tool_calls),
+                  static_cast<int64_t>(t.tokens),
+                  static_cast<int64_t>(t.token_encoding));
 }
 
 // A thread and its turns; `journal`: also those not folded yet.
 std::string load_thread_sql(bool journal) {
   std::string turns = "SELECT thread_id, seq, role, content, timestamp_ms, "
-                      "tool_call_id, interrupted, tool_calls FROM turns "
-                      "WHERE thread_id = ?1";
+                      "tool_call_id, interrupted, tool_calls, tokens, "
+                      "token_encoding FROM turns WHERE thread_id = ?1";
   if (journal)
     turns += " UNION ALL SELECT thread_id, seq, role, content, "
-             "timestamp_ms, tool_call_id, interrupted, tool_calls "
-             "FROM turn_journal WHERE thread_id = ?1";
+             "timestamp_ms, tool_call_id, interrupted, tool_calls, tokens, "
+             "token_encoding FROM turn_journal WHERE thread_id = ?1";
   return "SELECT t.epoch, u.seq, u.role, u.content, u.timestamp_ms, "
-         "u.tool_call_id, u.interrupted, t.metadata, u.tool_calls "
+         "u.tool_call_id, u.interrupted, t.metadata, u.tool_calls, "
+         "u.tokens, u.token_encoding "
          "FROM threads t "
          "LEFT JOIN ("
          + turns
@@ -102,6 +106,14 @@ decode_thread(const sql_rows& rows) {
         return unreadable("a turn's tool calls (" + describe(calls.error())
                           + ")");
       t.tool_calls = std::move(*calls);
+    }
+    // A count and its encoding are kept together, or not at all.
+    if (is_int(row, 9) && is_int(row, 10) && row[9].integer >= 0
+        && row[9].integer <= std::numeric_limits<uint32_t>::max()
+        && row[10].integer > 0
+        && row[10].integer <= std::numeric_limits<uint8_t>::max()) {
+      t.tokens = static_cast<uint32_t>(row[9].integer);
+      t.token_encoding = static_cast<uint8_t>(row[10].integer);
     }
     out.turns.push_back(std::move(t));
     out.next_seq = u64(row[1]) + 1;
@@ -302,9 +314,11 @@ caf::expected<thread_page> decode_threads_page(const sql_rows& rows,
 
 sql_write fold_turn_journal() {
   return {make_sql("INSERT INTO turns(thread_id, seq, role, content, "
-                   "timestamp_ms, tool_call_id, interrupted, tool_calls) "
+                   "timestamp_ms, tool_call_id, interrupted, tool_calls, "
+                   "tokens, token_encoding) "
                    "SELECT thread_id, seq, role, content, timestamp_ms, "
-                   "tool_call_id, interrupted, tool_calls FROM turn_journal "
+                   "tool_call_id, interrupted, tool_calls, tokens, "
+                   "token_encoding FROM turn_journal "
                    "ORDER BY thread_id, seq;"),
           make_sql("DELETE FROM turn_journal;")};
 }

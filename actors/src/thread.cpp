@@ -101,6 +101,8 @@ void append(thread_pointer self, turn t, promise rp) {
   auto& st = self->state;
   if (t.timestamp_ms == 0)
     t.timestamp_ms = unix_time_ms();
+  if (st.tokens)
+    count_turn(*st.tokens, t);
   if (!st.store) {
     auto role = t.role;
     auto n = st.turns->push_back(std::move(t));
@@ -156,6 +158,8 @@ void append_batch(thread_pointer self, std::vector<turn> batch, promise rp) {
   for (auto& t : batch) {
     if (t.timestamp_ms == 0)
       t.timestamp_ms = now;
+    if (st.tokens)
+      count_turn(*st.tokens, t);
     events.push_back(appended_event(st.thread_id, t.role, ++count));
   }
   sql_write write;
@@ -451,14 +455,21 @@ conversation_thread(thread_pointer self, std::string thread_id,
                     records::stored_thread initial, storage_actor store,
                     std::shared_ptr<thread_views> views,
                     std::shared_ptr<thread_catalog> catalog,
-                    std::shared_ptr<event_log> events) {
+                    std::shared_ptr<event_log> events,
+                    std::shared_ptr<const token_counter> tokens) {
   auto& st = self->state;
   st.thread_id = std::move(thread_id);
   st.events = std::move(events);
   st.metadata = std::move(initial.metadata);
   st.catalog = std::move(catalog);
-  for (auto& t : initial.turns)
+  st.tokens = std::move(tokens);
+  auto encoding = st.tokens ? static_cast<uint8_t>(st.tokens->id()) : 0;
+  for (auto& t : initial.turns) {
+    // Stored before counts were kept, or with another encoding.
+    if (st.tokens && t.token_encoding != encoding)
+      count_turn(*st.tokens, t);
     st.turns->push_back(std::move(t));
+  }
   st.epoch = initial.epoch;
   st.next_seq = std::max<uint64_t>(initial.next_seq, st.turns->size());
   st.store = std::move(store);

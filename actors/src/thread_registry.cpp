@@ -33,7 +33,8 @@ thread_actor spawn_thread(pointer self, const std::string& id,
   auto handle = self->spawn<caf::lazy_init>(conversation_thread, id,
                                             std::move(initial), st.store,
                                             st.options.views, st.catalog,
-                                            st.options.events);
+                                            st.options.events,
+                                            st.options.tokens);
   self->monitor(handle);
   return handle;
 }

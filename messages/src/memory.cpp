@@ -223,30 +223,33 @@ void memory_snippet_builder::add(std::string_view raw) {
 }
 
 void memory_snippet_builder::add_normalized(std::string_view entry) {
-  add_normalized(entry, std::hash<std::string_view>{}(entry));
+  if (add_normalized(entry, std::hash<std::string_view>{}(entry), 0) > 0)
+    out_.ids.pop_back(); // an entry without an ID
 }
 
-void memory_snippet_builder::add_normalized(std::string_view entry,
-                                            size_t hash) {
+size_t memory_snippet_builder::add_normalized(std::string_view entry,
+                                              size_t hash, int64_t id) {
   auto budget = room();
   if (budget == 0 || entry.empty())
-    return;
+    return 0;
   if (out_.text.empty())
     out_.text.reserve(max_chars_);
   // Equal 64-bit hashes of equal-sized entries count as equal entries.
   std::pair<uint64_t, size_t> key{hash, entry.size()};
   if (std::find(seen_.begin(), seen_.end(), key) != seen_.end())
-    return;
+    return 0;
   seen_.push_back(key);
   size_t take = entry.size() <= budget ? entry.size()
                                        : sentence_cut(entry, budget);
   if (take == 0)
-    return; // no sentence of this entry fits; a later one may
+    return 0; // no sentence of this entry fits; a later one may
   if (!out_.text.empty())
     out_.text += '\n';
   out_.text += "- ";
   out_.text.append(entry.data(), take);
   ++out_.entries;
+  out_.ids.push_back(id);
+  return take;
 }
 
 memory_snippet memory_snippet_builder::finish(uint64_t matched) && {

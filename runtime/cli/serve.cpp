@@ -48,6 +48,8 @@ struct serve_args {
   double keepalive_timeout_s = 60;
   std::string rewrite_model;
   long rewrite_timeout_ms = 2000;
+  uint64_t context_tokens = default_context_tokens;
+  uint64_t reply_tokens = default_reply_tokens;
 };
 
 // Every connection and upstream call is a descriptor: take the hard limit.
@@ -99,6 +101,19 @@ int serve(serve_args args) {
     static_cast<int64_t>(args.idle_s * 1000));
   opts.context.activation = activation;
   opts.conversation.registry.activation = activation;
+  // Turns are counted, and prompts fitted, in the encoding of the model
+  // the provider is given, unless --tokenizer names one (docs/tokens.md).
+  opts.conversation.encoding
+    = !args.http.tokenizer.empty()
+        ? args.http.tokenizer
+        : tokens::encoding_for_model(args.llm_model).encoding;
+  opts.conversation.builder.context_tokens = args.context_tokens;
+  opts.conversation.builder.reply_tokens = args.reply_tokens;
+  if (auto err = validate_context_tokens(args.context_tokens,
+                                         args.reply_tokens)) {
+    std::cerr << "spindle serve: --context-tokens: " << describe(err) << "\n";
+    return exit_code::usage;
+  }
   if (args.llm == "offline" && args.delta_delay_ms > 0)
     opts.provider = std::make_shared<offline_provider>(
       std::chrono::milliseconds(args.delta_delay_ms), loops);
@@ -223,11 +238,23 @@ void add_serve(CLI::App& app, registry& commands) {
     ->envname("SPINDLE_LLM_DELTA_DELAY_MS")
     ->check(CLI::Range(0L, 60000L));
   sub->add_option("--tokenizer", args->http.tokenizer,
-                  "the encoding POST /v1/tokens/count uses for every model: "
-                  "o200k_base or cl100k_base (default: the model's, from "
-                  "tiktoken's table; docs/tokens.md)")
+                  "the encoding turns are counted and prompts fitted in, and "
+                  "POST /v1/tokens/count uses for every model: o200k_base or "
+                  "cl100k_base (default: --llm-model's, from tiktoken's "
+                  "table; docs/tokens.md)")
     ->envname("SPINDLE_TOKENIZER")
     ->check(CLI::IsMember(tokens::encoding_names()));
+  sub->add_option("--context-tokens", args->context_tokens,
+                  "the context window of a prompt whose request names no "
+                  "max_context_tokens, the reply's reserve included "
+                  "(default 128000; docs/builder.md)")
+    ->envname("SPINDLE_CONTEXT_TOKENS")
+    ->check(CLI::Range(uint64_t{1}, max_context_tokens_limit));
+  sub->add_option("--reply-tokens", args->reply_tokens,
+                  "tokens of the context window kept for the reply "
+                  "(default 4096)")
+    ->envname("SPINDLE_REPLY_TOKENS")
+    ->check(CLI::Range(uint64_t{0}, max_context_tokens_limit));
   sub->add_option("--token", args->http.token,
                   "require 'Authorization: Bearer TOKEN' on every route but "
                   "/healthz and the console's page and files")

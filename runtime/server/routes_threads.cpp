@@ -27,6 +27,40 @@ uint64_t max_turns_of(std::optional<int64_t> value, uint64_t fallback) {
   return static_cast<uint64_t>(*value);
 }
 
+// `max_context_tokens`: 1 to the limit here; the builder checks it against
+// the reply's reserve. 0: the server's default.
+uint64_t context_tokens_of(std::optional<int64_t> value) {
+  if (!value)
+    return 0;
+  if (*value < 1 || *value > static_cast<int64_t>(max_context_tokens_limit))
+    throw api_error{400, "invalid_argument",
+                    "max_context_tokens must be between 1 and "
+                      + std::to_string(max_context_tokens_limit) + ", not "
+                      + std::to_string(*value),
+                    "max_context_tokens"};
+  return static_cast<uint64_t>(*value);
+}
+
+json manifest_json(const context_manifest& m,
+                   const std::string& rewritten_query) {
+  return json{{"encoding", m.encoding},
+              {"max_context_tokens", m.max_context_tokens},
+              {"reply_tokens", m.reply_tokens},
+              {"budget", m.budget},
+              {"tokens",
+               {{"system", m.system_tokens},
+                {"memory", m.memory_tokens},
+                {"history", m.history_tokens},
+                {"message", m.message_tokens},
+                {"total", m.total_tokens}}},
+              {"turns", m.turns},
+              {"turns_left_out", m.turns_left_out},
+              {"memory_entries", m.memory_entries},
+              {"memory_left_out", m.memory_left_out},
+              {"rewritten_query", rewritten_query},
+              {"rewrite_left_out", m.rewrite_left_out}};
+}
+
 json turn_json(const turn& t) {
   json out{{"role", to_string(t.role)},
            {"content", t.content},
@@ -37,6 +71,8 @@ json turn_json(const turn& t) {
     out["interrupted"] = true;
   if (!t.tool_calls.empty())
     out["tool_calls"] = json::parse(tool_calls_to_json(t.tool_calls));
+  if (t.token_encoding != 0)
+    out["tokens"] = t.tokens;
   return out;
 }
 
@@ -117,7 +153,7 @@ turn turn_of(const json& x, size_t i) {
 exchange_request message_request(const request& req,
                                  const std::string& thread_id) {
   auto body = parse_body(req, {"content", "user_id", "on_conflict",
-                               "max_turns"});
+                               "max_turns", "max_context_tokens"});
   exchange_request x;
   x.thread_id = thread_id;
   x.content = required_string(body, "content");
@@ -130,6 +166,8 @@ exchange_request message_request(const request& req,
   }
   x.build.max_turns = max_turns_of(optional_int(body, "max_turns"),
                                    builder_default_max_turns);
+  x.build.max_context_tokens
+    = context_tokens_of(optional_int(body, "max_context_tokens"));
   return x;
 }
 
@@ -321,12 +359,15 @@ void add_thread_routes(router& r) {
          [&r](const request& req, response& res,
               request_context& ctx) {
            auto id = path_thread(req, false);
-           auto body = parse_body(req, {"content", "user_id", "max_turns"});
+           auto body = parse_body(req, {"content", "user_id", "max_turns",
+                                        "max_context_tokens"});
            auto content = required_string(body, "content");
            auto user = optional_string(body, "user_id").value_or("");
            build_options opts;
            opts.max_turns = max_turns_of(optional_int(body, "max_turns"),
                                          builder_default_max_turns);
+           opts.max_context_tokens
+             = context_tokens_of(optional_int(body, "max_context_tokens"));
            ctx.log["thread_id"] = id;
            auto built = r.rt().build_context(id, user, content, opts);
            if (!built)
@@ -340,7 +381,9 @@ void add_thread_routes(router& r) {
                   {"short_term_history", turns_json(built->short_term_history)},
                   {"memory_snippet", built->memory_snippet},
                   {"rewritten_query", built->rewritten_query},
-                  {"thread_found", built->thread_found}});
+                  {"thread_found", built->thread_found},
+                  {"manifest", manifest_json(built->manifest,
+                                             built->rewritten_query)}});
          });
 }
 

@@ -235,6 +235,15 @@ const char* const migrations[] = {
   // ('' for none: every turn stored before).
   "ALTER TABLE turns ADD COLUMN tool_calls TEXT NOT NULL DEFAULT '';"
   "ALTER TABLE turn_journal ADD COLUMN tool_calls TEXT NOT NULL DEFAULT '';",
+
+  // 10 -> 11: a turn's prompt tokens and the encoding they were counted
+  // with (messages/tokens.hpp, `token_encoding_id`; 0: not counted, as
+  // every turn stored before: counted when its thread is loaded).
+  "ALTER TABLE turns ADD COLUMN tokens INTEGER NOT NULL DEFAULT 0;"
+  "ALTER TABLE turns ADD COLUMN token_encoding INTEGER NOT NULL DEFAULT 0;"
+  "ALTER TABLE turn_journal ADD COLUMN tokens INTEGER NOT NULL DEFAULT 0;"
+  "ALTER TABLE turn_journal ADD COLUMN token_encoding INTEGER NOT NULL "
+  "DEFAULT 0;",
 };
 
 static_assert(sizeof(migrations) / sizeof(migrations[0])

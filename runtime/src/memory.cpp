@@ -223,7 +223,8 @@ memory_server(memory_pointer self, std::shared_ptr<memory_connection> conn,
 
 caf::expected<std::shared_ptr<memory_connection>>
 connect(const storage_options& options, bool writes,
-        const std::shared_ptr<memory_changes>& changes) {
+        const std::shared_ptr<memory_changes>& changes,
+        const std::shared_ptr<const token_counter>& tokens) {
   auto db = database::open(memory_database_path(options), options.sync);
   if (!db)
     return db.error();
@@ -247,6 +248,7 @@ connect(const storage_options& options, bool writes,
   auto reader = memory_reader::open(*conn->db, changes);
   if (!reader)
     return reader.error();
+  (*reader)->count_tokens(tokens);
   conn->reader = std::move(*reader);
   return conn;
 }
@@ -370,7 +372,7 @@ caf::expected<memory_actor> spawn_memory(caf::actor_system& sys,
   // The writer tells the readers which scopes changed, so they keep what
   // they read of the others.
   auto changes = std::make_shared<memory_changes>();
-  auto writing = connect(options, true, changes);
+  auto writing = connect(options, true, changes, serving.tokens);
   if (!writing)
     return writing.error();
   if (!options.in_memory())
@@ -390,7 +392,7 @@ caf::expected<memory_actor> spawn_memory(caf::actor_system& sys,
     readers = std::max<size_t>(1, std::thread::hardware_concurrency());
   std::vector<std::shared_ptr<memory_connection>> reading;
   for (size_t i = 0; i < readers; ++i) {
-    auto conn = connect(options, false, changes);
+    auto conn = connect(options, false, changes, serving.tokens);
     if (!conn)
       return conn.error();
     reading.push_back(std::move(*conn));

@@ -5,11 +5,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <functional>
 #include <limits>
 #include <list>
 #include <map>
+#include <tuple>
 #include <unordered_map>
 
 #include <sqlite3.h>
@@ -738,7 +740,47 @@ struct cached_entry {
   std::string thread_id;
   std::string content;
   size_t hash = 0;
+  /// The tokens of the entry as a snippet's line, "- {content}\n", and as
+  /// its last line, "- {content}" (when the reader counts tokens).
+  uint32_t line_tokens = 0;
+  uint32_t last_tokens = 0;
 };
+
+// A snippet's tokens, line by line: its pattern splits the text at every
+// "\n- " (no piece crosses from one line into the next: a line's last
+// piece takes the newline at most, and "-" followed by a space is a piece
+// of its own), so the snippet's count is the sum of its lines' counts, the
+// last one without its newline. A test checks this against the
+// tokenizer over random entries.
+struct snippet_tokens {
+  uint64_t lines = 0;
+  uint64_t last_line = 0;
+  uint64_t last_alone = 0;
+
+  void add(uint64_t line, uint64_t alone) {
+    lines += line;
+    last_line = line;
+    last_alone = alone;
+  }
+  uint64_t total() const {
+    return lines - last_line + last_alone;
+  }
+};
+
+// "- {text}\n" and "- {text}" counted.
+std::pair<uint32_t, uint32_t> line_tokens(const token_counter& counter,
+                                          std::string_view text) {
+  std::string line;
+  line.reserve(text.size() + 3);
+  line += "- ";
+  line += text;
+  auto alone = counter.count_text(line);
+  line += '\n';
+  auto with_newline = counter.count_text(line);
+  constexpr size_t most = UINT32_MAX;
+  return {static_cast<uint32_t>(std::min(with_newline, most)),
+          static_cast<uint32_t>(std::min(alone, most))};
+}
 
 size_t cost(const cached_entry& e) {
   return e.user_id.size() + e.thread_id.size() + e.content.size() + 128;
@@ -796,6 +838,8 @@ struct memory_reader::impl {
 
   statement find_scope, read_term, read_entry, list_user, list_thread;
   std::shared_ptr<const memory_changes> changes;
+  /// Counts snippets' tokens (null: not counted).
+  std::shared_ptr<const token_counter> counter;
   memory_retrieval_cost cost;
   reader_caches keep;
   // Where a value too large for its cache (or with no cache) is kept for
@@ -960,6 +1004,7 @@ struct memory_reader::impl {
     rank_sort(order, sorting, memory_max_ranked);
     auto ranked = std::min(n, memory_max_ranked);
     memory_snippet_builder snippet{static_cast<size_t>(q.max_chars)};
+    snippet_tokens tokens;
     uint64_t matched = ranked;
     for (size_t i = 0; i < ranked; ++i) {
       auto room = snippet.room();
@@ -984,9 +1029,21 @@ struct memory_reader::impl {
         --matched;
         continue;
       }
-      snippet.add_normalized(entry->content, entry->hash);
+      auto taken = snippet.add_normalized(entry->content, entry->hash, c.id);
+      if (taken == entry->content.size() && counter) {
+        tokens.add(entry->line_tokens, entry->last_tokens);
+      } else if (taken > 0 && counter) {
+        auto [line, alone] = line_tokens(
+          *counter, std::string_view{entry->content}.substr(0, taken));
+        tokens.add(line, alone);
+      }
     }
-    return std::move(snippet).finish(matched);
+    auto out = std::move(snippet).finish(matched);
+    if (counter && !out.text.empty()) {
+      out.tokens = tokens.total();
+      out.token_encoding = static_cast<uint8_t>(counter->id());
+    }
+    return out;
   }
 
   // Reads an entry from the database into the cache; null if it is gone.
@@ -1004,6 +1061,9 @@ struct memory_reader::impl {
     cached_entry e{read_entry.column_text(0), read_entry.column_text(1),
                    memory_normalized(read_entry.column_view(2)), 0};
     e.hash = std::hash<std::string_view>{}(e.content);
+    if (counter)
+      std::tie(e.line_tokens, e.last_tokens) = line_tokens(*counter,
+                                                           e.content);
     if (auto kept = keep.entries.put(id, std::move(e)))
       return kept;
     uncached_entry = std::move(e);
@@ -1056,6 +1116,11 @@ memory_reader::retrieve(const memory_query& q) {
   // first, so a list read later may be newer than the count it is kept
   // with (then read again next time), never older.
   return p.ranked_snippet(q, terms);
+}
+
+void memory_reader::count_tokens(
+  std::shared_ptr<const token_counter> counter) {
+  impl_->counter = std::move(counter);
 }
 
 const memory_retrieval_cost& memory_reader::last_cost() const noexcept {

@@ -9,6 +9,7 @@
 #include "spindle/runtime/memory.hpp"
 #include "spindle/runtime/rewriter.hpp"
 #include "spindle/runtime/runtime.hpp"
+#include "spindle/runtime/tokenizer.hpp"
 
 namespace spindle {
 
@@ -30,13 +31,29 @@ caf::error runtime::start_threads() {
   // Resident threads publish their turns here; the builder reads them
   // without messaging the registry or the thread (turn_log.hpp).
   auto views = std::make_shared<thread_views>();
+  // Turns are counted once, by their thread; builds fit prompts with the
+  // same counts.
+  auto encoding = conv.encoding.empty() ? std::string{"o200k_base"}
+                                        : conv.encoding;
+  auto counter = make_token_counter(encoding);
+  if (!counter)
+    return make_error(errc::invalid_argument,
+                      "unknown encoding '" + encoding
+                        + "': o200k_base or cl100k_base");
+  if (auto err = validate_context_tokens(conv.builder.context_tokens,
+                                         conv.builder.reply_tokens))
+    return make_error(errc::invalid_argument,
+                      "the default token budget: " + describe(err));
   auto registry_options = conv.registry;
   registry_options.views = views;
   registry_options.events = events_;
+  registry_options.tokens = counter;
   thread_registry_ = system_->spawn(spindle::thread_registry,
                                     std::move(registry_options), state_store_);
   if (conv.memory) {
-    auto mem = spawn_memory(*system_, options_.storage, conv.memory_serving);
+    auto serving = conv.memory_serving;
+    serving.tokens = counter; // snippets come counted
+    auto mem = spawn_memory(*system_, options_.storage, serving);
     if (!mem)
       return mem.error();
     memory_ = std::move(*mem);
@@ -48,6 +65,7 @@ caf::error runtime::start_threads() {
   exchanges_ = std::make_shared<exchange_set>();
   auto builder_options = conv.builder;
   builder_options.views = views;
+  builder_options.tokens = counter;
   if (!conv.rewriter->blocking()) {
     // Cannot block and sees no thread: no need for a message round trip.
     auto rw = conv.rewriter;

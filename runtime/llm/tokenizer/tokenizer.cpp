@@ -595,7 +595,7 @@ const encoding* encoding::find(std::string_view name) {
       self->load_seconds = std::chrono::duration<double>(
                              std::chrono::steady_clock::now() - start)
                              .count();
-      spdlog::info(log_fields(
+      spdlog::debug(log_fields(
         "tokenizer_loaded",
         {{"encoding", self->name},
          {"tokens", self->ranks.size()},

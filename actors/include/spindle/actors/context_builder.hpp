@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include <caf/typed_event_based_actor.hpp>
@@ -10,6 +11,7 @@
 #include "spindle/messages/context_builder.hpp"
 #include "spindle/messages/memory.hpp"
 #include "spindle/messages/threads.hpp"
+#include "spindle/messages/tokens.hpp"
 
 namespace spindle {
 
@@ -35,6 +37,14 @@ struct context_builder_options {
   /// A rewriter that never blocks (the offline one), called by the builder
   /// itself instead of messaging the rewriter actor. Empty: use the actor.
   std::function<rewrite_result(const rewrite_request&)> inline_rewriter;
+  /// Counts each prompt's tokens and fits it to its budget
+  /// (docs/builder.md, "The token budget"). Null: no counting, and
+  /// `max_turns` alone bounds the history.
+  std::shared_ptr<const token_counter> tokens;
+  /// The budget of a build that names none (`--context-tokens`) and the
+  /// reply's reserve (`--reply-tokens`).
+  uint64_t context_tokens = default_context_tokens;
+  uint64_t reply_tokens = default_reply_tokens;
   /// The views resident threads publish (turn_log.hpp): a build finds
   /// its thread's turns there without a message; threads not published
   /// are read through the registry. Null: always the registry.
@@ -58,6 +68,9 @@ struct context_builder_state {
   /// Invalid: no rewriting.
   query_rewriter_actor rewriter;
   context_builder_options options;
+  /// The tokens of the default system prompt's message (0: not counted
+  /// yet).
+  uint64_t system_tokens = 0;
 };
 
 using context_builder_pointer

@@ -19,6 +19,7 @@
 #include "spindle/messages/storage.hpp"
 #include "spindle/actors/event_log.hpp"
 #include "spindle/messages/threads.hpp"
+#include "spindle/messages/tokens.hpp"
 
 namespace spindle {
 
@@ -78,6 +79,10 @@ struct thread_state {
   /// Sequence number of the next turn in the store.
   uint64_t next_seq = 0;
 
+  /// Counts each turn once, before it is stored (null: turns are not
+  /// counted).
+  std::shared_ptr<const token_counter> tokens;
+
   /// The thread's metadata (docs/threads.md, "Threads as resources").
   thread_metadata metadata;
   /// Without a store: where the thread's turn count and metadata are
@@ -118,12 +123,15 @@ using thread_pointer = thread_actor::stateful_pointer<thread_state>;
 /// true and stops when it is idle (no exchange, no waiting or unfinished
 /// write), else with false: the registry passivates only idle threads.
 /// With `views`, it publishes its turns there from its first message on
-/// (turn_log.hpp) and withdraws them before it passivates or stops.
+/// (turn_log.hpp) and withdraws them before it passivates or stops. With
+/// `tokens`, every turn is counted before it is stored, and loaded turns
+/// without a count in that encoding are counted when the thread starts.
 thread_actor::behavior_type
 conversation_thread(thread_pointer self, std::string thread_id,
                     records::stored_thread initial, storage_actor store,
                     std::shared_ptr<thread_views> views = nullptr,
                     std::shared_ptr<thread_catalog> catalog = nullptr,
-                    std::shared_ptr<event_log> events = nullptr);
+                    std::shared_ptr<event_log> events = nullptr,
+                    std::shared_ptr<const token_counter> tokens = nullptr);
 
 } // namespace spindle

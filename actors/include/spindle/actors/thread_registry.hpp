@@ -19,6 +19,7 @@
 #include "spindle/actors/turn_log.hpp"
 #include "spindle/messages/storage.hpp"
 #include "spindle/messages/threads.hpp"
+#include "spindle/messages/tokens.hpp"
 
 namespace spindle {
 
@@ -37,6 +38,8 @@ struct thread_registry_options {
   /// Where threads' changes are published (docs/api.md, "Events"); null:
   /// nowhere.
   std::shared_ptr<event_log> events;
+  /// Counts every turn once, when it is stored (null: not counted).
+  std::shared_ptr<const token_counter> tokens;
 };
 
 /// State of the thread registry (protocol in messages/threads.hpp): the one

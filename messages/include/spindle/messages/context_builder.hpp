@@ -98,6 +98,101 @@ std::vector<chat_message> assemble_messages(const std::string& system_prompt,
                                             const std::string& original,
                                             const std::string& rewritten);
 
+// -- token budgets -------------------------------------------------------------
+
+/// The most a context window may be (`max_context_tokens`), in tokens.
+inline constexpr uint64_t max_context_tokens_limit = 10'000'000;
+/// The server's default context window and reply reserve
+/// (`--context-tokens`, `--reply-tokens`).
+inline constexpr uint64_t default_context_tokens = 128'000;
+inline constexpr uint64_t default_reply_tokens = 4'096;
+
+/// What went into a prompt and what each part cost (the `/context` route's
+/// `manifest`). Token counts are by the builder's encoding
+/// (messages/tokens.hpp); `encoding` is empty and every count 0 when the
+/// builder counts nothing.
+struct context_manifest {
+  std::string encoding;
+  /// The model's window and the reply's reserve; `budget`, their
+  /// difference, is what the prompt may take.
+  uint64_t max_context_tokens = 0;
+  uint64_t reply_tokens = 0;
+  uint64_t budget = 0;
+  /// Per part: the system prompt, the memory snippet, the history, the
+  /// current user message (with its contextualized query).
+  uint64_t system_tokens = 0;
+  uint64_t memory_tokens = 0;
+  uint64_t history_tokens = 0;
+  uint64_t message_tokens = 0;
+  /// The whole prompt, the reply's primer included: at most `budget`.
+  uint64_t total_tokens = 0;
+  /// The thread's indexes (0 = its first turn) of the history turns in the
+  /// prompt, ascending.
+  std::vector<uint64_t> turns;
+  /// Turns of the history window not in the prompt: the oldest, left out
+  /// for the budget, and tool results whose call is not in the window.
+  uint64_t turns_left_out = 0;
+  /// The long-term memory entries the snippet shows.
+  std::vector<int64_t> memory_entries;
+  /// A snippet was retrieved but did not fit the budget.
+  bool memory_left_out = false;
+  /// The contextualized query did not fit the budget: the message went
+  /// alone.
+  bool rewrite_left_out = false;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, context_manifest& x) {
+  return f(caf::meta::type_name("context_manifest"), x.encoding,
+           x.max_context_tokens, x.reply_tokens, x.budget, x.system_tokens,
+           x.memory_tokens, x.history_tokens, x.message_tokens,
+           x.total_tokens, x.turns, x.turns_left_out, x.memory_entries,
+           x.memory_left_out, x.rewrite_left_out);
+}
+
+class token_counter;
+
+/// What a prompt is made of, before it is fitted to a budget.
+struct prompt_parts {
+  std::string system_prompt;
+  /// The system message's tokens when the caller knows them (0: counted).
+  uint64_t system_tokens = 0;
+  /// The snippet, the entries it shows, and its tokens when the reader
+  /// counted them in the counter's encoding (0: counted here).
+  std::string memory_snippet;
+  std::vector<int64_t> memory_entries;
+  uint64_t memory_snippet_tokens = 0;
+  /// The history window, oldest first, and the thread index of its first
+  /// turn.
+  std::vector<turn> history;
+  uint64_t first_index = 0;
+  std::string original;
+  std::string rewritten;
+};
+
+/// The prompt of `parts` within `max_context_tokens - reply_tokens` tokens
+/// by `counter` (docs/builder.md, "The token budget"). The parts are taken
+/// in this order, each only if it fits what the earlier ones left: the
+/// system prompt and the current user message (with the contextualized
+/// query, else alone: `rewrite_left_out`), the memory snippet (whole or
+/// not at all: `memory_left_out`), then the newest history that fits: an
+/// assistant message with its tool results as one unit, and once anything
+/// was left out, never starting with an assistant or tool message (D6).
+/// The prompt keeps D7's order. Turns use their stored counts when they
+/// were counted with `counter`'s encoding. `manifest` receives the counts.
+/// Errors: `too_large` when the system prompt and the message alone do not
+/// fit (both counts and the budget in the text); `invalid_argument` when
+/// `reply_tokens` leaves no budget. This function is thread-safe.
+caf::expected<std::vector<chat_message>>
+fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
+           uint64_t reply_tokens, const prompt_parts& parts,
+           context_manifest& manifest);
+
+/// Errors: `invalid_argument` naming `max_context_tokens` when it is not in
+/// (reply_tokens, max_context_tokens_limit]. Thread-safe.
+caf::error validate_context_tokens(uint64_t max_context_tokens,
+                                   uint64_t reply_tokens);
+
 // -- the context builder ------------------------------------------------------
 
 /// How to build one prompt.
@@ -110,12 +205,15 @@ struct build_options {
   bool memory = true;
   /// Ask the query rewriter.
   bool rewrite = true;
+  /// The model's context window in tokens, the reply's reserve included
+  /// (docs/builder.md, "The token budget"); 0: the builder's default.
+  uint64_t max_context_tokens = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, build_options& x) {
   return f(caf::meta::type_name("build_options"), x.max_turns,
-           x.system_prompt, x.memory, x.rewrite);
+           x.system_prompt, x.memory, x.rewrite, x.max_context_tokens);
 }
 
 /// One build: for `message` in `thread_id`, on behalf of `user_id` (empty:
@@ -156,6 +254,8 @@ struct built_context {
   uint64_t total_turns = 0;
   /// The thread actor's ID (0 if not found), for logs.
   uint64_t thread_actor_id = 0;
+  /// What went into `messages` and what each part cost.
+  context_manifest manifest;
 };
 
 template <class Inspector>
@@ -163,7 +263,7 @@ typename Inspector::result_type inspect(Inspector& f, built_context& x) {
   return f(caf::meta::type_name("built_context"), x.messages,
            x.short_term_history, x.memory_snippet, x.rewritten_query,
            x.rewrite_fallback, x.thread_found, x.total_turns,
-           x.thread_actor_id);
+           x.thread_actor_id, x.manifest);
 }
 
 /// The context builder. `(buildctx, request)` replies with the prompt.

@@ -78,12 +78,19 @@ struct memory_snippet {
   uint64_t entries = 0;
   /// Entries that matched the query within the requester's scope.
   uint64_t matched = 0;
+  /// The IDs of the entries in `text`, in its order, when the reader knows
+  /// them (a retrieval does; `build_memory_snippet` does not).
+  std::vector<int64_t> ids;
+  /// The tokens of `text` in the encoding numbered `token_encoding`
+  /// (messages/tokens.hpp), when the reader counts them (0: not counted).
+  uint64_t tokens = 0;
+  uint8_t token_encoding = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, memory_snippet& x) {
   return f(caf::meta::type_name("memory_snippet"), x.text, x.entries,
-           x.matched);
+           x.matched, x.ids, x.tokens, x.token_encoding);
 }
 
 /// Builds a snippet one entry at a time, best-ranked first, by the rules
@@ -107,8 +114,10 @@ public:
   void add_normalized(std::string_view entry);
 
   /// As `add_normalized`, with the entry's `std::hash<std::string_view>`
-  /// (for callers that keep it with the entry).
-  void add_normalized(std::string_view entry, size_t hash);
+  /// (for callers that keep it with the entry) and its ID, listed in the
+  /// snippet's `ids` when the entry is added. The bytes of the entry added
+  /// (all of it, a cut, or 0: not added).
+  size_t add_normalized(std::string_view entry, size_t hash, int64_t id);
 
   /// The snippet, with `matched` as its count of matching entries.
   memory_snippet finish(uint64_t matched) &&;

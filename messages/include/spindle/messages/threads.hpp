@@ -56,6 +56,13 @@ struct turn {
   /// For assistant turns: the tool calls the turn makes, in order. Empty
   /// for every other role.
   std::vector<tool_call> tool_calls;
+  /// The turn's prompt tokens (messages/tokens.hpp), counted once by its
+  /// thread when it is stored and kept with it; 0 with `token_encoding`
+  /// 0 (`token_encoding_id::none`) when not counted yet. Derived from the
+  /// fields above: left out of `==`.
+  uint32_t tokens = 0;
+  /// The `token_encoding_id` that `tokens` was counted with.
+  uint8_t token_encoding = 0;
 
   friend bool operator==(const turn& x, const turn& y) {
     return x.role == y.role && x.content == y.content
@@ -71,7 +78,8 @@ struct turn {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, turn& x) {
   return f(caf::meta::type_name("turn"), x.role, x.content, x.timestamp_ms,
-           x.tool_call_id, x.interrupted, x.tool_calls);
+           x.tool_call_id, x.interrupted, x.tool_calls, x.tokens,
+           x.token_encoding);
 }
 
 /// The largest turn content a thread accepts (1 MiB).

@@ -35,7 +35,12 @@ struct conversation_options {
   /// an actor with its own connection, beside the one writer; in-memory
   /// mode has one actor for both) and their linger (docs/memory.md).
   memory_options memory_serving;
-  /// System prompt and timeouts of the context builder.
+  /// The encoding turns are counted in and prompts fitted with
+  /// (docs/builder.md, "The token budget"): `o200k_base` or `cl100k_base`;
+  /// empty: `o200k_base`. The budget is the builder's `context_tokens` and
+  /// `reply_tokens`.
+  std::string encoding;
+  /// System prompt, timeouts and token budget of the context builder.
   context_builder_options builder;
   /// Timeouts of the thread registry.
   thread_registry_options registry;

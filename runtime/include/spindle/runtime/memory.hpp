@@ -13,6 +13,7 @@
 #include <caf/expected.hpp>
 
 #include "spindle/messages/memory.hpp"
+#include "spindle/messages/tokens.hpp"
 #include "spindle/runtime/database.hpp"
 #include "spindle/runtime/storage.hpp"
 
@@ -36,6 +37,9 @@ struct memory_options {
   /// How long an actor polls its mailbox after answering a retrieval
   /// before its thread sleeps; 0: never.
   std::chrono::microseconds linger{20};
+  /// Counts each snippet's tokens (`memory_snippet::tokens`) from counts
+  /// kept with the entries it has read; null: snippets are not counted.
+  std::shared_ptr<const token_counter> tokens;
 };
 
 /// Opens the long-term memory (D8) and spawns the actors behind one
@@ -171,6 +175,10 @@ public:
   static caf::expected<std::unique_ptr<memory_reader>>
   open(database& db, std::shared_ptr<const memory_changes> changes = nullptr,
        size_t cache_bytes = default_cache_bytes);
+
+  /// Counts every snippet's tokens from now on (`memory_snippet::tokens`),
+  /// each entry once while it is kept (null: not counted).
+  void count_tokens(std::shared_ptr<const token_counter> counter);
 
   /// The snippet for `q` (D8 scoping; ranking as docs/memory.md says).
   /// Errors: as `validate_memory_query`, `storage_failure`.

@@ -103,3 +103,14 @@ size_t count_messages(const encoding& enc,
                       const std::vector<message_text>& messages);
 
 } // namespace spindle::tokens
+
+namespace spindle {
+
+class token_counter;
+
+/// The counter (messages/tokens.hpp) threads and the context builder use,
+/// over the encoding named `name` (`o200k_base`, `cl100k_base`); null for
+/// any other name. Thread-safe; lives until the process ends.
+std::shared_ptr<const token_counter> make_token_counter(std::string_view name);
+
+} // namespace spindle
