@@ -28,6 +28,7 @@ struct build_job {
   /// The snippet's entries; the build's context window in tokens.
   std::vector<int64_t> memory_entries;
   uint64_t memory_tokens = 0; // the snippet's, when its reader counted them
+  thread_summary summary;     // the thread's, as read with the history
   uint64_t max_context_tokens = 0;
 };
 
@@ -58,6 +59,7 @@ void finish(context_builder_pointer self, const job_ptr& job) {
     parts.memory_snippet = out.memory_snippet;
     parts.memory_entries = std::move(job->memory_entries);
     parts.memory_snippet_tokens = job->memory_tokens;
+    parts.summary = std::move(job->summary);
     parts.history = std::move(out.short_term_history);
     parts.first_index = out.total_turns >= parts.history.size()
                           ? out.total_turns - parts.history.size()
@@ -190,6 +192,7 @@ void read_history(context_builder_pointer self, const job_ptr& job) {
       job->out.thread_actor_id = w.thread_actor_id;
       job->out.total_turns = w.total_turns;
       job->out.short_term_history = std::move(w.turns);
+      job->summary = std::move(w.summary);
       read_done(self, job);
       return;
     }
@@ -208,6 +211,7 @@ void read_history(context_builder_pointer self, const job_ptr& job) {
         job->out.thread_actor_id = w.thread_actor_id;
         job->out.total_turns = w.total_turns;
         job->out.short_term_history = std::move(w.turns);
+        job->summary = std::move(w.summary);
         read_done(self, job);
       },
       [job](caf::error& err) {

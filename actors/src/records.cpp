@@ -57,8 +57,10 @@ std::string load_thread_sql(bool journal) {
              "token_encoding FROM turn_journal WHERE thread_id = ?1";
   return "SELECT t.epoch, u.seq, u.role, u.content, u.timestamp_ms, "
          "u.tool_call_id, u.interrupted, t.metadata, u.tool_calls, "
-         "u.tokens, u.token_encoding "
+         "u.tokens, u.token_encoding, s.content, s.upto, s.tokens, "
+         "s.token_encoding, s.updated_ms "
          "FROM threads t "
+         "LEFT JOIN thread_summaries s ON s.thread_id = t.thread_id "
          "LEFT JOIN ("
          + turns
          + ") u ON u.thread_id = t.thread_id WHERE t.thread_id = ?1 "
@@ -85,6 +87,17 @@ decode_thread(const sql_rows& rows) {
   out.epoch = u64(rows.front()[0]);
   if (is_text(rows.front(), 7))
     out.metadata = metadata_from_json(rows.front()[7].text);
+  if (auto& row = rows.front(); is_text(row, 11) && is_int(row, 12)
+                                && is_int(row, 13) && is_int(row, 14)
+                                && is_int(row, 15)) {
+    out.summary.content = row[11].text;
+    out.summary.upto = u64(row[12]);
+    out.summary.tokens = static_cast<uint32_t>(
+      std::min<uint64_t>(u64(row[13]), std::numeric_limits<uint32_t>::max()));
+    out.summary.token_encoding = static_cast<uint8_t>(
+      std::min<uint64_t>(u64(row[14]), std::numeric_limits<uint8_t>::max()));
+    out.summary.updated_ms = row[15].integer;
+  }
   for (auto& row : rows) {
     if (row.size() < 7 || row[1].type == sql_value::kind::null)
       continue; // a thread without turns
@@ -135,11 +148,24 @@ sql_statement keep_version(const std::string& thread_id) {
 
 } // namespace
 
+sql_write put_summary(const std::string& thread_id, uint64_t epoch,
+                      const thread_summary& summary) {
+  return {make_sql("INSERT OR REPLACE INTO thread_summaries(thread_id, "
+                   "content, upto, tokens, token_encoding, updated_ms) "
+                   "SELECT ?1, ?3, ?4, ?5, ?6, ?7 FROM threads "
+                   "WHERE thread_id = ?1 AND epoch = ?2;",
+                   thread_id, epoch, summary.content, summary.upto,
+                   static_cast<int64_t>(summary.tokens),
+                   static_cast<int64_t>(summary.token_encoding),
+                   summary.updated_ms)};
+}
+
 sql_write create_thread(const std::string& thread_id,
                         const std::vector<turn>& turns, int64_t now_ms,
-                        const thread_metadata& metadata) {
+                        const thread_metadata& metadata,
+                        const thread_summary& summary) {
   sql_write out;
-  out.reserve(turns.size() + 1);
+  out.reserve(turns.size() + 2);
   out.push_back(make_sql("INSERT INTO threads(thread_id, epoch, created_ms, "
                          "version, turn_count, metadata) "
                          "VALUES(?1, 0, ?2, ?3, ?4, ?5) "
@@ -149,6 +175,9 @@ sql_write create_thread(const std::string& thread_id,
                          metadata_to_json(metadata)));
   for (size_t i = 0; i < turns.size(); ++i)
     out.push_back(journal_row(thread_id, i, turns[i]));
+  if (summary.upto > 0)
+    for (auto& w : put_summary(thread_id, 0, summary))
+      out.push_back(std::move(w));
   return out;
 }
 
@@ -183,6 +212,8 @@ sql_write clear_thread(const std::string& thread_id) {
   return {make_sql("DELETE FROM turns WHERE thread_id = ?1;", thread_id),
           make_sql("DELETE FROM turn_journal WHERE thread_id = ?1;",
                    thread_id),
+          make_sql("DELETE FROM thread_summaries WHERE thread_id = ?1;",
+                   thread_id),
           keep_version(thread_id),
           make_sql("UPDATE threads SET epoch = epoch + 1, version = ?2, "
                    "turn_count = 0 WHERE thread_id = ?1;",
@@ -200,8 +231,9 @@ sql_write set_thread_metadata(const std::string& thread_id,
 
 sql_write delete_thread(const std::string& thread_id) {
   sql_write out;
-  for (auto table : {"turns", "turn_journal", "thread_versions", "threads",
-                     "context_items", "context_windows"})
+  for (auto table : {"turns", "turn_journal", "thread_summaries",
+                     "thread_versions", "threads", "context_items",
+                     "context_windows"})
     out.push_back(make_sql(std::string{"DELETE FROM "} + table
                              + " WHERE thread_id = ?1;",
                            thread_id));

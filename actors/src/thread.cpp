@@ -228,6 +228,7 @@ void clear(thread_pointer self, promise rp) {
     s.turns = std::make_shared<turn_log>();
     s.next_seq = 0;
     ++s.epoch;
+    s.summary = nullptr; // it summarized the turns that went
     s.publish();
     if (!s.store && s.catalog)
       s.catalog->set_turns(s.thread_id, 0);
@@ -428,7 +429,7 @@ void write_metadata(thread_pointer self) {
 void thread_state::publish() {
   if (views)
     views->publish(thread_id, std::make_shared<const thread_view>(
-                                thread_view{turns, epoch, actor_id}));
+                                thread_view{turns, epoch, actor_id, summary}));
 }
 
 void thread_state::withdraw() {
@@ -448,6 +449,52 @@ thread_state::~thread_state() {
     c.promise.deliver(stopped());
   if (deleting)
     deleting->deliver(stopped());
+}
+
+// Keeps a summary made by compaction once it is stored. Not held back by
+// a running exchange: it touches no turn. The store applies it only if the
+// thread is still at `epoch` when it commits, and so does the actor.
+caf::result<uint64_t> put_summary(thread_pointer self, thread_summary summary,
+                                  uint64_t epoch) {
+  auto& st = self->state;
+  auto current = st.summary ? st.summary->upto : 0;
+  if (epoch != st.epoch || st.writing)
+    return make_error(errc::conflict, "thread '" + st.thread_id
+                                        + "' was cleared or is being "
+                                          "written; the summary is stale");
+  if (summary.upto <= current)
+    return make_error(errc::conflict,
+                      "thread '" + st.thread_id + "' has a summary up to turn "
+                        + std::to_string(current) + " already");
+  if (summary.upto > st.turns->size())
+    return make_error(errc::invalid_argument,
+                      "a summary up to turn " + std::to_string(summary.upto)
+                        + " is past the " + std::to_string(st.turns->size())
+                        + " turns of thread '" + st.thread_id + "'");
+  if (summary.content.size() > max_summary_content)
+    return make_error(errc::too_large,
+                      "a summary has at most "
+                        + std::to_string(max_summary_content) + " bytes");
+  auto kept = std::make_shared<const thread_summary>(std::move(summary));
+  auto apply = [self, kept, epoch]() -> uint64_t {
+    auto& s = self->state;
+    if (s.epoch == epoch && (!s.summary || s.summary->upto < kept->upto)) {
+      s.summary = kept;
+      s.publish();
+    }
+    return kept->upto;
+  };
+  if (!st.store)
+    return apply();
+  auto rp = self->make_response_promise<uint64_t>();
+  self
+    ->request(st.store, caf::infinite, store_atom::value,
+              records::put_summary(st.thread_id, epoch, *kept))
+    .then([rp, apply](uint64_t) mutable { rp.deliver(apply()); },
+          [self, rp](caf::error& err) mutable {
+            rp.deliver(store_error(self->state.thread_id, err));
+          });
+  return rp;
 }
 
 thread_actor::behavior_type
@@ -472,6 +519,10 @@ conversation_thread(thread_pointer self, std::string thread_id,
   }
   st.epoch = initial.epoch;
   st.next_seq = std::max<uint64_t>(initial.next_seq, st.turns->size());
+  // A summary never covers more than the turns there are.
+  if (initial.summary.upto > 0 && initial.summary.upto <= st.turns->size())
+    st.summary = std::make_shared<const thread_summary>(
+      std::move(initial.summary));
   st.store = std::move(store);
   st.appends->thread_id = st.thread_id;
   st.committed = st.turns->size();
@@ -521,7 +572,7 @@ conversation_thread(thread_pointer self, std::string thread_id,
       if (auto err = validate_max_turns(max_turns))
         return err;
       auto& s = self->state;
-      return read_window(thread_view{s.turns, s.epoch, s.actor_id},
+      return read_window(thread_view{s.turns, s.epoch, s.actor_id, s.summary},
                          max_turns);
     },
     [self](caf::get_atom, thread_snapshot_atom) -> thread_snapshot {
@@ -533,7 +584,12 @@ conversation_thread(thread_pointer self, std::string thread_id,
                              s.epoch,
                              s.lease != 0 ? s.committed : s.turns->size(),
                              s.lease != 0,
-                             s.waiting.size()};
+                             s.waiting.size(),
+                             s.summary ? *s.summary : thread_summary{}};
+    },
+    [self](summary_atom, thread_summary& summary,
+           uint64_t epoch) -> caf::result<uint64_t> {
+      return put_summary(self, std::move(summary), epoch);
     },
     [self](caf::reset_atom) -> caf::result<uint64_t> {
       auto& s = self->state;

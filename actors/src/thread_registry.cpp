@@ -43,7 +43,7 @@ thread_actor spawn_thread(pointer self, const std::string& id,
 // spawns it. Publishes `thread.created`, or `thread.forked` from `source`.
 void create(pointer self, const std::string& id, std::vector<turn> turns,
             continuation done, thread_metadata metadata = {},
-            const std::string& source = {}) {
+            const std::string& source = {}, thread_summary summary = {}) {
   auto& st = self->state;
   std::vector<event> created;
   if (st.options.events)
@@ -53,11 +53,13 @@ void create(pointer self, const std::string& id, std::vector<turn> turns,
         : thread_event("thread.forked", id,
                        ",\"source\":" + json_quote(source) + ",\"turns\":"
                          + std::to_string(turns.size())));
-  auto spawn_it = [self, id, metadata](std::vector<turn> initial_turns) {
+  auto spawn_it = [self, id, metadata,
+                   summary](std::vector<turn> initial_turns) {
     records::stored_thread initial;
     initial.next_seq = initial_turns.size();
     initial.turns = std::move(initial_turns);
     initial.metadata = metadata;
+    initial.summary = summary;
     return resolved{spawn_thread(self, id, std::move(initial)), true};
   };
   if (!st.store) {
@@ -68,7 +70,8 @@ void create(pointer self, const std::string& id, std::vector<turn> turns,
     done(spawn_it(std::move(turns)));
     return;
   }
-  auto write = records::create_thread(id, turns, unix_time_ms(), metadata);
+  auto write = records::create_thread(id, turns, unix_time_ms(), metadata,
+                                      summary);
   self->request(st.store, st.options.store_timeout, store_atom::value,
                 std::move(write),
                 publish_on_commit(st.options.events, std::move(created)))
@@ -247,6 +250,11 @@ caf::result<thread_ref> copy_thread(pointer self, const std::string& source,
           if (at_turn != all_turns)
             n = at_turn;
           snap.turns.resize(static_cast<size_t>(n));
+          // The summary goes with the copy when it covers only turns the
+          // copy holds.
+          auto summary = snap.summary.upto > 0 && snap.summary.upto <= n
+                           ? snap.summary
+                           : thread_summary{};
           auto make = [=](std::vector<turn> turns,
                           thread_metadata metadata) mutable {
             auto id = fresh_id(self);
@@ -261,7 +269,7 @@ caf::result<thread_ref> copy_thread(pointer self, const std::string& source,
                    [self, id](caf::expected<resolved> x) {
                      self->state.threads.settle(id, std::move(x));
                    },
-                   std::move(metadata), source);
+                   std::move(metadata), source, summary);
           };
           if (!with_metadata) {
             make(std::move(snap.turns), {});
@@ -530,6 +538,15 @@ thread_registry(thread_registry_pointer self, thread_registry_options options,
         self, id, false,
         [id]() -> caf::expected<thread_metadata> { return not_found(id); },
         thread_metadata_atom::value, std::move(patch));
+    },
+    [self](summary_atom, const std::string& id, thread_summary& summary,
+           uint64_t epoch) -> caf::result<uint64_t> {
+      if (auto err = validate_thread_id(id))
+        return err;
+      return route<uint64_t>(
+        self, id, false,
+        [id]() -> caf::expected<uint64_t> { return not_found(id); },
+        summary_atom::value, std::move(summary), epoch);
     },
     [self](caf::delete_atom, const std::string& id) -> caf::result<uint64_t> {
       if (auto err = validate_thread_id(id))

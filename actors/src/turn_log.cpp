@@ -51,6 +51,8 @@ history_window read_window(const thread_view& view, uint64_t max_turns) {
   w.epoch = view.epoch;
   w.found = true;
   w.thread_actor_id = view.actor_id;
+  if (view.summary)
+    w.summary = *view.summary;
   return w;
 }
 

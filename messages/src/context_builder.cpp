@@ -199,7 +199,29 @@ fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
         + std::to_string(manifest.budget) + " (max_context_tokens "
         + std::to_string(max_context_tokens) + " less "
         + std::to_string(reply_tokens) + " kept for the reply)");
-  // 2. The memory snippet, whole or not at all.
+  // 2. The thread's summary, whole or not at all.
+  chat_message summary{"system", {}, {}, {}};
+  uint64_t covered = 0; // turns the summary in the prompt stands for
+  manifest.summary_upto = parts.summary.upto;
+  if (parts.summary.upto > 0 && !parts.summary.content.empty()) {
+    summary.content = std::string{summary_message_prefix}
+                      + parts.summary.content;
+    auto cost
+      = parts.summary.token_encoding == static_cast<uint8_t>(counter.id())
+            && parts.summary.tokens != 0
+          ? message_overhead_tokens + counter.count_text("system")
+              + parts.summary.tokens
+          : count_message_tokens(counter, summary);
+    if (used + cost <= manifest.budget) {
+      used += cost;
+      manifest.summary_tokens = cost;
+      covered = parts.summary.upto;
+    } else {
+      summary.content.clear();
+      manifest.summary_left_out = true;
+    }
+  }
+  // 3. The memory snippet, whole or not at all.
   chat_message memory{"system", {}, {}, {}};
   if (!parts.memory_snippet.empty()) {
     memory.content = std::string{memory_message_prefix} + parts.memory_snippet;
@@ -219,13 +241,18 @@ fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
       manifest.memory_left_out = true;
     }
   }
-  // 3. The newest history that fits, a call with its results as one unit.
+  // 4. The newest history that fits, a call with its results as one unit;
+  // with the summary, only the turns after those it covers.
   const auto& history = parts.history;
   auto units = close_units(history);
+  size_t floor_unit = 0;
+  while (floor_unit < units.size()
+         && parts.first_index + units[floor_unit].head < covered)
+    ++floor_unit;
   std::vector<uint64_t> unit_cost(units.size(), 0);
   size_t first = units.size();
   uint64_t history_used = 0;
-  while (first > 0) {
+  while (first > floor_unit) {
     auto& u = units[first - 1];
     uint64_t cost = turn_tokens(counter, history[u.head]);
     auto& calls = history[u.head].tool_calls;
@@ -243,7 +270,7 @@ fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
     unit_cost[first - 1] = cost;
     --first;
   }
-  if (first > 0) {
+  if (first > 0 && first > floor_unit) {
     // Something was left out: never start with a message whose turns
     // before it are gone (D6).
     while (first < units.size()) {
@@ -261,6 +288,8 @@ fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
   out.reserve(history.size() + 3);
   if (!system.content.empty())
     out.push_back(std::move(system));
+  if (!summary.content.empty())
+    out.push_back(std::move(summary));
   if (!memory.content.empty())
     out.push_back(std::move(memory));
   std::vector<bool> kept(history.size(), false);

@@ -48,6 +48,8 @@ struct serve_args {
   double keepalive_timeout_s = 60;
   std::string rewrite_model;
   long rewrite_timeout_ms = 2000;
+  std::string summary_model;
+  long summary_timeout_ms = 30000;
   uint64_t context_tokens = default_context_tokens;
   uint64_t reply_tokens = default_reply_tokens;
 };
@@ -137,6 +139,11 @@ int serve(serve_args args) {
       args.rewrite_model);
     opts.conversation.builder.rewrite_timeout
       = std::chrono::milliseconds(args.rewrite_timeout_ms);
+    // Summaries of what leaves the prompts: the same provider, with their
+    // own model and timeout.
+    opts.conversation.summary_maker = std::make_shared<llm_summarizer>(
+      *provider, std::chrono::milliseconds(args.summary_timeout_ms),
+      args.summary_model);
   }
   auto rt = runtime::start(opts);
   if (!rt) {
@@ -244,6 +251,16 @@ void add_serve(CLI::App& app, registry& commands) {
                   "table; docs/tokens.md)")
     ->envname("SPINDLE_TOKENIZER")
     ->check(CLI::IsMember(tokens::encoding_names()));
+  sub->add_option("--summary-model", args->summary_model,
+                  "with --llm openai: the model that folds what leaves the "
+                  "prompts into each thread's summary (default: "
+                  "--llm-model; docs/threads.md)")
+    ->envname("SPINDLE_SUMMARY_MODEL");
+  sub->add_option("--summary-timeout-ms", args->summary_timeout_ms,
+                  "with --llm openai: how long one summary may take before "
+                  "it is given up and tried again later (default 30000)")
+    ->envname("SPINDLE_SUMMARY_TIMEOUT_MS")
+    ->check(CLI::Range(100L, 600000L));
   sub->add_option("--context-tokens", args->context_tokens,
                   "the context window of a prompt whose request names no "
                   "max_context_tokens, the reply's reserve included "

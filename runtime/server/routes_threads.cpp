@@ -49,12 +49,15 @@ json manifest_json(const context_manifest& m,
               {"budget", m.budget},
               {"tokens",
                {{"system", m.system_tokens},
+                {"summary", m.summary_tokens},
                 {"memory", m.memory_tokens},
                 {"history", m.history_tokens},
                 {"message", m.message_tokens},
                 {"total", m.total_tokens}}},
               {"turns", m.turns},
               {"turns_left_out", m.turns_left_out},
+              {"summary_upto", m.summary_upto},
+              {"summary_left_out", m.summary_left_out},
               {"memory_entries", m.memory_entries},
               {"memory_left_out", m.memory_left_out},
               {"rewritten_query", rewritten_query},
@@ -309,9 +312,17 @@ void add_thread_routes(router& r) {
             fail(window.error());
           ctx.log["turns_loaded"] = window->turns.size();
           ctx.log["found_or_created"] = "found";
-          reply(res, 200, {{"thread_id", id},
-                           {"turns", turns_json(window->turns)},
-                           {"total_turns", window->total_turns}});
+          auto& sum = window->summary;
+          reply(res, 200,
+                {{"thread_id", id},
+                 {"turns", turns_json(window->turns)},
+                 {"total_turns", window->total_turns},
+                 {"summary", sum.upto == 0
+                               ? json(nullptr)
+                               : json{{"content", sum.content},
+                                      {"upto", sum.upto},
+                                      {"tokens", sum.tokens},
+                                      {"updated", sum.updated_ms}}}});
         });
 
   r.post(R"(/v1/threads/([^/]+)/turns)", "POST /v1/threads/{id}/turns",

@@ -102,6 +102,18 @@ void add_gauges(http_metrics& metrics, runtime& rt) {
                       return http_metrics::samples{
                         {{}, static_cast<double>(rt.events()->subscribers())}};
                     });
+  // Compaction (docs/threads.md, "Compaction").
+  metrics.add_gauge("spindle_compactions",
+                    "Compaction jobs since start by result (stored, failed) "
+                    "and running now",
+                    [&rt] {
+                      auto c = rt.compaction();
+                      return http_metrics::samples{
+                        {{{"result", "stored"}}, static_cast<double>(c.stored)},
+                        {{{"result", "failed"}}, static_cast<double>(c.failed)},
+                        {{{"result", "running"}},
+                         static_cast<double>(c.running)}};
+                    });
   // The state store's counters, read without asking it (docs/storage.md).
   struct storage_gauge {
     const char* name;

@@ -244,6 +244,17 @@ const char* const migrations[] = {
   "ALTER TABLE turn_journal ADD COLUMN tokens INTEGER NOT NULL DEFAULT 0;"
   "ALTER TABLE turn_journal ADD COLUMN token_encoding INTEGER NOT NULL "
   "DEFAULT 0;",
+
+  // 11 -> 12: a thread's summary of the turns before its prompts' window
+  // (docs/threads.md, "Compaction"): it covers turns [0, upto).
+  "CREATE TABLE thread_summaries ("
+  "  thread_id TEXT PRIMARY KEY,"
+  "  content TEXT NOT NULL,"
+  "  upto INTEGER NOT NULL,"
+  "  tokens INTEGER NOT NULL,"
+  "  token_encoding INTEGER NOT NULL,"
+  "  updated_ms INTEGER NOT NULL"
+  ") WITHOUT ROWID;",
 };
 
 static_assert(sizeof(migrations) / sizeof(migrations[0])

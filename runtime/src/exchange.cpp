@@ -252,6 +252,14 @@ private:
             st->res.thread_actor_id, st->res.history_turns,
             built.total_turns);
           st->prompt = std::move(built.messages);
+          // What this prompt left out goes into the thread's summary, off
+          // the reply path (docs/threads.md, "Compaction").
+          if (st->svc.compaction) {
+            auto& m = built.manifest;
+            auto first = m.turns.empty() ? built.total_turns : m.turns.front();
+            st->svc.compaction->request(st->res.thread_id, m.summary_upto,
+                                        first);
+          }
           store_user();
         },
         [this, st](caf::error& err) {

@@ -54,9 +54,18 @@ prompt_summary summarize_prompt(const std::vector<chat_message>& messages) {
   auto is_memory = [](const chat_message& m) {
     return m.role == "system" && starts_with(m.content, memory_message_prefix);
   };
-  if (messages[0].role == "system" && !is_memory(messages[0])) {
+  auto is_summary = [](const chat_message& m) {
+    return m.role == "system"
+           && starts_with(m.content, summary_message_prefix);
+  };
+  if (messages[0].role == "system" && !is_memory(messages[0])
+      && !is_summary(messages[0])) {
     out.system_prompt = true;
     first = 1;
+  }
+  if (first < messages.size() && is_summary(messages[first])) {
+    out.summary = true;
+    ++first;
   }
   if (first < messages.size() && is_memory(messages[first])) {
     out.memory = true;
@@ -118,6 +127,8 @@ offline_provider::reply_for(const std::vector<chat_message>& messages) {
   out += s.messages == 1 ? " message: system prompt "
                          : " messages: system prompt ";
   out += yes_no(s.system_prompt);
+  if (s.summary)
+    out += ", a summary of earlier turns";
   out += ", long-term memory ";
   out += yes_no(s.memory);
   out += ", ";

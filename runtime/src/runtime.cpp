@@ -128,6 +128,7 @@ void runtime::stop() {
   // -- each area resets its handles here --
   context_builder_ = nullptr;
   exchanges_ = nullptr;
+  compactor_ = nullptr;
   rewriter_ = nullptr;
   memory_ = nullptr;
   thread_registry_ = nullptr;

@@ -63,6 +63,15 @@ caf::error runtime::start_threads() {
   // still in flight (their clients are gone by then) at once, rather than
   // after their own timeouts.
   exchanges_ = std::make_shared<exchange_set>();
+  if (conv.compact_min_turns > 0) {
+    if (!conv.summary_maker)
+      conv.summary_maker = std::make_shared<extractive_summarizer>();
+    compactor::options copts;
+    copts.min_turns = conv.compact_min_turns;
+    copts.step_timeout = conv.step_timeout;
+    compactor_ = std::make_shared<compactor>(*system_, thread_registry_,
+                                             conv.summary_maker, counter, copts);
+  }
   auto builder_options = conv.builder;
   builder_options.views = views;
   builder_options.tokens = counter;
@@ -127,6 +136,10 @@ caf::expected<std::vector<std::string>> runtime::list_threads() {
                                         options_.default_timeout,
                                         caf::get_atom::value,
                                         thread_list_atom::value);
+}
+
+compaction_stats runtime::compaction() const {
+  return compactor_ ? compactor_->stats() : compaction_stats{};
 }
 
 size_t runtime::exchanges_in_flight() const {
@@ -299,7 +312,7 @@ void runtime::start_exchange(exchange_request request,
   }
   exchange_services services{thread_registry_, context_builder_, memory_,
                              options_.provider, options_.conversation,
-                             exchanges_};
+                             exchanges_, compactor_};
   spawn_exchange(*system_, services, std::move(request), std::move(callbacks));
   // Spawning pins this system's logger in a thread-local of the calling
   // thread; ~actor_system waits until every such reference is gone. Drop it,

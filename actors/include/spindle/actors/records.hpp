@@ -38,6 +38,7 @@ struct stored_thread {
   thread_metadata metadata;
   uint64_t epoch = 0;
   uint64_t next_seq = 0;
+  thread_summary summary;
 };
 
 /// The query loading one thread (the thread row joined with its turns).
@@ -52,7 +53,13 @@ decode_thread(const sql_rows& rows);
 /// and `metadata`, with a new version.
 sql_write create_thread(const std::string& thread_id,
                         const std::vector<turn>& turns, int64_t now_ms,
-                        const thread_metadata& metadata = {});
+                        const thread_metadata& metadata = {},
+                        const thread_summary& summary = {});
+
+/// Keeps `summary` as the thread's, if the thread is still at `epoch`
+/// when the write commits (a clear in between leaves it out).
+sql_write put_summary(const std::string& thread_id, uint64_t epoch,
+                      const thread_summary& summary);
 
 /// Appends one turn with sequence number `seq` (to the turn journal: a
 /// commit then writes the pages at the journal's end, whatever threads it

@@ -82,6 +82,8 @@ struct thread_state {
   /// Counts each turn once, before it is stored (null: turns are not
   /// counted).
   std::shared_ptr<const token_counter> tokens;
+  /// The summary of the turns before the prompts' window (null: none).
+  std::shared_ptr<const thread_summary> summary;
 
   /// The thread's metadata (docs/threads.md, "Threads as resources").
   thread_metadata metadata;

@@ -81,11 +81,13 @@ private:
 };
 
 /// What a thread actor publishes: its current log (a clear replaces it),
-/// its clear count and its actor ID.
+/// its clear count, its actor ID and its summary (null: none; a new one
+/// is published with a new view).
 struct thread_view {
   std::shared_ptr<const turn_log> turns;
   uint64_t epoch = 0;
   uint64_t actor_id = 0;
+  std::shared_ptr<const thread_summary> summary;
 };
 
 /// The D6 window of `view` (at most `max_turns`, `max_turns >= 2`), read

@@ -39,6 +39,7 @@ CAF_ADD_ATOM(spindle, spindle, fork_atom, "fork")
 CAF_ADD_ATOM(spindle, spindle, build_context_atom, "buildctx")
 CAF_ADD_ATOM(spindle, spindle, rewrite_atom, "rewrite")
 CAF_ADD_ATOM(spindle, spindle, memory_atom, "memory")
+CAF_ADD_ATOM(spindle, spindle, summary_atom, "summary")
 
 // -- orchestration ----------------------------------------------------------------
 CAF_ADD_ATOM(spindle, spindle, orchestrate_atom, "orchestr")

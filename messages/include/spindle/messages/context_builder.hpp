@@ -118,9 +118,11 @@ struct context_manifest {
   uint64_t max_context_tokens = 0;
   uint64_t reply_tokens = 0;
   uint64_t budget = 0;
-  /// Per part: the system prompt, the memory snippet, the history, the
-  /// current user message (with its contextualized query).
+  /// Per part: the system prompt, the thread's summary, the memory
+  /// snippet, the history, the current user message (with its
+  /// contextualized query).
   uint64_t system_tokens = 0;
+  uint64_t summary_tokens = 0;
   uint64_t memory_tokens = 0;
   uint64_t history_tokens = 0;
   uint64_t message_tokens = 0;
@@ -134,6 +136,11 @@ struct context_manifest {
   uint64_t turns_left_out = 0;
   /// The long-term memory entries the snippet shows.
   std::vector<int64_t> memory_entries;
+  /// The turns the thread's summary covers: [0, summary_upto); 0 when it
+  /// has none. In the prompt unless `summary_left_out`.
+  uint64_t summary_upto = 0;
+  /// The thread has a summary but it did not fit the budget.
+  bool summary_left_out = false;
   /// A snippet was retrieved but did not fit the budget.
   bool memory_left_out = false;
   /// The contextualized query did not fit the budget: the message went
@@ -145,8 +152,9 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, context_manifest& x) {
   return f(caf::meta::type_name("context_manifest"), x.encoding,
            x.max_context_tokens, x.reply_tokens, x.budget, x.system_tokens,
-           x.memory_tokens, x.history_tokens, x.message_tokens,
-           x.total_tokens, x.turns, x.turns_left_out, x.memory_entries,
+           x.summary_tokens, x.memory_tokens, x.history_tokens,
+           x.message_tokens, x.total_tokens, x.turns, x.turns_left_out,
+           x.memory_entries, x.summary_upto, x.summary_left_out,
            x.memory_left_out, x.rewrite_left_out);
 }
 
@@ -162,6 +170,8 @@ struct prompt_parts {
   std::string memory_snippet;
   std::vector<int64_t> memory_entries;
   uint64_t memory_snippet_tokens = 0;
+  /// The thread's summary (`upto` 0: none).
+  thread_summary summary;
   /// The history window, oldest first, and the thread index of its first
   /// turn.
   std::vector<turn> history;
@@ -174,11 +184,14 @@ struct prompt_parts {
 /// by `counter` (docs/builder.md, "The token budget"). The parts are taken
 /// in this order, each only if it fits what the earlier ones left: the
 /// system prompt and the current user message (with the contextualized
-/// query, else alone: `rewrite_left_out`), the memory snippet (whole or
-/// not at all: `memory_left_out`), then the newest history that fits: an
+/// query, else alone: `rewrite_left_out`), the thread's summary (whole or
+/// not at all: `summary_left_out`; with it, the history starts after the
+/// turns it covers), the memory snippet (whole or not at all:
+/// `memory_left_out`), then the newest history that fits: an
 /// assistant message with its tool results as one unit, and once anything
 /// was left out, never starting with an assistant or tool message (D6).
-/// The prompt keeps D7's order. Turns use their stored counts when they
+/// The prompt's order: the system prompt, the summary, the memory, the
+/// history, the message (D7). Turns use their stored counts when they
 /// were counted with `counter`'s encoding. `manifest` receives the counts.
 /// Errors: `too_large` when the system prompt and the message alone do not
 /// fit (both counts and the budget in the text); `invalid_argument` when

@@ -195,6 +195,42 @@ size_t history_window_start_in(const Turns& turns, size_t n,
   return plain;
 }
 
+// -- summaries (compaction) ------------------------------------------------------
+
+/// What a thread's turns before its prompts' window said: folded by
+/// compaction into one text (docs/threads.md, "Compaction"). Covers turns
+/// [0, upto); `upto` 0 is no summary.
+struct thread_summary {
+  std::string content;
+  uint64_t upto = 0;
+  /// The tokens of the summary's system message content
+  /// (`summary_message_prefix` + content) in the encoding numbered
+  /// `token_encoding` (0: not counted).
+  uint32_t tokens = 0;
+  uint8_t token_encoding = 0;
+  /// When it was made, ms since the epoch.
+  int64_t updated_ms = 0;
+
+  friend bool operator==(const thread_summary& x, const thread_summary& y) {
+    return x.content == y.content && x.upto == y.upto
+           && x.tokens == y.tokens && x.token_encoding == y.token_encoding
+           && x.updated_ms == y.updated_ms;
+  }
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, thread_summary& x) {
+  return f(caf::meta::type_name("thread_summary"), x.content, x.upto,
+           x.tokens, x.token_encoding, x.updated_ms);
+}
+
+/// The largest summary a thread keeps (16 KiB).
+inline constexpr size_t max_summary_content = 16u << 10;
+
+/// The start of the system message a prompt gives a summary.
+inline constexpr std::string_view summary_message_prefix
+  = "Summary of the earlier conversation:\n";
+
 /// A history window as read from a thread.
 struct history_window {
   /// The window, oldest first.
@@ -208,12 +244,14 @@ struct history_window {
   bool found = false;
   /// The thread actor's ID (0 if not found), for logs.
   uint64_t thread_actor_id = 0;
+  /// The thread's summary when read (`upto` 0: none).
+  thread_summary summary;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, history_window& x) {
   return f(caf::meta::type_name("history_window"), x.turns, x.total_turns,
-           x.epoch, x.found, x.thread_actor_id);
+           x.epoch, x.found, x.thread_actor_id, x.summary);
 }
 
 /// An immutable copy of a whole thread: the reader owns it, so nothing a
@@ -232,12 +270,14 @@ struct thread_snapshot {
   bool in_exchange = false;
   /// Writes and exchanges waiting for the running exchange to end.
   uint64_t queued = 0;
+  /// The thread's summary (`upto` 0: none).
+  thread_summary summary;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, thread_snapshot& x) {
   return f(caf::meta::type_name("thread_snapshot"), x.thread_id, x.turns,
-           x.epoch, x.committed, x.in_exchange, x.queued);
+           x.epoch, x.committed, x.in_exchange, x.queued, x.summary);
 }
 
 // -- exchanges (D9) -----------------------------------------------------------
@@ -405,6 +445,12 @@ caf::error validate_thread_list_request(const thread_list_request& x);
 ///   window rows) and replies with the turns it held; the actor then
 ///   stops. A running exchange is waited for (cancel it first); writes and
 ///   exchanges waiting behind it fail with `not_found`.
+/// - `(summary, s, epoch)` keeps `s` as the thread's summary once it is
+///   stored, and replies with `s.upto`; it does not wait for a running
+///   exchange (turns are not touched). Errors: `conflict` when the thread
+///   was cleared since `epoch` or the summary is not newer than the one it
+///   has (`s.upto` not above it), `invalid_argument` for an `upto` past
+///   the thread's turns, `too_large` past `max_summary_content`.
 using thread_actor = caf::typed_actor<
   caf::replies_to<caf::add_atom, turn>::with<uint64_t>,
   caf::replies_to<caf::add_atom, std::vector<turn>>::with<uint64_t>,
@@ -417,6 +463,7 @@ using thread_actor = caf::typed_actor<
   caf::replies_to<thread_metadata_atom, thread_metadata_patch>::with<
     thread_metadata>,
   caf::replies_to<caf::delete_atom>::with<uint64_t>,
+  caf::replies_to<summary_atom, thread_summary, uint64_t>::with<uint64_t>,
   caf::replies_to<passivate_atom>::with<bool>>;
 
 /// A registry lookup: the thread and how it was obtained.
@@ -517,6 +564,8 @@ using thread_registry_actor = caf::typed_actor<
   caf::replies_to<thread_metadata_atom, std::string,
                   thread_metadata_patch>::with<thread_metadata>,
   caf::replies_to<caf::delete_atom, std::string>::with<uint64_t>,
+  caf::replies_to<summary_atom, std::string, thread_summary,
+                  uint64_t>::with<uint64_t>,
   caf::replies_to<stats_atom>::with<thread_registry_stats>,
   caf::reacts_to<tick_atom>>;
 

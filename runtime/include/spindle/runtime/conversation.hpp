@@ -18,7 +18,9 @@
 #include "spindle/messages/threads.hpp"
 #include "spindle/runtime/llm.hpp"
 #include "spindle/runtime/memory.hpp"
+#include "spindle/runtime/compaction.hpp"
 #include "spindle/runtime/rewriter.hpp"
+#include "spindle/runtime/summarizer.hpp"
 
 // The exchange: one user message in, one assistant reply out, with the
 // thread held for the whole exchange (D9). See docs/threads.md.
@@ -42,6 +44,12 @@ struct conversation_options {
   std::string encoding;
   /// System prompt, timeouts and token budget of the context builder.
   context_builder_options builder;
+  /// Folds the turns that leave the prompts into each thread's summary
+  /// (docs/threads.md, "Compaction"); null: the offline extractive one.
+  std::shared_ptr<spindle::summarizer> summary_maker;
+  /// Turns out of a prompt and not yet summarized that start compaction;
+  /// 0: no compaction.
+  uint64_t compact_min_turns = 4;
   /// Timeouts of the thread registry.
   thread_registry_options registry;
   /// How long a queued message waits for its thread (D9 `queue`).
@@ -105,6 +113,8 @@ struct exchange_services {
   /// When set, the exchange enters itself here while it runs, so that a
   /// stopping runtime can stop it.
   std::shared_ptr<class exchange_set> live;
+  /// When set, an exchange asks it to fold the turns its prompt left out.
+  std::shared_ptr<compactor> compaction;
 };
 
 /// The exchanges running now: entered and left in O(1) (a link or a

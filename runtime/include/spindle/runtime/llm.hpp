@@ -98,12 +98,15 @@ public:
 };
 
 /// What a prompt holds, read the way the context builder assembles it
-/// (D7): a leading system prompt, a "Long-term memory:" system message,
+/// (D7): a leading system prompt, the thread's summary, a "Long-term
+/// memory:" system message,
 /// history turns, and the current user message (which names a rewritten
 /// query when it has the "Original user message:" form).
 struct prompt_summary {
   size_t messages = 0;
   bool system_prompt = false;
+  /// A "Summary of the earlier conversation:" system message (compaction).
+  bool summary = false;
   bool memory = false;
   size_t history_turns = 0;
   bool rewrite = false;

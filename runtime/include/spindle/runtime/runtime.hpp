@@ -293,6 +293,9 @@ public:
   /// How many message exchanges run now. Thread-safe.
   size_t exchanges_in_flight() const;
 
+  /// What compaction did since start (docs/threads.md, "Compaction").
+  compaction_stats compaction() const;
+
   // Threads as resources (docs/threads.md, "Threads as resources").
 
   /// Creates a thread with a fresh ID holding `metadata`. Errors:
@@ -654,6 +657,8 @@ private:
   context_builder_actor context_builder_;
   /// The exchanges running now; stopped first.
   std::shared_ptr<exchange_set> exchanges_;
+  /// Folds what leaves the prompts into summaries (null: off).
+  std::shared_ptr<compactor> compactor_;
   // orchestration:
   caf::error start_orchestration();
   scheduler_actor scheduler_;

@@ -1,0 +1,80 @@
+#pragma once
+
+// Compaction (docs/threads.md, "Compaction"): the turns that leave a
+// thread's prompts are folded into its summary by a summarizer, off the
+// reply path. An exchange asks for it after its prompt is built; a job
+// runs on a detached actor of its own (a summarizer may block for
+// seconds), at most one per thread at a time, and hands the new summary
+// to the thread, which stores it. A failed job is logged and counted; the
+// next exchange asks again. Turns are never deleted.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_set>
+
+#include <caf/actor_system.hpp>
+
+#include "spindle/messages/threads.hpp"
+#include "spindle/messages/tokens.hpp"
+#include "spindle/runtime/summarizer.hpp"
+
+namespace spindle {
+
+/// What compaction did since the runtime started.
+struct compaction_stats {
+  /// Jobs started, summaries stored, jobs that failed (summarizer or
+  /// store), jobs running now.
+  uint64_t started = 0;
+  uint64_t stored = 0;
+  uint64_t failed = 0;
+  uint64_t running = 0;
+};
+
+/// Starts compaction jobs. Thread-safe.
+class compactor : public std::enable_shared_from_this<compactor> {
+public:
+  struct options {
+    /// Turns out of the prompt and not yet summarized that start a job.
+    uint64_t min_turns = 4;
+    /// Each registry and thread step of a job.
+    std::chrono::milliseconds step_timeout{5000};
+  };
+
+  compactor(caf::actor_system& sys, thread_registry_actor registry,
+            std::shared_ptr<summarizer> impl,
+            std::shared_ptr<const token_counter> tokens, options opts);
+
+  /// Folds the turns of `thread_id` before turn `upto` that its summary
+  /// (which covers [0, `summary_upto`)) does not cover yet into a new
+  /// summary, unless fewer than `min_turns` are left or a job for the
+  /// thread is running. Returns at once.
+  void request(const std::string& thread_id, uint64_t summary_upto,
+               uint64_t upto);
+
+  compaction_stats stats() const;
+
+  const std::string& summarizer_name() const noexcept {
+    return name_;
+  }
+
+private:
+  enum class outcome { stored, failed, not_needed };
+  void finish(const std::string& thread_id, outcome how);
+
+  caf::actor_system& sys_;
+  thread_registry_actor registry_;
+  std::shared_ptr<summarizer> impl_;
+  std::shared_ptr<const token_counter> tokens_;
+  options opts_;
+  std::string name_;
+  mutable std::mutex mtx_;
+  std::unordered_set<std::string> running_;
+  std::atomic<uint64_t> started_{0};
+  std::atomic<uint64_t> stored_{0};
+  std::atomic<uint64_t> failed_{0};
+};
+
+} // namespace spindle

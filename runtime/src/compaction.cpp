@@ -1,0 +1,112 @@
+// Compaction jobs (runtime/compaction.hpp, docs/threads.md "Compaction").
+
+#include "spindle/runtime/compaction.hpp"
+
+#include <caf/all.hpp>
+#include <spdlog/spdlog.h>
+
+#include "spindle/messages/clock.hpp"
+#include "spindle/messages/error.hpp"
+#include "spindle/runtime/logging.hpp"
+
+namespace spindle {
+
+compactor::compactor(caf::actor_system& sys, thread_registry_actor registry,
+                     std::shared_ptr<summarizer> impl,
+                     std::shared_ptr<const token_counter> tokens,
+                     options opts)
+  : sys_(sys), registry_(std::move(registry)), impl_(std::move(impl)),
+    tokens_(std::move(tokens)), opts_(opts),
+    name_(impl_ ? impl_->name() : std::string{}) {
+}
+
+compaction_stats compactor::stats() const {
+  compaction_stats out;
+  out.started = started_.load();
+  out.stored = stored_.load();
+  out.failed = failed_.load();
+  std::lock_guard<std::mutex> guard{mtx_};
+  out.running = running_.size();
+  return out;
+}
+
+void compactor::finish(const std::string& thread_id, outcome how) {
+  if (how == outcome::stored)
+    stored_.fetch_add(1);
+  else if (how == outcome::failed)
+    failed_.fetch_add(1);
+  std::lock_guard<std::mutex> guard{mtx_};
+  running_.erase(thread_id);
+}
+
+void compactor::request(const std::string& thread_id, uint64_t summary_upto,
+                        uint64_t upto) {
+  if (!impl_ || upto < summary_upto + opts_.min_turns)
+    return;
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    if (!running_.insert(thread_id).second)
+      return; // the running job's result is what the next prompt uses
+  }
+  started_.fetch_add(1);
+  auto self_ptr = shared_from_this();
+  auto fail = [self_ptr, thread_id](const std::string& what) {
+    spdlog::warn(log_fields("compaction_failed",
+                            {{"thread_id", thread_id}, {"error", what}}));
+    self_ptr->finish(thread_id, outcome::failed);
+  };
+  // Detached: the summarizer may block for seconds on its model.
+  sys_.spawn<caf::detached>([self_ptr, thread_id, upto,
+                             fail](caf::event_based_actor* self) {
+    self
+      ->request(self_ptr->registry_, self_ptr->opts_.step_timeout,
+                caf::get_atom::value, thread_snapshot_atom::value, thread_id)
+      .then(
+        [self, self_ptr, thread_id, upto, fail](thread_snapshot& snap) {
+          auto& c = *self_ptr;
+          auto from = snap.summary.upto;
+          if (upto <= from || upto > snap.turns.size()) {
+            c.finish(thread_id, outcome::not_needed); // done, or cleared
+            return;
+          }
+          summary_input in;
+          in.previous = std::move(snap.summary.content);
+          in.turns.assign(
+            std::make_move_iterator(snap.turns.begin()
+                                    + static_cast<long>(from)),
+            std::make_move_iterator(snap.turns.begin()
+                                    + static_cast<long>(upto)));
+          auto text = c.impl_->summarize(in);
+          if (!text) {
+            fail(describe(text.error()));
+            return;
+          }
+          thread_summary s;
+          s.content = std::move(*text);
+          s.upto = upto;
+          s.updated_ms = unix_time_ms();
+          if (c.tokens_) {
+            auto n = c.tokens_->count_text(std::string{summary_message_prefix}
+                                           + s.content);
+            s.tokens = static_cast<uint32_t>(
+              std::min<size_t>(n, std::numeric_limits<uint32_t>::max()));
+            s.token_encoding = static_cast<uint8_t>(c.tokens_->id());
+          }
+          self
+            ->request(c.registry_, c.opts_.step_timeout, summary_atom::value,
+                      thread_id, std::move(s), snap.epoch)
+            .then(
+              [self_ptr, thread_id, from, upto](uint64_t) {
+                spdlog::info(log_fields("compaction_stored",
+                                        {{"thread_id", thread_id},
+                                         {"from", from},
+                                         {"upto", upto}}));
+                self_ptr->finish(thread_id, outcome::stored);
+              },
+              [fail](caf::error& err) { fail(describe(err)); });
+        },
+        [fail](caf::error& err) { fail(describe(err)); });
+  });
+}
+
+} // namespace spindle
