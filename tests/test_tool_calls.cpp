@@ -705,3 +705,63 @@ TEST_CASE("tool calls: chat completions answer a call in OpenAI's form and "
   CHECK(args == call_1["function"]["arguments"]);
   CHECK(finish == "tool_calls");
 }
+
+TEST_CASE("tool calls: the OpenAI provider assembles calls streamed in "
+          "pieces and reads them from a plain answer") {
+  test::fake_openai fake;
+  auto opts = on_fake(fake);
+  auto call_1 = weather_call("call_1", "Oslo");
+  auto call_2 = weather_call("call_2", "Rome");
+  fake.set_messages({{{"content", "Both."}, {"tool_calls", {call_1, call_2}}}});
+  completion_options copts;
+  copts.tools = weather_tools().dump();
+  copts.tool_choice = R"("required")";
+  std::vector<tool_call_delta> pieces;
+  copts.on_tool_call = [&pieces](const tool_call_delta& piece) {
+    pieces.push_back(piece);
+    return true;
+  };
+  std::vector<chat_message> prompt{{"user", "Oslo and Rome?", {}, {}}};
+  std::string text;
+  auto streamed = opts.provider->complete(prompt, copts,
+                                          [&text](std::string_view d) {
+                                            text += d;
+                                            return true;
+                                          });
+  REQUIRE(streamed);
+  CHECK(streamed->text == "Both.");
+  CHECK(text == "Both.");
+  CHECK_FALSE(streamed->interrupted);
+  auto whole = json::parse(tool_calls_to_json(streamed->tool_calls));
+  CHECK(whole == json::array({call_1, call_2}));
+  CHECK(pieces.size() > 4);
+  std::string args_2;
+  for (auto& p : pieces)
+    if (p.index == 1)
+      args_2 += p.arguments;
+  CHECK(args_2 == call_2["function"]["arguments"]);
+  auto sent = fake.requests().back();
+  CHECK(sent["tools"] == weather_tools());
+  CHECK(sent["tool_choice"] == "required");
+
+  // A plain answer: each call whole, as one piece.
+  fake.set_mode(test::fake_openai::mode::plain);
+  pieces.clear();
+  auto plain = opts.provider->complete(prompt, copts, {});
+  REQUIRE(plain);
+  CHECK(plain->text == "Both.");
+  CHECK(json::parse(tool_calls_to_json(plain->tool_calls))
+        == json::array({call_1, call_2}));
+  REQUIRE(pieces.size() == 2);
+  CHECK(pieces[1].id == "call_2");
+  CHECK(pieces[1].arguments == call_2["function"]["arguments"]);
+
+  // A consumer that stops at a call's piece interrupts the reply.
+  fake.set_mode(test::fake_openai::mode::stream);
+  copts.on_tool_call = [](const tool_call_delta& piece) {
+    return piece.index == 0;
+  };
+  auto stopped = opts.provider->complete(prompt, copts, {});
+  REQUIRE(stopped);
+  CHECK(stopped->interrupted);
+}
