@@ -50,36 +50,48 @@ struct delta_gate {
 
   /// Hands `piece` to the client's callbacks, with `mx` held: false when
   /// the client refused it (a throwing callback refuses).
-  bool offer(const exchange_callbacks& cb, const reply_piece& piece) {
+  bool offer(const delta_callback& on_delta,
+             const tool_call_callback& on_call, const reply_piece& piece) {
     if (auto* text = std::get_if<std::string>(&piece)) {
       offered += text->size();
-      return offer_delta(cb.on_delta, *text);
+      return offer_delta(on_delta, *text);
     }
-    if (!cb.on_tool_call)
+    if (!on_call)
       return true;
     try {
-      return cb.on_tool_call(std::get<tool_call_delta>(piece));
+      return on_call(std::get<tool_call_delta>(piece));
     } catch (...) {
       return false;
     }
   }
+};
 
-  /// A piece from the provider's thread: held until the gate opens, then
-  /// offered; false stops the provider.
-  bool pass(const exchange_callbacks& cb, reply_piece piece) {
+// Where the provider's pieces go, from its own thread: through the gate to
+// the client. Holds the callbacks, not the exchange (a provider may outlive
+// it).
+struct reply_sink {
+  std::shared_ptr<delta_gate> gate;
+  delta_callback on_delta;
+  tool_call_callback on_call;
+  std::shared_ptr<flow_control> flow;
+
+  /// Holds `piece` until the gate opens, then offers it; false stops the
+  /// provider.
+  bool pass(reply_piece piece) const {
     // A provider that cannot be aborted stops at its next piece.
-    if (cb.flow->cancelled())
+    if (flow->cancelled())
       return false;
-    std::lock_guard<std::mutex> guard{mx};
-    if (shut)
+    auto& g = *gate;
+    std::lock_guard<std::mutex> guard{g.mx};
+    if (g.shut)
       return false;
-    if (!open) {
-      waiting.push_back(std::move(piece));
+    if (!g.open) {
+      g.waiting.push_back(std::move(piece));
       return true;
     }
-    if (!offer(cb, piece))
-      shut = true;
-    return !shut;
+    if (!g.offer(on_delta, on_call, piece))
+      g.shut = true;
+    return !g.shut;
   }
 };
 
@@ -346,7 +358,7 @@ private:
       for (auto& piece : g.waiting) {
         if (g.shut)
           break;
-        if (!g.offer(st->cb, piece))
+        if (!g.offer(st->cb.on_delta, st->cb.on_tool_call, piece))
           g.shut = true;
       }
       g.waiting.clear();
@@ -381,11 +393,13 @@ private:
     completion_options copts = st->req.completion;
     copts.timeout = opt().reply_timeout;
     copts.flow = st->cb.flow;
-    delta_callback forward = [st](std::string_view delta) {
-      return st->gate->pass(st->cb, std::string{delta});
+    auto sink = std::make_shared<reply_sink>(reply_sink{
+      st->gate, st->cb.on_delta, st->cb.on_tool_call, st->cb.flow});
+    delta_callback forward = [sink](std::string_view delta) {
+      return sink->pass(std::string{delta});
     };
-    copts.on_tool_call = [st](const tool_call_delta& piece) {
-      return st->gate->pass(st->cb, piece);
+    copts.on_tool_call = [sink](const tool_call_delta& piece) {
+      return sink->pass(piece);
     };
     auto me = caf::actor_cast<caf::actor>(self_);
     auto box = st->box;
