@@ -2,7 +2,8 @@
 
 // A fake OpenAI-compatible chat completions server on 127.0.0.1 for tests:
 // it records every request's messages array and answers with a scripted
-// reply, streamed over SSE (or as plain JSON, or as an error).
+// reply, streamed over SSE (or as plain JSON, or as an error). A scripted
+// reply may call tools: streamed, each call's arguments come in pieces.
 
 #include <atomic>
 #include <chrono>
@@ -29,7 +30,8 @@ public:
         requests_.push_back(body);
         auth_.push_back(req.get_header_value("Authorization"));
       }
-      auto reply = next_reply(body);
+      auto message = next_message();
+      auto reply = message.value("content", std::string{});
       switch (mode_.load()) {
         case mode::error:
           res.status = 500;
@@ -37,11 +39,11 @@ public:
                           "application/json");
           return;
         case mode::plain:
+          message["role"] = "assistant";
+          if (!message.contains("content"))
+            message["content"] = nullptr;
           res.set_content(
-            nlohmann::json{{"choices",
-                            {{{"message",
-                               {{"role", "assistant"}, {"content", reply}}}}}}}
-              .dump(),
+            nlohmann::json{{"choices", {{{"message", message}}}}}.dump(),
             "application/json");
           return;
         case mode::hang_up:
@@ -56,14 +58,44 @@ public:
       auto slow = mode_ == mode::slow;
       res.set_chunked_content_provider(
         "text/event-stream",
-        [reply, slow, this](size_t, httplib::DataSink& sink) {
+        [reply, message, slow, this](size_t, httplib::DataSink& sink) {
+          auto send = [&sink](const nlohmann::json& delta,
+                              const char* finish = nullptr) {
+            nlohmann::json choice{{"delta", delta}};
+            if (finish)
+              choice["finish_reason"] = finish;
+            nlohmann::json event{
+              {"choices", nlohmann::json::array({choice})}};
+            auto line = "data: " + event.dump() + "\n\n";
+            return sink.write(line.data(), line.size());
+          };
           for (size_t i = 0; i < reply.size(); i += chunk_) {
             if (slow)
               std::this_thread::sleep_for(std::chrono::milliseconds(200));
-            nlohmann::json event{
-              {"choices", {{{"delta", {{"content", reply.substr(i, chunk_)}}}}}}};
-            auto line = "data: " + event.dump() + "\n\n";
-            if (!sink.write(line.data(), line.size()))
+            if (!send({{"content", reply.substr(i, chunk_)}}))
+              return false;
+          }
+          auto calls = message.find("tool_calls");
+          if (calls != message.end()) {
+            for (size_t c = 0; c < calls->size(); ++c) {
+              auto& call = (*calls)[c];
+              auto args = call["function"].value("arguments", std::string{});
+              if (!send({{"tool_calls",
+                          {{{"index", c},
+                            {"id", call["id"]},
+                            {"type", "function"},
+                            {"function",
+                             {{"name", call["function"]["name"]},
+                              {"arguments", ""}}}}}}}))
+                return false;
+              for (size_t i = 0; i < args.size(); i += chunk_)
+                if (!send({{"tool_calls",
+                            {{{"index", c},
+                              {"function",
+                               {{"arguments", args.substr(i, chunk_)}}}}}}}))
+                  return false;
+            }
+            if (!send(nlohmann::json::object(), "tool_calls"))
               return false;
           }
           std::string done = "data: [DONE]\n\n";
@@ -97,6 +129,13 @@ public:
     replies_ = std::move(replies);
   }
 
+  /// As `set_replies`, with whole assistant messages in OpenAI's form
+  /// (`content`, `tool_calls`); they take the place of the text replies.
+  void set_messages(std::vector<nlohmann::json> messages) {
+    std::lock_guard<std::mutex> guard{mx_};
+    messages_ = std::move(messages);
+  }
+
   std::vector<nlohmann::json> requests() const {
     std::lock_guard<std::mutex> guard{mx_};
     return requests_;
@@ -108,13 +147,14 @@ public:
   }
 
 private:
-  std::string next_reply(const nlohmann::json&) {
+  nlohmann::json next_message() {
     std::lock_guard<std::mutex> guard{mx_};
+    auto at = served_++;
+    if (!messages_.empty())
+      return messages_[std::min(at, messages_.size() - 1)];
     if (replies_.empty())
-      return "fake reply";
-    auto r = replies_[std::min(served_, replies_.size() - 1)];
-    ++served_;
-    return r;
+      return {{"content", "fake reply"}};
+    return {{"content", replies_[std::min(at, replies_.size() - 1)]}};
   }
 
   httplib::Server svr_;
@@ -126,6 +166,7 @@ private:
   std::vector<nlohmann::json> requests_;
   std::vector<std::string> auth_;
   std::vector<std::string> replies_;
+  std::vector<nlohmann::json> messages_;
   size_t served_ = 0;
 };
 

@@ -489,6 +489,20 @@ std::pair<int, nlohmann::json> get_json(httplib::Client& cli,
 
 // -- event streams --------------------------------------------------------------
 
+std::vector<sse_event> sse_events(const std::string& body) {
+  std::vector<sse_event> out;
+  std::string type;
+  for (auto& line : lines(body)) {
+    if (line.rfind("event: ", 0) == 0)
+      type = line.substr(7);
+    else if (line.rfind("data: ", 0) == 0)
+      out.push_back(sse_event{{}, type,
+                              nlohmann::json::parse(line.substr(6), nullptr,
+                                                    false)});
+  }
+  return out;
+}
+
 sse_client::sse_client(int port, const std::string& target,
                        const std::map<std::string, std::string>& headers) {
   fd_ = connect_to(port);

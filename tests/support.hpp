@@ -259,6 +259,10 @@ struct sse_event {
   nlohmann::json data;
 };
 
+/// The events of a whole text/event-stream body, in order: each `data:`
+/// line parsed as JSON, with the `event:` before it (`id` stays empty).
+std::vector<sse_event> sse_events(const std::string& body);
+
 /// A client of `GET target` on a loopback server that answers with a
 /// text/event-stream (chunked): it parses the reply's head, then the
 /// chunks, then the events. Reading is explicit, so one thread can drive

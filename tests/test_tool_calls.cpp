@@ -13,8 +13,10 @@
 
 #include "fake_openai.hpp"
 #include "spindle/messages/context_builder.hpp"
+#include "spindle/messages/tools.hpp"
 #include "spindle/runtime/openai_provider.hpp"
 #include "spindle/runtime/runtime.hpp"
+#include "spindle/runtime/server.hpp"
 #include "support.hpp"
 
 using namespace spindle;
@@ -38,6 +40,18 @@ runtime_options durable(const test::temp_dir& dir) {
   runtime_options opts;
   opts.storage.data_dir = dir.str();
   opts.storage.sync = sync_mode::normal;
+  return opts;
+}
+
+// A runtime whose provider is OpenAI's, on `fake`.
+runtime_options on_fake(const test::fake_openai& fake) {
+  runtime_options opts;
+  openai_options o;
+  o.base_url = fake.url() + "/v1";
+  o.model = "test-model";
+  auto provider = make_openai_provider(o);
+  REQUIRE(provider);
+  opts.provider = *provider;
   return opts;
 }
 
@@ -239,14 +253,7 @@ TEST_CASE("tool calls: concurrent batches and single turns never interleave "
 TEST_CASE("tool calls: a call left open reaches the upstream closed and in "
           "order") {
   test::fake_openai fake;
-  runtime_options opts;
-  openai_options o;
-  o.base_url = fake.url() + "/v1";
-  o.model = "test-model";
-  auto provider = make_openai_provider(o);
-  REQUIRE(provider);
-  opts.provider = *provider;
-  runtime rt{opts};
+  runtime rt{on_fake(fake)};
   const std::string id = "dangling";
   REQUIRE(rt.add_turn(id, make_user_turn("Oslo and Rome?")));
   REQUIRE(rt.append_turns(id, {calling({call("c1", "weather"),
@@ -361,4 +368,400 @@ TEST_CASE("tool calls: POST turns appends a batch shows the calls in the "
   REQUIRE(unknown);
   CHECK(unknown->status == 404);
   CHECK(cli.Get("/v1/threads/no-such-thread")->status == 404);
+}
+
+// -- tools offered to the model ----------------------------------------------
+
+TEST_CASE("tool calls: tools and tool_choice are checked in OpenAI's form") {
+  auto weather = json{{"type", "function"},
+                      {"function",
+                       {{"name", "weather"},
+                        {"description", "The weather in a city"},
+                        {"parameters",
+                         {{"type", "object"},
+                          {"properties", {{"city", {{"type", "string"}}}}}}}}}};
+  auto tools = json::array({weather}).dump();
+  CHECK_FALSE(validate_tools(tools, ""));
+  CHECK_FALSE(validate_tools(tools, R"("required")"));
+  CHECK_FALSE(validate_tools(
+    tools, R"({"type":"function","function":{"name":"weather"}})"));
+  CHECK_FALSE(validate_tools("", ""));
+  std::vector<json> many(max_tools + 1, weather);
+  for (size_t i = 0; i < many.size(); ++i)
+    many[i]["function"]["name"] = "f" + std::to_string(i);
+  CHECK(code_of(validate_tools(json(many).dump(), "")) == errc::too_large);
+  many.pop_back();
+  CHECK_FALSE(validate_tools(json(many).dump(), ""));
+  using pair = std::pair<std::string, std::string>;
+  for (auto& bad : std::vector<pair>{{R"({})", ""},
+                   {R"([{"type":"code","function":{"name":"f"}}])", ""},
+                   {R"([{"type":"function"}])", ""},
+                   {R"([{"type":"function","function":{"name":"a b"}}])", ""},
+                   {R"([{"type":"function","function":{"name":"f"},"x":1}])",
+                    ""},
+                   {R"([{"type":"function","function":{"name":"f","x":1}}])",
+                    ""},
+                   {R"([{"type":"function","function":{"name":"f",)"
+                    R"("parameters":"{}"}}])",
+                    ""},
+                   {tools.substr(0, tools.size() - 1) + "," + weather.dump()
+                      + "]",
+                    ""},
+                   {tools, R"("sometimes")"},
+                   {tools, R"({"type":"function","function":{"name":"x"}})"},
+                   {"", R"("auto")"}}) {
+    INFO(bad.first << " / " << bad.second);
+    CHECK(code_of(validate_tools(bad.first, bad.second))
+          == errc::invalid_argument);
+  }
+}
+
+namespace {
+
+// The runtime and its HTTP server in this process, with an OpenAI
+// provider on a fake upstream (the query rewriter stays offline, so the
+// upstream sees only the replies' requests).
+struct served {
+  test::fake_openai fake;
+  std::unique_ptr<runtime> rt;
+  std::unique_ptr<server> srv;
+  std::thread serving;
+  int port = 0;
+
+  served() {
+    rt = std::make_unique<runtime>(on_fake(fake));
+    server_options so;
+    so.port = 0;
+    srv = std::make_unique<server>(*rt, so);
+    auto bound = srv->bind();
+    REQUIRE(bound);
+    port = *bound;
+    serving = std::thread{[this] { srv->run(); }};
+  }
+
+  ~served() {
+    srv->stop();
+    serving.join();
+  }
+};
+
+json weather_tools() {
+  return json::array(
+    {{{"type", "function"},
+      {"function",
+       {{"name", "weather"},
+        {"parameters",
+         {{"type", "object"},
+          {"properties", {{"city", {{"type", "string"}}}}}}}}}}});
+}
+
+json weather_call(const std::string& id, const std::string& city) {
+  return {{"id", id},
+          {"type", "function"},
+          {"function",
+           {{"name", "weather"},
+            {"arguments", R"({"city": ")" + city + R"(", "unit": "C"})"}}}};
+}
+
+// Checks that every assistant call in `messages` is answered by the tool
+// messages right after it, in order, and that nothing else answers.
+void check_sequence(const json& messages) {
+  INFO(messages.dump(1));
+  for (size_t i = 0; i < messages.size(); ++i) {
+    auto& m = messages[i];
+    if (m["role"] == "tool") {
+      CHECK(i > 0);
+      continue;
+    }
+    if (!m.contains("tool_calls"))
+      continue;
+    auto& calls = m["tool_calls"];
+    REQUIRE(i + calls.size() < messages.size());
+    for (size_t c = 0; c < calls.size(); ++c) {
+      CHECK(messages[i + 1 + c]["role"] == "tool");
+      CHECK(messages[i + 1 + c]["tool_call_id"] == calls[c]["id"]);
+    }
+  }
+}
+
+} // namespace
+
+TEST_CASE("tool calls: messages and messages stream offer tools upstream "
+          "and store the calls the model streams in pieces") {
+  served s;
+  httplib::Client cli{"127.0.0.1", s.port};
+  auto call_1 = weather_call("call_1", "Oslo");
+  auto call_2 = weather_call("call_2", "Rome");
+  s.fake.set_messages({{{"tool_calls", {call_1}}},
+                       {{"content", "Checking."}, {"tool_calls", {call_2}}},
+                       {{"content", "Oslo 3C, Rome 14C."}}});
+  const std::string id = "tooled";
+  auto choice = json{{"type", "function"}, {"function", {{"name", "weather"}}}};
+  auto [status, r1] = test::post_json(
+    cli, "/v1/threads/" + id + "/messages",
+    {{"content", "Weather in Oslo?"},
+     {"tools", weather_tools()},
+     {"tool_choice", choice}});
+  INFO(r1.dump());
+  REQUIRE(status == 200);
+  CHECK(r1["reply"] == "");
+  CHECK(r1["tool_calls"] == json::array({call_1}));
+  // The upstream got the tools as sent.
+  auto first = s.fake.requests().at(0);
+  CHECK(first["tools"] == weather_tools());
+  CHECK(first["tool_choice"] == choice);
+
+  // The client runs the tool and appends its result.
+  auto answer = [&](const std::string& call_id, const std::string& result) {
+    return test::post_json(cli, "/v1/threads/" + id + "/turns",
+                           {{"turns",
+                             {{{"role", "tool"},
+                               {"tool_call_id", call_id},
+                               {"content", result}}}}})
+      .first;
+  };
+  REQUIRE(answer("call_1", "3C") == 200);
+
+  // Streamed: the call arrives in pieces, then whole in `done`.
+  auto streamed = cli.Post("/v1/threads/" + id + "/messages/stream",
+                           json{{"content", "And Rome?"},
+                                {"tools", weather_tools()},
+                                {"tool_choice", "auto"}}
+                             .dump(),
+                           "application/json");
+  REQUIRE(streamed);
+  REQUIRE(streamed->status == 200);
+  auto events = test::sse_events(streamed->body);
+  std::string text, args, name, call_id;
+  size_t pieces = 0;
+  json done;
+  for (auto& e : events) {
+    if (e.type == "delta")
+      text += e.data["content"].get<std::string>();
+    if (e.type == "tool_call") {
+      ++pieces;
+      CHECK(e.data["index"] == 0);
+      args += e.data["arguments"].get<std::string>();
+      name += e.data.value("name", "");
+      call_id += e.data.value("id", "");
+    }
+    if (e.type == "done")
+      done = e.data;
+  }
+  CHECK(text == "Checking.");
+  CHECK(pieces > 3);
+  CHECK(name == "weather");
+  CHECK(call_id == "call_2");
+  CHECK(args == call_2["function"]["arguments"]);
+  CHECK(done["tool_calls"] == json::array({call_2}));
+  CHECK(s.fake.requests().at(1)["tool_choice"] == "auto");
+
+  REQUIRE(answer("call_2", "14C") == 200);
+  auto [s3, r3] = test::post_json(cli, "/v1/threads/" + id + "/messages",
+                                  {{"content", "Thanks!"}});
+  REQUIRE(s3 == 200);
+  CHECK(r3["reply"] == "Oslo 3C, Rome 14C.");
+  CHECK_FALSE(r3.contains("tool_calls"));
+  auto last = s.fake.requests().at(2);
+  CHECK_FALSE(last.contains("tools"));
+  check_sequence(last["messages"]);
+  CHECK(last["messages"].back() == json{{"role", "user"},
+                                        {"content", "Thanks!"}});
+
+  auto [hs, history] = test::get_json(cli, "/v1/threads/" + id + "/history");
+  REQUIRE(hs == 200);
+  std::vector<std::string> roles;
+  for (auto& t : history["turns"])
+    roles.push_back(t["role"].get<std::string>());
+  CHECK(roles == std::vector<std::string>{"user", "assistant", "tool", "user",
+                                          "assistant", "tool", "user",
+                                          "assistant"});
+  CHECK(history["turns"][1]["tool_calls"] == json::array({call_1}));
+  CHECK(history["turns"][4]["tool_calls"] == json::array({call_2}));
+  CHECK(history["turns"][4]["content"] == "Checking.");
+}
+
+TEST_CASE("tool calls: bad tools are refused before anything is stored") {
+  served s;
+  httplib::Client cli{"127.0.0.1", s.port};
+  std::vector<json> many(max_tools + 1, weather_tools()[0]);
+  for (size_t i = 0; i < many.size(); ++i)
+    many[i]["function"]["name"] = "f" + std::to_string(i);
+  struct bad {
+    json fields;
+    int status;
+    std::string param;
+  };
+  for (auto route : {"/messages", "/messages/stream"})
+    for (auto& b : std::vector<bad>{
+           {{{"tools", "weather"}}, 400, "tools"},
+           {{{"tools", {{{"type", "function"}}}}}, 400, "tools"},
+           {{{"tools", {{{"type", "function"},
+                         {"function", {{"name", "no spaces"}}}}}}},
+            400,
+            "tools"},
+           {{{"tools", many}}, 413, "tools"},
+           {{{"tools", weather_tools()}, {"tool_choice", "sometimes"}},
+            400,
+            "tool_choice"},
+           {{{"tools", weather_tools()},
+             {"tool_choice",
+              {{"type", "function"}, {"function", {{"name", "search"}}}}}},
+            400,
+            "tool_choice"},
+           {{{"tool_choice", "auto"}}, 400, "tool_choice"}}) {
+      auto body = b.fields;
+      body["content"] = "hello";
+      auto [status, reply] = test::post_json(
+        cli, std::string{"/v1/threads/refused"} + route, body);
+      INFO(route << " " << body.dump().substr(0, 300) << " -> " << reply);
+      CHECK(status == b.status);
+      CHECK(reply["error"]["param"] == b.param);
+    }
+  CHECK(test::get_json(cli, "/v1/threads/refused").first == 404);
+  CHECK(s.fake.requests().empty());
+}
+
+TEST_CASE("tool calls: chat completions answer a call in OpenAI's form and "
+          "continue a thread after its results") {
+  served s;
+  httplib::Client cli{"127.0.0.1", s.port};
+  auto call_1 = weather_call("call_1", "Oslo");
+  s.fake.set_messages({{{"tool_calls", {call_1}}},
+                       {{"content", "It is 3C in Oslo."}},
+                       {{"tool_calls", {call_1}}}});
+  json ask{{"model", "m"},
+           {"messages", {{{"role", "user"}, {"content", "Oslo?"}}}},
+           {"tools", weather_tools()},
+           {"tool_choice", "required"},
+           {"parallel_tool_calls", false},
+           {"thread_id", "chat-tools"}};
+  auto [status, r1] = test::post_json(cli, "/v1/chat/completions", ask);
+  INFO(r1.dump());
+  REQUIRE(status == 200);
+  auto& choice = r1["choices"][0];
+  CHECK(choice["finish_reason"] == "tool_calls");
+  CHECK(choice["message"]["content"].is_null());
+  CHECK(choice["message"]["tool_calls"] == json::array({call_1}));
+  auto up = s.fake.requests().at(0);
+  CHECK(up["tools"] == weather_tools());
+  CHECK(up["tool_choice"] == "required");
+  CHECK(up["parallel_tool_calls"] == false);
+
+  // The client sends the call back with its result: the result is the
+  // thread's new turn and the reply follows it.
+  auto answer = ask;
+  answer.erase("tool_choice");
+  answer["messages"].push_back(choice["message"]);
+  answer["messages"].push_back(
+    {{"role", "tool"}, {"tool_call_id", "call_1"}, {"content", "3C"}});
+  auto [s2, r2] = test::post_json(cli, "/v1/chat/completions", answer);
+  INFO(r2.dump());
+  REQUIRE(s2 == 200);
+  CHECK(r2["choices"][0]["message"]["content"] == "It is 3C in Oslo.");
+  CHECK(r2["choices"][0]["finish_reason"] == "stop");
+  auto second = s.fake.requests().at(1);
+  check_sequence(second["messages"]);
+  CHECK(second["messages"].back()
+        == json{{"role", "tool"}, {"content", "3C"},
+                {"tool_call_id", "call_1"}});
+  auto [hs, history] = test::get_json(cli,
+                                      "/v1/threads/chat-tools/history");
+  REQUIRE(history["turns"].size() == 4);
+  CHECK(history["turns"][2]["tool_call_id"] == "call_1");
+  CHECK(history["turns"][3]["content"] == "It is 3C in Oslo.");
+  // A result for a call the thread never made is refused like POST turns.
+  auto again = answer;
+  again["messages"].back()["tool_call_id"] = "call_9";
+  CHECK(test::post_json(cli, "/v1/chat/completions", again).first == 400);
+
+  // Streamed without a thread: OpenAI's delta.tool_calls chunks.
+  ask.erase("thread_id");
+  ask["stream"] = true;
+  auto streamed = cli.Post("/v1/chat/completions", ask.dump(),
+                           "application/json");
+  REQUIRE(streamed);
+  REQUIRE(streamed->status == 200);
+  std::string args, finish;
+  size_t pieces = 0;
+  for (auto& e : test::sse_events(streamed->body)) {
+    if (!e.data.is_object())
+      continue; // [DONE]
+    auto& c = e.data["choices"][0];
+    if (c["finish_reason"].is_string())
+      finish = c["finish_reason"].get<std::string>();
+    if (!c["delta"].contains("tool_calls"))
+      continue;
+    auto& piece = c["delta"]["tool_calls"][0];
+    CHECK(piece["index"] == 0);
+    if (pieces++ == 0) {
+      CHECK(piece["id"] == "call_1");
+      CHECK(piece["type"] == "function");
+      CHECK(piece["function"]["name"] == "weather");
+    }
+    args += piece["function"]["arguments"].get<std::string>();
+  }
+  CHECK(pieces > 3);
+  CHECK(args == call_1["function"]["arguments"]);
+  CHECK(finish == "tool_calls");
+}
+
+TEST_CASE("tool calls: the OpenAI provider assembles calls streamed in "
+          "pieces and reads them from a plain answer") {
+  test::fake_openai fake;
+  auto opts = on_fake(fake);
+  auto call_1 = weather_call("call_1", "Oslo");
+  auto call_2 = weather_call("call_2", "Rome");
+  fake.set_messages({{{"content", "Both."}, {"tool_calls", {call_1, call_2}}}});
+  completion_options copts;
+  copts.tools = weather_tools().dump();
+  copts.tool_choice = R"("required")";
+  std::vector<tool_call_delta> pieces;
+  copts.on_tool_call = [&pieces](const tool_call_delta& piece) {
+    pieces.push_back(piece);
+    return true;
+  };
+  std::vector<chat_message> prompt{{"user", "Oslo and Rome?", {}, {}}};
+  std::string text;
+  auto streamed = opts.provider->complete(prompt, copts,
+                                          [&text](std::string_view d) {
+                                            text += d;
+                                            return true;
+                                          });
+  REQUIRE(streamed);
+  CHECK(streamed->text == "Both.");
+  CHECK(text == "Both.");
+  CHECK_FALSE(streamed->interrupted);
+  auto whole = json::parse(tool_calls_to_json(streamed->tool_calls));
+  CHECK(whole == json::array({call_1, call_2}));
+  CHECK(pieces.size() > 4);
+  std::string args_2;
+  for (auto& p : pieces)
+    if (p.index == 1)
+      args_2 += p.arguments;
+  CHECK(args_2 == call_2["function"]["arguments"]);
+  auto sent = fake.requests().back();
+  CHECK(sent["tools"] == weather_tools());
+  CHECK(sent["tool_choice"] == "required");
+
+  // A plain answer: each call whole, as one piece.
+  fake.set_mode(test::fake_openai::mode::plain);
+  pieces.clear();
+  auto plain = opts.provider->complete(prompt, copts, {});
+  REQUIRE(plain);
+  CHECK(plain->text == "Both.");
+  CHECK(json::parse(tool_calls_to_json(plain->tool_calls))
+        == json::array({call_1, call_2}));
+  REQUIRE(pieces.size() == 2);
+  CHECK(pieces[1].id == "call_2");
+  CHECK(pieces[1].arguments == call_2["function"]["arguments"]);
+
+  // A consumer that stops at a call's piece interrupts the reply.
+  fake.set_mode(test::fake_openai::mode::stream);
+  copts.on_tool_call = [](const tool_call_delta& piece) {
+    return piece.index == 0;
+  };
+  auto stopped = opts.provider->complete(prompt, copts, {});
+  REQUIRE(stopped);
+  CHECK(stopped->interrupted);
 }

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "spindle/messages/error.hpp"
+#include "spindle/messages/tools.hpp"
 
 namespace spindle {
 
@@ -97,12 +98,7 @@ caf::error validate_tool_calls(const std::vector<tool_call>& calls,
         return make_error(errc::invalid_argument,
                           field + ".id '" + c.id
                             + "' is given twice in the turn");
-    auto name_ok = !c.name.empty() && c.name.size() <= max_tool_name;
-    for (auto ch : c.name)
-      name_ok = name_ok
-                && ((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z')
-                    || (ch >= '0' && ch <= '9') || ch == '_' || ch == '-');
-    if (!name_ok)
+    if (!is_tool_name(c.name))
       return make_error(errc::invalid_argument,
                         field + ".function.name must have 1 to "
                           + std::to_string(max_tool_name)

@@ -25,6 +25,7 @@
 #include <spdlog/spdlog.h>
 
 #include "spindle/messages/error.hpp"
+#include "spindle/messages/threads.hpp"
 #include "spindle/runtime/io_pool.hpp"
 #include "spindle/runtime/delta.hpp"
 #include "spindle/runtime/tcp_or_tls.hpp"
@@ -163,6 +164,17 @@ make_request(const endpoint& ep, const std::vector<chat_message>& messages,
         if (key != "model" && key != "messages" && key != "stream")
           body[key] = value;
   }
+  // Checked by the caller (validate_tools): sent as they came.
+  if (!options.tools.empty()) {
+    auto tools = json::parse(options.tools, nullptr, false);
+    if (tools.is_array() && !tools.empty())
+      body["tools"] = std::move(tools);
+  }
+  if (!options.tool_choice.empty() && body.contains("tools")) {
+    auto choice = json::parse(options.tool_choice, nullptr, false);
+    if (!choice.is_discarded())
+      body["tool_choice"] = std::move(choice);
+  }
   http::request<http::string_body> req{http::verb::post, ep.target, 11};
   req.set(http::field::host, ep.authority);
   req.set(http::field::user_agent, std::string{"spindle/"} + version_string);
@@ -194,11 +206,81 @@ std::string upstream_message(int status, const std::string& body) {
          + (detail.empty() ? std::string{} : ": " + detail);
 }
 
+// The tool calls of a reply, put together from their pieces: a streamed
+// `delta.tool_calls[i]` (`index`, `id` and `function.name` on its first
+// piece, then `function.arguments` fragments) or a whole
+// `message.tool_calls` entry. Each piece goes on to `on_call`.
+class tool_call_assembler {
+public:
+  explicit tool_call_assembler(const tool_call_callback& on_call)
+    : on_call_(on_call) {
+  }
+
+  /// Takes one entry; false when it is malformed (`error` says why) or the
+  /// consumer asked to stop (`stopped`).
+  bool take(const json& entry, size_t position) {
+    if (!entry.is_object()) {
+      error = "the LLM endpoint sent a tool call that is not an object";
+      return false;
+    }
+    size_t index = position;
+    if (auto i = entry.find("index"); i != entry.end()) {
+      if (!i->is_number_unsigned()) {
+        error = "the LLM endpoint sent a tool call without a valid index";
+        return false;
+      }
+      index = i->get<size_t>();
+    }
+    if (index >= max_tool_calls) {
+      error = "the LLM endpoint sent more than "
+              + std::to_string(max_tool_calls) + " tool calls";
+      return false;
+    }
+    if (index >= calls.size())
+      calls.resize(index + 1);
+    tool_call_delta piece;
+    piece.index = index;
+    auto& call = calls[index];
+    auto text = [](const json& x, const char* key) {
+      auto it = x.find(key);
+      return it != x.end() && it->is_string() ? it->get<std::string>()
+                                              : std::string{};
+    };
+    piece.id = text(entry, "id");
+    if (call.id.empty())
+      call.id = piece.id;
+    if (auto fn = entry.find("function"); fn != entry.end() && fn->is_object()) {
+      piece.name = text(*fn, "name");
+      piece.arguments = text(*fn, "arguments");
+      call.name += piece.name;
+      call.arguments += piece.arguments;
+    }
+    if (!on_call_)
+      return true;
+    bool more = false;
+    try {
+      more = on_call_(piece);
+    } catch (...) {
+      more = false;
+    }
+    stopped = !more;
+    return more;
+  }
+
+  std::vector<tool_call> calls;
+  bool stopped = false;
+  std::string error;
+
+private:
+  const tool_call_callback& on_call_;
+};
+
 // Incremental SSE parser for OpenAI's stream: "data: {json}\n\n" events,
 // ending with "data: [DONE]".
 class sse_reader {
 public:
-  explicit sse_reader(const delta_callback& on_delta) : on_delta_(on_delta) {
+  sse_reader(const delta_callback& on_delta, const tool_call_callback& on_call)
+    : tools(on_call), on_delta_(on_delta) {
   }
 
   /// Feeds bytes; returns false once the consumer asked to stop or the
@@ -228,6 +310,7 @@ public:
   }
 
   std::string text;
+  tool_call_assembler tools;
   bool stopped = false;
   std::string error;
 
@@ -249,8 +332,17 @@ private:
     if (choices == event.end() || !choices->is_array() || choices->empty())
       return true;
     auto& delta = (*choices)[0]["delta"];
-    if (!delta.is_object() || !delta.contains("content")
-        || !delta["content"].is_string())
+    if (!delta.is_object())
+      return true;
+    if (auto calls = delta.find("tool_calls");
+        calls != delta.end() && calls->is_array())
+      for (size_t i = 0; i < calls->size(); ++i)
+        if (!tools.take((*calls)[i], i)) {
+          stopped = tools.stopped;
+          error = tools.error;
+          return false;
+        }
+    if (!delta.contains("content") || !delta["content"].is_string())
       return true;
     auto& piece = delta["content"].get_ref<const std::string&>();
     if (piece.empty())
@@ -275,14 +367,15 @@ class upstream_call : public std::enable_shared_from_this<upstream_call> {
 public:
   upstream_call(asio::io_context& loop, std::shared_ptr<const endpoint> ep,
                 http::request<http::string_body> request, milliseconds timeout,
-                delta_callback on_delta, completion_done done,
-                std::shared_ptr<flow_control> flow)
+                delta_callback on_delta, tool_call_callback on_call,
+                completion_done done, std::shared_ptr<flow_control> flow)
     : ep_(std::move(ep)),
       request_(std::move(request)),
       timeout_(timeout),
       on_delta_(std::move(on_delta)),
+      on_call_(std::move(on_call)),
       done_(std::move(done)),
-      sse_(on_delta_),
+      sse_(on_delta_, on_call_),
       resolver_(loop),
       connection_(loop),
       deadline_(loop),
@@ -484,7 +577,10 @@ private:
   void cancel_now() {
     if (finished_)
       return;
-    finish(completion{streaming_ ? std::move(sse_.text) : std::string{}, true});
+    if (streaming_)
+      finish(streamed(true));
+    else
+      finish(completion{std::string{}, true, {}});
   }
 
   void read_on() {
@@ -518,7 +614,7 @@ private:
     if (sse_.feed(data, size))
       return true;
     if (sse_.stopped)
-      finish(completion{std::move(sse_.text), true});
+      finish(streamed(true));
     else
       fail(errc::upstream_failure, sse_.error);
     return false;
@@ -530,22 +626,58 @@ private:
       return;
     }
     if (streaming_) {
-      finish(completion{std::move(sse_.text), false});
+      finish(streamed(false));
       return;
     }
-    // A plain (non-streamed) completion.
+    // A plain (non-streamed) completion: text, tool calls or both.
     auto parsed = json::parse(answer_, nullptr, false);
-    if (!parsed.is_object() || !parsed.contains("choices")
-        || !parsed["choices"].is_array() || parsed["choices"].empty()
-        || !parsed["choices"][0]["message"]["content"].is_string()) {
+    const json* message = nullptr;
+    if (parsed.is_object() && parsed.contains("choices")
+        && parsed["choices"].is_array() && !parsed["choices"].empty()
+        && parsed["choices"][0].is_object()
+        && parsed["choices"][0].contains("message")
+        && parsed["choices"][0]["message"].is_object())
+      message = &parsed["choices"][0]["message"];
+    auto field = [message](const char* key) -> const json* {
+      if (!message)
+        return nullptr;
+      auto it = message->find(key);
+      return it == message->end() ? nullptr : &*it;
+    };
+    auto* content = field("content");
+    auto* calls = field("tool_calls");
+    bool has_text = content && content->is_string();
+    bool has_calls = calls && calls->is_array() && !calls->empty();
+    if (!has_text && !has_calls) {
       fail(errc::upstream_failure,
            "the LLM endpoint answered 200 without a completion: "
              + answer_.substr(0, 200));
       return;
     }
-    auto text = parsed["choices"][0]["message"]["content"].get<std::string>();
-    bool more = offer_delta(on_delta_, text);
-    finish(completion{std::move(text), !more});
+    completion out;
+    if (has_text)
+      out.text = content->get_ref<const std::string&>();
+    bool more = out.text.empty() || offer_delta(on_delta_, out.text);
+    tool_call_assembler whole{on_call_};
+    if (has_calls)
+      for (size_t i = 0; more && i < calls->size(); ++i)
+        if (!whole.take((*calls)[i], i)) {
+          if (!whole.stopped)
+            return fail(errc::upstream_failure, whole.error);
+          more = false;
+        }
+    out.interrupted = !more;
+    out.tool_calls = std::move(whole.calls);
+    finish(std::move(out));
+  }
+
+  // What the stream brought so far.
+  completion streamed(bool interrupted) {
+    completion out;
+    out.text = std::move(sse_.text);
+    out.interrupted = interrupted;
+    out.tool_calls = std::move(sse_.tools.calls);
+    return out;
   }
 
   // -- time -------------------------------------------------------------------
@@ -624,6 +756,7 @@ private:
     auto done = std::move(done_);
     done_ = nullptr;
     on_delta_ = nullptr;
+    on_call_ = nullptr;
     if (!done)
       return;
     try {
@@ -640,6 +773,7 @@ private:
   http::request<http::string_body> request_;
   milliseconds timeout_;
   delta_callback on_delta_;
+  tool_call_callback on_call_;
   completion_done done_;
   sse_reader sse_;
   tcp::resolver resolver_;
@@ -697,7 +831,8 @@ void openai_provider::launch(const std::vector<chat_message>& messages,
   auto& loop = options_.loops->next();
   auto call = std::make_shared<upstream_call>(
     loop, endpoint_, make_request(*endpoint_, messages, options),
-    options.timeout, std::move(on_delta), std::move(done), options.flow);
+    options.timeout, std::move(on_delta), options.on_tool_call, std::move(done),
+    options.flow);
   asio::post(loop, [call] { call->begin(); });
 }
 

@@ -8,6 +8,7 @@
 #include "idempotency.hpp"
 #include "metrics.hpp"
 #include "spindle/messages/error.hpp"
+#include "spindle/messages/tools.hpp"
 #include "spindle/runtime/logging.hpp"
 #include "spindle/runtime/runtime.hpp"
 
@@ -225,6 +226,22 @@ std::string chat_content_text(const json& content, const std::string& param) {
     text += part["text"].get<std::string>();
   }
   return text;
+}
+
+void parse_tools(const json& body, std::string& tools,
+                 std::string& tool_choice) {
+  auto list = body.find("tools");
+  if (list != body.end() && !list->is_null()
+      && !(list->is_array() && list->empty()))
+    tools = dump(*list);
+  auto choice = body.find("tool_choice");
+  if (choice != body.end() && !choice->is_null())
+    tool_choice = dump(*choice);
+  if (auto err = validate_tools(tools, tool_choice)) {
+    auto e = to_api_error(err);
+    e.param = e.message.rfind("tool_choice", 0) == 0 ? "tool_choice" : "tools";
+    throw e;
+  }
 }
 
 std::optional<int64_t> optional_int(const json& body, const char* field) {

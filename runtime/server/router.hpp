@@ -147,6 +147,13 @@ std::optional<int64_t> optional_int(const json& body, const char* field);
 /// concatenated. Throws 400 `invalid_argument` for anything else.
 std::string chat_content_text(const json& content, const std::string& param);
 
+/// The body's `tools` and `tool_choice` in OpenAI's form (docs/api.md,
+/// "Tools"), checked, as JSON texts for `completion_options`; absent,
+/// null or an empty `tools` leaves both empty. Throws 400
+/// `invalid_argument` or 413 `too_large` naming the field.
+void parse_tools(const json& body, std::string& tools,
+                 std::string& tool_choice);
+
 /// The thread ID of the path's first `{}` segment, validated (D10); "new"
 /// only where allowed (400 `invalid_id` otherwise).
 std::string path_thread(const request& req, bool allow_new);

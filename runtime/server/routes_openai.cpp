@@ -28,12 +28,12 @@ constexpr const char* passed_through[] = {
   "temperature",      "top_p",           "stop",
   "presence_penalty", "frequency_penalty", "seed",
   "logit_bias",       "user",            "response_format",
-  "max_completion_tokens"};
+  "max_completion_tokens", "parallel_tool_calls"};
 
 // OpenAI request fields accepted and not used: they change nothing in a
 // single text reply (storage and tracing options of OpenAI's service).
 constexpr const char* ignored[] = {"store", "metadata", "service_tier",
-                                   "parallel_tool_calls", "stream_options"};
+                                   "stream_options"};
 
 // spindle's own fields (sent by OpenAI SDKs as extra body fields).
 constexpr const char* spindle_fields[] = {"thread_id", "user_id",
@@ -56,6 +56,18 @@ bool listed(const char* const (&names)[N], const std::string& key) {
   return false;
 }
 
+// Drops the fields of object `x` that are not in `names`.
+void keep_only(json& x, std::initializer_list<const char*> names) {
+  if (!x.is_object())
+    return;
+  for (auto it = x.begin(); it != x.end();) {
+    bool kept = false;
+    for (auto* name : names)
+      kept = kept || it.key() == name;
+    it = kept ? std::next(it) : x.erase(it);
+  }
+}
+
 struct chat_request {
   std::vector<chat_message> messages;
   std::string model;
@@ -66,6 +78,9 @@ struct chat_request {
   bool threaded = false;
   std::string thread_id;
   std::string content;
+  // Or, instead of a new user message, the tool results that end the
+  // messages: appended to the thread, then the reply follows them.
+  std::vector<turn> tool_results;
   std::string system_prompt;
   std::string user_id;
   conflict_policy on_conflict = conflict_policy::queue;
@@ -119,12 +134,12 @@ chat_request parse_chat(const request& req) {
   if (auto it = body.find("logprobs");
       it != body.end() && !it->is_null() && *it != false)
     invalid("logprobs are not supported", "logprobs");
-  for (auto* key : {"tools", "functions"})
-    if (auto it = body.find(key); it != body.end() && !it->is_null()
-                                  && !(it->is_array() && it->empty()))
-      invalid(std::string{key} + " are not supported on this route yet: "
-                "spindle streams text replies",
-              key);
+  if (auto it = body.find("functions"); it != body.end() && !it->is_null()
+                                        && !(it->is_array() && it->empty()))
+    invalid("functions (OpenAI's deprecated form) are not supported: send "
+            "tools",
+            "functions");
+  parse_tools(body, out.completion.tools, out.completion.tool_choice);
   if (auto it = body.find("modalities"); it != body.end() && !it->is_null()
                                          && *it != json::array({"text"}))
     invalid("modalities must be [\"text\"]", "modalities");
@@ -149,15 +164,37 @@ chat_request parse_chat(const request& req) {
                       "tool, not '"
                 + r.substr(0, 32) + "'",
               param + ".role");
-    if (m.contains("tool_calls") && !m["tool_calls"].is_null())
-      invalid(param + ".tool_calls are not supported on this route yet",
-              param + ".tool_calls");
     chat_message msg;
     msg.role = r;
+    if (auto calls = m.find("tool_calls");
+        calls != m.end() && !calls->is_null()) {
+      if (r != "assistant")
+        invalid(param + ".tool_calls belong to assistant messages only",
+                param + ".tool_calls");
+      // A call's other fields (a client's own, such as the Node SDK's
+      // parsed_arguments) are left out, as OpenAI leaves them.
+      auto known = *calls;
+      if (known.is_array())
+        for (auto& c : known) {
+          keep_only(c, {"id", "type", "function"});
+          if (c.is_object() && c.contains("function"))
+            keep_only(c["function"], {"name", "arguments"});
+        }
+      auto parsed = tool_calls_from_json(dump(known));
+      if (!parsed)
+        invalid(param + ": " + describe(parsed.error()),
+                param + ".tool_calls");
+      msg.tool_calls = std::move(*parsed);
+    }
     auto content = m.find("content");
-    if (content == m.end() || content->is_null())
-      invalid(param + ".content is required", param + ".content");
-    msg.content = chat_content_text(*content, param + ".content");
+    if (content == m.end() || content->is_null()) {
+      if (msg.tool_calls.empty())
+        invalid(param + ".content is required", param + ".content");
+    } else {
+      msg.content = chat_content_text(*content, param + ".content");
+    }
+    if (auto err = validate_tool_calls(msg.tool_calls, msg.content.size()))
+      invalid(param + ": " + describe(err), param + ".tool_calls");
     if (r == "tool") {
       auto id = m.find("tool_call_id");
       if (id == m.end() || !id->is_string() || id->get<std::string>().empty())
@@ -181,11 +218,22 @@ chat_request parse_chat(const request& req) {
     if (auto err = validate_thread_id(out.thread_id))
       fail(err);
     auto& last = out.messages.back();
-    if (last.role != "user")
+    if (last.role == "tool") {
+      // The results of the thread's last calls: the turns after the
+      // assistant message that made them are new.
+      auto first = out.messages.size();
+      while (first > 0 && out.messages[first - 1].role == "tool")
+        --first;
+      for (auto i = first; i < out.messages.size(); ++i)
+        out.tool_results.push_back(make_tool_turn(
+          out.messages[i].content, out.messages[i].tool_call_id));
+    } else if (last.role != "user") {
       invalid("with a thread, the last message must be the user's new "
-              "message (spindle keeps the earlier turns)",
+              "message or the results of the thread's tool calls (spindle "
+              "keeps the earlier turns)",
               "messages");
-    out.content = last.content;
+    }
+    out.content = out.tool_results.empty() ? last.content : std::string{};
     // Leading system (or developer) messages replace the system prompt.
     for (auto& m : out.messages) {
       if (m.role != "system" && m.role != "developer")
@@ -244,18 +292,44 @@ struct completion_head {
     return out;
   }
 
-  json whole(const std::string& text, bool interrupted) const {
+  json whole(const std::string& text, bool interrupted,
+             const std::vector<tool_call>& calls) const {
     auto out = base("chat.completion");
+    json message{
+      {"role", "assistant"}, {"content", text}, {"refusal", nullptr}};
+    if (!calls.empty()) {
+      message["tool_calls"] = json::parse(tool_calls_to_json(calls));
+      if (text.empty())
+        message["content"] = nullptr;
+    }
     out["choices"] = json::array(
       {{{"index", 0},
-        {"message",
-         {{"role", "assistant"}, {"content", text}, {"refusal", nullptr}}},
+        {"message", std::move(message)},
         {"logprobs", nullptr},
-        {"finish_reason", "stop"}}});
+        {"finish_reason", finish_reason(calls)}}});
     out["usage"] = nullptr;
     if (interrupted)
       out["interrupted"] = true;
     return out;
+  }
+
+  static const char* finish_reason(const std::vector<tool_call>& calls) {
+    return calls.empty() ? "stop" : "tool_calls";
+  }
+
+  // A piece of a tool call as OpenAI streams it: `id`, `type` and the
+  // name with the call's first piece, then fragments of its arguments.
+  std::string call_chunk(const tool_call_delta& piece) const {
+    json fn{{"arguments", piece.arguments}};
+    json entry{{"index", piece.index}};
+    if (!piece.id.empty()) {
+      entry["id"] = piece.id;
+      entry["type"] = "function";
+    }
+    if (!piece.name.empty())
+      fn["name"] = piece.name;
+    entry["function"] = std::move(fn);
+    return chunk({{"tool_calls", json::array({std::move(entry)})}}, nullptr);
   }
 
   std::string chunk(json delta, const char* finish) const {
@@ -287,6 +361,28 @@ stream_headers(const completion_head& head) {
   return h;
 }
 
+// Starts the exchange; tool results the request brings are appended to
+// the thread first (checked as POST /v1/threads/{id}/turns checks them),
+// on a worker, as that waits for the thread.
+void start(router& r, const std::shared_ptr<async_call>& call,
+           std::vector<turn> tool_results, exchange_request x,
+           exchange_callbacks cb) {
+  if (tool_results.empty()) {
+    r.rt().start_exchange(std::move(x), std::move(cb));
+    return;
+  }
+  boost::asio::post(r.workers(), [&r, call, turns = std::move(tool_results),
+                                  x = std::move(x),
+                                  cb = std::move(cb)]() mutable {
+    auto appended = r.rt().append_turns(x.thread_id, std::move(turns));
+    if (!appended) {
+      call->fail(appended.error());
+      return;
+    }
+    r.rt().start_exchange(std::move(x), std::move(cb));
+  });
+}
+
 // A conversation spindle keeps: an exchange on the thread.
 void threaded(router& r, std::shared_ptr<async_call> call, chat_request c,
               completion_head head) {
@@ -298,6 +394,7 @@ void threaded(router& r, std::shared_ptr<async_call> call, chat_request c,
   x.build.max_turns = c.max_turns;
   x.build.system_prompt = std::move(c.system_prompt);
   x.completion = std::move(c.completion);
+  x.after_tool_results = !c.tool_results.empty();
   auto* metrics = &r.metrics();
   exchange_callbacks cb;
   auto shared_head = std::make_shared<completion_head>(std::move(head));
@@ -308,7 +405,8 @@ void threaded(router& r, std::shared_ptr<async_call> call, chat_request c,
       metrics->count("turns", 2);
       response out;
       reply(out, 200,
-            shared_head->whole(res.reply, res.interrupted || res.cancelled));
+            shared_head->whole(res.reply, res.interrupted || res.cancelled,
+                               res.tool_calls));
       out.set_header(thread_header, res.thread_id);
       call->send(std::move(out));
     };
@@ -316,7 +414,7 @@ void threaded(router& r, std::shared_ptr<async_call> call, chat_request c,
       if (!res)
         call->fail(res.error());
     };
-    r.rt().start_exchange(std::move(x), std::move(cb));
+    start(r, call, std::move(c.tool_results), std::move(x), std::move(cb));
     return;
   }
   cb.on_held = [call, shared_head](const exchange_result&) {
@@ -330,6 +428,9 @@ void threaded(router& r, std::shared_ptr<async_call> call, chat_request c,
     return call->write(
       shared_head->chunk({{"content", std::string{delta}}}, nullptr));
   };
+  cb.on_tool_call = [call, shared_head](const tool_call_delta& piece) {
+    return call->write(shared_head->call_chunk(piece));
+  };
   cb.flow = call->flow();
   cb.on_reply = [call, metrics, shared_head](const exchange_result& res) {
     request_context line;
@@ -338,7 +439,8 @@ void threaded(router& r, std::shared_ptr<async_call> call, chat_request c,
     line.log["interrupted"] = res.interrupted;
     metrics->count("turns", 2);
     spdlog::info(log_fields("chat_completion", line.log));
-    call->write(shared_head->chunk(json::object(), "stop"));
+    call->write(shared_head->chunk(
+      json::object(), completion_head::finish_reason(res.tool_calls)));
     call->write("data: [DONE]\n\n");
     call->end_stream();
   };
@@ -350,7 +452,7 @@ void threaded(router& r, std::shared_ptr<async_call> call, chat_request c,
     call->write(error_event(e));
     call->end_stream();
   };
-  r.rt().start_exchange(std::move(x), std::move(cb));
+  start(r, call, std::move(c.tool_results), std::move(x), std::move(cb));
 }
 
 // No thread: the messages go to the provider as they are.
@@ -376,6 +478,9 @@ void stateless(router& r, std::shared_ptr<async_call> call, chat_request c,
       return call->write(
         shared_head->chunk({{"content", std::string{delta}}}, nullptr));
     };
+    copts.on_tool_call = [call, shared_head](const tool_call_delta& piece) {
+      return call->write(shared_head->call_chunk(piece));
+    };
   }
   bool stream = c.stream;
   completion_done done = [call, shared_head,
@@ -383,13 +488,15 @@ void stateless(router& r, std::shared_ptr<async_call> call, chat_request c,
     if (!stream) {
       if (!res)
         return call->fail(res.error());
-      call->reply(200, shared_head->whole(res->text, res->interrupted));
+      call->reply(200, shared_head->whole(res->text, res->interrupted,
+                                          res->tool_calls));
       return;
     }
     if (!res) {
       call->write(error_event(to_api_error(res.error())));
     } else {
-      call->write(shared_head->chunk(json::object(), "stop"));
+      call->write(shared_head->chunk(
+        json::object(), completion_head::finish_reason(res->tool_calls)));
       call->write("data: [DONE]\n\n");
     }
     call->end_stream();

@@ -156,7 +156,8 @@ turn turn_of(const json& x, size_t i) {
 exchange_request message_request(const request& req,
                                  const std::string& thread_id) {
   auto body = parse_body(req, {"content", "user_id", "on_conflict",
-                               "max_turns", "max_context_tokens"});
+                               "max_turns", "max_context_tokens", "tools",
+                               "tool_choice"});
   exchange_request x;
   x.thread_id = thread_id;
   x.content = required_string(body, "content");
@@ -171,6 +172,7 @@ exchange_request message_request(const request& req,
                                    builder_default_max_turns);
   x.build.max_context_tokens
     = context_tokens_of(optional_int(body, "max_context_tokens"));
+  parse_tools(body, x.completion.tools, x.completion.tool_choice);
   return x;
 }
 
@@ -186,6 +188,8 @@ void log_exchange(request_context& ctx, const exchange_result& r) {
 
 json result_json(const exchange_result& r) {
   json out{{"thread_id", r.thread_id}, {"reply", r.reply}, {"turns", r.turns}};
+  if (!r.tool_calls.empty())
+    out["tool_calls"] = json::parse(tool_calls_to_json(r.tool_calls));
   if (r.created)
     out["created"] = true;
   if (!r.forked_from.empty())
@@ -261,6 +265,14 @@ void add_thread_routes(router& r) {
       cb.on_delta = [call](std::string_view delta) {
         // False stops the generation: nobody is listening.
         return call->write(sse("delta", {{"content", std::string{delta}}}));
+      };
+      cb.on_tool_call = [call](const tool_call_delta& piece) {
+        json data{{"index", piece.index}, {"arguments", piece.arguments}};
+        if (!piece.id.empty())
+          data["id"] = piece.id;
+        if (!piece.name.empty())
+          data["name"] = piece.name;
+        return call->write(sse("tool_call", data));
       };
       // A client that reads slowly pauses the generation.
       cb.flow = call->flow();

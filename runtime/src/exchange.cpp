@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <mutex>
+#include <variant>
 
 #include <caf/all.hpp>
 #include <spdlog/spdlog.h>
@@ -31,6 +32,9 @@ struct completion_box {
   caf::expected<completion> result{caf::error{}};
 };
 
+// A piece of the reply: text or a piece of a tool call.
+using reply_piece = std::variant<std::string, tool_call_delta>;
+
 // The reply's deltas wait here until the user turn is stored: the
 // provider is asked while the user turn commits, and nothing of the reply
 // reaches the client before that commit. Locked by the provider's thread
@@ -39,11 +43,61 @@ struct delta_gate {
   std::mutex mx;
   bool open = false; // the user turn is stored: deltas go through
   bool shut = false; // it was not, or the client went away: the provider stops
-  std::vector<std::string> waiting;
+  std::vector<reply_piece> waiting;
   /// Bytes of the reply offered to the client, in order: what a client
   /// that went away heard, up to the piece it refused.
   size_t offered = 0;
+
+  /// Hands `piece` to the client's callbacks, with `mx` held: false when
+  /// the client refused it (a throwing callback refuses).
+  bool offer(const delta_callback& on_delta,
+             const tool_call_callback& on_call, const reply_piece& piece) {
+    if (auto* text = std::get_if<std::string>(&piece)) {
+      offered += text->size();
+      return offer_delta(on_delta, *text);
+    }
+    if (!on_call)
+      return true;
+    try {
+      return on_call(std::get<tool_call_delta>(piece));
+    } catch (...) {
+      return false;
+    }
+  }
 };
+
+// Where the provider's pieces go, from its own thread: through the gate to
+// the client. Holds the callbacks, not the exchange (a provider may outlive
+// it).
+struct reply_sink {
+  std::shared_ptr<delta_gate> gate;
+  delta_callback on_delta;
+  tool_call_callback on_call;
+  std::shared_ptr<flow_control> flow;
+
+  /// Holds `piece` until the gate opens, then offers it; false stops the
+  /// provider.
+  bool pass(reply_piece piece) const {
+    // A provider that cannot be aborted stops at its next piece.
+    if (flow->cancelled())
+      return false;
+    auto& g = *gate;
+    std::lock_guard<std::mutex> guard{g.mx};
+    if (g.shut)
+      return false;
+    if (!g.open) {
+      g.waiting.push_back(std::move(piece));
+      return true;
+    }
+    if (!g.offer(on_delta, on_call, piece))
+      g.shut = true;
+    return !g.shut;
+  }
+};
+
+// What a prompt built for a reply after tool results asks in place of a
+// user message (the builder needs one); it is taken off again.
+constexpr const char* after_tools_message = "(tool results)";
 
 enum class user_turn_state { storing, stored, failed };
 
@@ -82,6 +136,13 @@ public:
   void start() {
     auto& req = st_->req;
     build_request probe{req.thread_id, req.user_id, req.content, req.build};
+    if (req.after_tool_results) {
+      if (!req.content.empty())
+        return fail(make_error(errc::invalid_argument,
+                               "a reply after tool results has no new "
+                               "message"));
+      probe.message = after_tools_message;
+    }
     if (auto err = validate_build_request(probe))
       return fail(err);
     if (static_cast<uint8_t>(req.on_conflict)
@@ -232,6 +293,11 @@ private:
     st->build = build_request{st->res.thread_id, st->req.user_id,
                               st->req.content, st->req.build};
     st->build.options.memory = st->build.options.memory && opt().memory;
+    if (st->req.after_tool_results) {
+      st->build.message = after_tools_message;
+      st->build.options.memory = false;
+      st->build.options.rewrite = false;
+    }
     auto& bo = opt().builder;
     auto build_timeout = 2 * bo.read_timeout + bo.memory_timeout
                          + bo.rewrite_timeout + std::chrono::seconds{1};
@@ -260,7 +326,14 @@ private:
             st->svc.compaction->request(st->res.thread_id, m.summary_upto,
                                         first);
           }
-          store_user();
+          if (!st->req.after_tool_results)
+            return store_user();
+          // The tool results are the thread's last turns: the reply
+          // follows them, with no user message after.
+          if (!st->prompt.empty() && st->prompt.back().role == "user")
+            st->prompt.pop_back();
+          user_stored();
+          generate();
         },
         [this, st](caf::error& err) {
           fail(wrap(err, "cannot build the prompt for thread '"
@@ -290,11 +363,10 @@ private:
       auto& g = *st->gate;
       std::lock_guard<std::mutex> guard{g.mx};
       g.open = true;
-      for (auto& delta : g.waiting) {
+      for (auto& piece : g.waiting) {
         if (g.shut)
           break;
-        g.offered += delta.size();
-        if (!offer_delta(st->cb.on_delta, delta))
+        if (!g.offer(st->cb.on_delta, st->cb.on_tool_call, piece))
           g.shut = true;
       }
       g.waiting.clear();
@@ -329,22 +401,13 @@ private:
     completion_options copts = st->req.completion;
     copts.timeout = opt().reply_timeout;
     copts.flow = st->cb.flow;
-    delta_callback forward = [on_delta = st->cb.on_delta, gate = st->gate,
-                              flow = st->cb.flow](std::string_view delta) {
-      // A provider that cannot be aborted stops at its next piece.
-      if (flow->cancelled())
-        return false;
-      std::lock_guard<std::mutex> guard{gate->mx};
-      if (gate->shut)
-        return false;
-      if (!gate->open) {
-        gate->waiting.emplace_back(delta);
-        return true;
-      }
-      gate->offered += delta.size();
-      if (!offer_delta(on_delta, delta))
-        gate->shut = true;
-      return !gate->shut;
+    auto sink = std::make_shared<reply_sink>(reply_sink{
+      st->gate, st->cb.on_delta, st->cb.on_tool_call, st->cb.flow});
+    delta_callback forward = [sink](std::string_view delta) {
+      return sink->pass(std::string{delta});
+    };
+    copts.on_tool_call = [sink](const tool_call_delta& piece) {
+      return sink->pass(piece);
     };
     auto me = caf::actor_cast<caf::actor>(self_);
     auto box = st->box;
@@ -391,17 +454,28 @@ private:
   }
 
   // 6. The assistant turn; the reply goes out as soon as it is stored.
+  // An interrupted reply keeps its text, not its calls (the last may be
+  // cut off).
   void store_assistant(completion reply) {
     auto st = st_;
     auto interrupted = reply.interrupted;
     auto text = reply.text;
+    auto assistant = make_assistant_turn(std::move(reply.text), interrupted);
+    if (!interrupted)
+      assistant.tool_calls = std::move(reply.tool_calls);
+    if (auto err = validate_tool_calls(assistant.tool_calls, text.size()))
+      return fail(make_error(errc::upstream_failure,
+                             "provider '" + st->svc.provider->name()
+                               + "' called tools the thread cannot keep: "
+                               + describe(err)));
+    auto calls = assistant.tool_calls;
     self_->request(st->thread, opt().step_timeout, caf::add_atom::value,
-                   make_assistant_turn(std::move(reply.text), interrupted),
-                   st->lease)
+                   std::move(assistant), st->lease)
       .then(
-        [this, st, interrupted, text](uint64_t count) {
+        [this, st, interrupted, text, calls](uint64_t count) {
           st->res.turns = count;
           st->res.reply = text;
+          st->res.tool_calls = calls;
           st->res.interrupted = interrupted;
           if (interrupted)
             spdlog::info("exchange: thread_id='{}' client went away; stored "
@@ -426,7 +500,7 @@ private:
   void remember() {
     auto st = st_;
     if (!(st->build.options.memory && st->svc.memory
-          && !st->res.interrupted))
+          && !st->res.interrupted && !st->req.after_tool_results))
       return finish();
     std::string entry = "User: " + st->req.content
                         + "\nAssistant: " + st->res.reply;

@@ -22,7 +22,10 @@ if (!binary) {
 const seen = [];
 
 // Replies "echo: <last user message>" in pieces over SSE; a model named
-// "broken" gets a 500 in OpenAI's error shape.
+// "broken" gets a 500 in OpenAI's error shape. A request offering tools
+// whose last message is the user's gets a call of its first tool, the
+// arguments in pieces; a request ending with a tool result gets
+// "tool said: <result>".
 const upstream = http.createServer((req, res) => {
   let body = "";
   req.on("data", (c) => (body += c));
@@ -34,12 +37,29 @@ const upstream = http.createServer((req, res) => {
       res.end(JSON.stringify({ error: { message: "the model is broken", type: "server_error" } }));
       return;
     }
-    const last = request.messages[request.messages.length - 1].content;
+    const lastMessage = request.messages[request.messages.length - 1];
+    const last = lastMessage.content;
     // spindle's query rewriter asks for a standalone query: the latest
     // message, unchanged.
     const rewrite = request.messages[0].content.startsWith("You rewrite");
-    const text = rewrite ? last.slice(last.lastIndexOf("Latest message:\n") + 16) : "echo: " + last;
+    const text = rewrite ? last.slice(last.lastIndexOf("Latest message:\n") + 16)
+      : lastMessage.role === "tool" ? "tool said: " + last : "echo: " + last;
     res.writeHead(200, { "Content-Type": "text/event-stream" });
+    const send = (delta, finish = null) => res.write("data: " + JSON.stringify({
+      id: "chatcmpl-up",
+      object: "chat.completion.chunk",
+      choices: [{ index: 0, delta, finish_reason: finish }],
+    }) + "\n\n");
+    if (request.tools && lastMessage.role === "user") {
+      const args = JSON.stringify({ city: last, unit: "C" });
+      send({ role: "assistant", tool_calls: [{ index: 0, id: "call_up_1", type: "function",
+        function: { name: request.tools[0].function.name, arguments: "" } }] });
+      for (let i = 0; i < args.length; i += 5)
+        send({ tool_calls: [{ index: 0, function: { arguments: args.slice(i, i + 5) } }] });
+      send({}, "tool_calls");
+      res.end("data: [DONE]\n\n");
+      return;
+    }
     for (let i = 0; i < text.length; i += 4) {
       const chunk = {
         id: "chatcmpl-up",
@@ -187,6 +207,61 @@ try {
       ["assistant", "echo: my name is Ada"],
       ["user", "what is my name?"],
       ["assistant", "echo: what is my name?"],
+    ]);
+  });
+
+  await check("a tool call round trip in a thread is stored whole", async () => {
+    const toolThread = "sdk-tools-" + process.pid;
+    const tools = [{
+      type: "function",
+      function: {
+        name: "weather",
+        description: "The weather in a city",
+        parameters: { type: "object", properties: { city: { type: "string" } }, required: ["city"] },
+      },
+    }];
+    const messages = [{ role: "user", content: "Oslo" }];
+    // The call streams in pieces; the client's own helper puts it together.
+    const stream = client.chat.completions.stream({
+      model: "gpt-test", messages, tools, tool_choice: "auto", thread_id: toolThread,
+    });
+    const asked = await stream.finalChatCompletion();
+    const choice = asked.choices[0];
+    assert.equal(choice.finish_reason, "tool_calls");
+    assert.equal(choice.message.tool_calls.length, 1);
+    const call = choice.message.tool_calls[0];
+    assert.equal(call.id, "call_up_1");
+    assert.equal(call.type, "function");
+    assert.equal(call.function.name, "weather");
+    assert.deepEqual(JSON.parse(call.function.arguments), { city: "Oslo", unit: "C" });
+    // As OpenAI writes it (the client's helper adds fields of its own).
+    const wire = { id: call.id, type: "function", function: { name: "weather", arguments: call.function.arguments } };
+    const [offered] = seen.filter((r) => r.tools && r.messages.at(-1).content === "Oslo");
+    assert.deepEqual(offered.tools, tools);
+    assert.equal(offered.tool_choice, "auto");
+
+    // The client runs the tool and sends the result back.
+    messages.push(choice.message);
+    messages.push({ role: "tool", tool_call_id: call.id, content: "3C and clear" });
+    const answered = await client.chat.completions.create({
+      model: "gpt-test", messages, tools, thread_id: toolThread,
+    });
+    assert.equal(answered.choices[0].finish_reason, "stop");
+    assert.equal(answered.choices[0].message.content, "tool said: 3C and clear");
+    const [followed] = seen.filter((r) => r.messages.at(-1).role === "tool"
+      && r.messages.at(-1).content === "3C and clear");
+    const at = followed.messages.findIndex((m) => m.tool_calls);
+    assert.deepEqual(followed.messages.slice(at), [
+      { role: "assistant", content: null, tool_calls: [wire] },
+      { role: "tool", content: "3C and clear", tool_call_id: "call_up_1" },
+    ]);
+
+    const history = await (await fetch(`${base}/v1/threads/${toolThread}/history`)).json();
+    assert.deepEqual(history.turns.map((t) => [t.role, t.content, t.tool_calls ?? null, t.tool_call_id ?? null]), [
+      ["user", "Oslo", null, null],
+      ["assistant", "", [wire], null],
+      ["tool", "3C and clear", null, "call_up_1"],
+      ["assistant", "tool said: 3C and clear", null, null],
     ]);
   });
 

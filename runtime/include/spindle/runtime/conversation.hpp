@@ -71,9 +71,14 @@ struct exchange_request {
   conflict_policy on_conflict = conflict_policy::queue;
   /// History window (default 12), system prompt, memory and rewrite.
   build_options build;
-  /// The model call's model, max_tokens and parameters (empty: the
-  /// provider's defaults); the exchange sets its timeout and flow.
+  /// The model call's model, max_tokens, parameters and tools (empty: the
+  /// provider's defaults); the exchange sets its timeout, flow and tool
+  /// call callback.
   completion_options completion;
+  /// No new user message: the thread's last turns are tool results and the
+  /// reply continues after them. `content` stays empty, no user turn is
+  /// stored, the prompt has no memory and no rewrite.
+  bool after_tool_results = false;
 };
 
 /// What an exchange did.
@@ -83,6 +88,8 @@ struct exchange_result {
   std::string thread_id;
   /// The assistant's reply as stored (partial when interrupted).
   std::string reply;
+  /// The tools the reply calls, as stored (none when interrupted).
+  std::vector<tool_call> tool_calls;
   /// The thread's turn count after the assistant turn.
   uint64_t turns = 0;
   /// History turns the prompt carried.
@@ -156,6 +163,9 @@ struct exchange_callbacks {
   /// Each piece of the reply; false stops the generation (the client went
   /// away) and the reply is stored as interrupted.
   delta_callback on_delta;
+  /// Each piece of the reply's tool calls, in order with `on_delta`; false
+  /// stops the generation as there.
+  tool_call_callback on_tool_call;
   /// The assistant turn is stored: the result is complete. Runs before the
   /// exchange goes to long-term memory, so a reply never waits for it.
   std::function<void(const exchange_result&)> on_reply;

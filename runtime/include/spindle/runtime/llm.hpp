@@ -30,6 +30,20 @@ namespace net {
 class io_pool;
 } // namespace net
 
+/// One piece of a tool call as a reply streams it: the call at `index` of
+/// the reply's calls. Its first piece carries `id` and `name`; each piece
+/// carries the next fragment of its `arguments` text (possibly empty).
+struct tool_call_delta {
+  size_t index = 0;
+  std::string id;
+  std::string name;
+  std::string arguments;
+};
+
+/// Receives each piece of the reply's tool calls, in order with its text
+/// deltas. Returning false stops the generation, as for `delta_callback`.
+using tool_call_callback = std::function<bool(const tool_call_delta&)>;
+
 /// Per-call settings. Zero or empty fields leave the provider's default.
 struct completion_options {
   /// The whole call, first byte to last delta. A provider returns
@@ -45,6 +59,15 @@ struct completion_options {
   /// body (never over `model`, `messages` or `stream`); a provider without
   /// such parameters ignores them.
   std::string parameters;
+  /// The tools the model may call, as the text of OpenAI's `tools` array,
+  /// and `tool_choice` as JSON text (both checked by `validate_tools`);
+  /// empty for none. An OpenAI-compatible provider sends them as they are;
+  /// the offline provider ignores them (docs/llm.md).
+  std::string tools;
+  std::string tool_choice;
+  /// Receives the reply's tool calls piece by piece; null: they only
+  /// arrive whole, in `completion::tool_calls`.
+  tool_call_callback on_tool_call;
   /// The consumer's backpressure (flow.hpp), or null. A provider that reads
   /// its reply from an upstream asks it between reads and stops reading
   /// while it is paused; its patience between bytes does not run out
@@ -58,6 +81,9 @@ struct completion {
   std::string text;
   /// True if the delta callback asked to stop (the client went away).
   bool interrupted = false;
+  /// The tools the model called, whole, in order (finish reason
+  /// "tool_calls"); empty for a text reply.
+  std::vector<tool_call> tool_calls;
 };
 
 /// Receives each piece of a reply as it is generated, in order. Returning
