@@ -232,9 +232,10 @@ const char* const migrations[] = {
   "UPDATE tasks SET attempts = 1 WHERE state <> 0;",
 
   // 9 -> 10: an assistant turn's tool calls, OpenAI's JSON array as text
-  // ('' for none: every turn stored before).
-  "ALTER TABLE turns ADD COLUMN tool_calls TEXT NOT NULL DEFAULT '';"
-  "ALTER TABLE turn_journal ADD COLUMN tool_calls TEXT NOT NULL DEFAULT '';",
+  // ('' for none: every turn stored before). In parentheses: one element
+  // of two statements, not two elements missing their comma.
+  ("ALTER TABLE turns ADD COLUMN tool_calls TEXT NOT NULL DEFAULT '';"
+   "ALTER TABLE turn_journal ADD COLUMN tool_calls TEXT NOT NULL DEFAULT '';"),
 };
 
 static_assert(sizeof(migrations) / sizeof(migrations[0])
