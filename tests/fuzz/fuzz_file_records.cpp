@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
 
@@ -70,6 +71,8 @@ void identity(std::string_view input) {
   if (!who)
     return;
   check(who->pid > 0, "a parsed PID is positive");
+  check(input.find_first_not_of("0123456789:") == std::string_view::npos,
+        "an identity is digits and one colon, no sign or blank");
   check(process_identity::parse(who->to_string()).has_value()
           && process_identity::parse(who->to_string())->pid == who->pid
           && process_identity::parse(who->to_string())->start_time
@@ -132,6 +135,18 @@ void lock(std::string_view input) {
   write(file, input);
   if (auto holder = session_lock::read(file)) {
     check(holder->who.pid > 0, "a lock names a positive PID");
+    // Line 1 the PID, line 4 its start time: digits, no sign or blank.
+    std::vector<std::string_view> lines;
+    for (auto rest = input; !rest.empty() && lines.size() < 4;) {
+      auto nl = rest.find('\n');
+      lines.push_back(rest.substr(0, nl));
+      rest = nl == rest.npos ? std::string_view{} : rest.substr(nl + 1);
+    }
+    auto text = std::string{lines[0]};
+    if (lines.size() == 4 && !lines[3].empty())
+      text += ":" + std::string{lines[3]};
+    check(text.find_first_not_of("0123456789:") == std::string::npos,
+          "a holder's PID and start time are digits");
     check(!holder->describe().empty(), "a holder describes itself");
   }
   auto me = self_identity();
