@@ -9,8 +9,7 @@ namespace spindle::hybrid36 {
 namespace {
 
 // Tier t has t letters followed by 4 - t digits. first[t] is the ordinal of
-// its first value; size[t] the number of values it holds.
-constexpr std::array<uint64_t, 5> size{10000, 26000, 67600, 175760, 456976};
+// its first value.
 constexpr std::array<uint64_t, 5> first{0, 10000, 36000, 103600, 279360};
 constexpr std::array<uint64_t, 5> pow10{1, 10, 100, 1000, 10000};
 

@@ -232,29 +232,30 @@ const char* const migrations[] = {
   "UPDATE tasks SET attempts = 1 WHERE state <> 0;",
 
   // 9 -> 10: an assistant turn's tool calls, OpenAI's JSON array as text
-  // ('' for none: every turn stored before).
-  "ALTER TABLE turns ADD COLUMN tool_calls TEXT NOT NULL DEFAULT '';"
-  "ALTER TABLE turn_journal ADD COLUMN tool_calls TEXT NOT NULL DEFAULT '';",
+  // ('' for none: every turn stored before). In parentheses: one element
+  // of two statements, not two elements missing their comma.
+  ("ALTER TABLE turns ADD COLUMN tool_calls TEXT NOT NULL DEFAULT '';"
+   "ALTER TABLE turn_journal ADD COLUMN tool_calls TEXT NOT NULL DEFAULT '';"),
 
   // 10 -> 11: a turn's prompt tokens and the encoding they were counted
   // with (messages/tokens.hpp, `token_encoding_id`; 0: not counted, as
   // every turn stored before: counted when its thread is loaded).
-  "ALTER TABLE turns ADD COLUMN tokens INTEGER NOT NULL DEFAULT 0;"
-  "ALTER TABLE turns ADD COLUMN token_encoding INTEGER NOT NULL DEFAULT 0;"
-  "ALTER TABLE turn_journal ADD COLUMN tokens INTEGER NOT NULL DEFAULT 0;"
-  "ALTER TABLE turn_journal ADD COLUMN token_encoding INTEGER NOT NULL "
-  "DEFAULT 0;",
+  ("ALTER TABLE turns ADD COLUMN tokens INTEGER NOT NULL DEFAULT 0;"
+   "ALTER TABLE turns ADD COLUMN token_encoding INTEGER NOT NULL DEFAULT 0;"
+   "ALTER TABLE turn_journal ADD COLUMN tokens INTEGER NOT NULL DEFAULT 0;"
+   "ALTER TABLE turn_journal ADD COLUMN token_encoding INTEGER NOT NULL "
+   "DEFAULT 0;"),
 
   // 11 -> 12: a thread's summary of the turns before its prompts' window
   // (docs/threads.md, "Compaction"): it covers turns [0, upto).
-  "CREATE TABLE thread_summaries ("
-  "  thread_id TEXT PRIMARY KEY,"
-  "  content TEXT NOT NULL,"
-  "  upto INTEGER NOT NULL,"
-  "  tokens INTEGER NOT NULL,"
-  "  token_encoding INTEGER NOT NULL,"
-  "  updated_ms INTEGER NOT NULL"
-  ") WITHOUT ROWID;",
+  ("CREATE TABLE thread_summaries ("
+   "  thread_id TEXT PRIMARY KEY,"
+   "  content TEXT NOT NULL,"
+   "  upto INTEGER NOT NULL,"
+   "  tokens INTEGER NOT NULL,"
+   "  token_encoding INTEGER NOT NULL,"
+   "  updated_ms INTEGER NOT NULL"
+   ") WITHOUT ROWID;"),
 };
 
 static_assert(sizeof(migrations) / sizeof(migrations[0])

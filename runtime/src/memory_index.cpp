@@ -380,7 +380,10 @@ caf::expected<uint64_t>
 memory_writer::delete_scope(const std::string& user_id,
                             const std::string& thread_id) {
   auto& p = *impl_;
-  auto [user, thread] = scope_key(user_id, thread_id);
+  // Not a structured binding: C++17 lambdas cannot capture one.
+  auto key = scope_key(user_id, thread_id);
+  auto user = key.first;
+  auto thread = key.second;
   uint64_t deleted = 0;
   auto err = p.transaction([&]() -> caf::error {
     auto& rows = user.empty() ? p.delete_thread_rows : p.delete_user_rows;

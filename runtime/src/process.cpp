@@ -25,6 +25,11 @@ std::optional<std::string> stat_tail(pid_t pid) {
   return line.substr(close + 2);
 }
 
+bool all_digits(const std::string& text) {
+  return !text.empty()
+         && text.find_first_not_of("0123456789") == std::string::npos;
+}
+
 } // namespace
 
 std::string process_identity::to_string() const {
@@ -35,19 +40,20 @@ std::optional<process_identity>
 process_identity::parse(const std::string& text) {
   process_identity result;
   auto colon = text.find(':');
+  // Digits only: stoll and stoull also take leading blanks and a sign, and
+  // stoull wraps "-1" to 2^64 - 1, a start time that makes a live holder
+  // look like a reused PID.
+  auto pid_text = text.substr(0, colon);
+  auto start_text = colon == std::string::npos ? std::string{"0"}
+                                               : text.substr(colon + 1);
+  if (!all_digits(pid_text) || !all_digits(start_text))
+    return std::nullopt;
   try {
-    size_t used = 0;
-    auto pid_text = text.substr(0, colon);
-    auto pid = std::stoll(pid_text, &used);
-    if (used != pid_text.size() || pid <= 0 || pid > 4194304)
+    auto pid = std::stoll(pid_text);
+    if (pid <= 0 || pid > 4194304)
       return std::nullopt;
     result.pid = static_cast<pid_t>(pid);
-    if (colon != std::string::npos) {
-      auto start_text = text.substr(colon + 1);
-      result.start_time = std::stoull(start_text, &used);
-      if (used != start_text.size())
-        return std::nullopt;
-    }
+    result.start_time = std::stoull(start_text);
   } catch (...) {
     return std::nullopt;
   }

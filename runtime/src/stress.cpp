@@ -624,10 +624,11 @@ stress_report run_stress(const stress_options& options, runtime* rt) {
   }
   for (auto& [op, samples] : all) {
     std::sort(samples.begin(), samples.end());
-    auto at = [&](double p) {
-      return samples[static_cast<size_t>(p / 100.0
-                                         * static_cast<double>(samples.size()
-                                                               - 1))];
+    // A structured binding cannot be captured in C++17; a reference can.
+    auto at = [&sorted = samples](double p) {
+      return sorted[static_cast<size_t>(p / 100.0
+                                        * static_cast<double>(sorted.size()
+                                                              - 1))];
     };
     auto& s = rep.ops[op];
     s.count = samples.size();
