@@ -6,6 +6,8 @@
 //   bench_compaction [--quick] [--json PATH]
 
 #include <chrono>
+#include <condition_variable>
+#include <deque>
 #include <iostream>
 #include <mutex>
 #include <thread>
@@ -21,21 +23,71 @@ using namespace spindle::bench;
 
 namespace {
 
-// A summary model that takes `delay` and answers with a short summary.
+// A summary model that takes `delay` and answers with a short summary, as
+// a remote model does: asynchronously, one timer thread for all calls (an
+// OpenAI-compatible provider answers on its event loop the same way).
 class slow_summarizer : public summarizer {
 public:
-  explicit slow_summarizer(std::chrono::milliseconds delay) : delay_(delay) {
+  explicit slow_summarizer(std::chrono::milliseconds delay)
+    : delay_(delay), timer_([this] { run(); }) {
+  }
+  ~slow_summarizer() override {
+    {
+      std::lock_guard<std::mutex> guard{mtx_};
+      stop_ = true;
+    }
+    cv_.notify_all();
+    timer_.join();
   }
   std::string name() const override {
     return "slow";
   }
   caf::expected<std::string> summarize(const summary_input& in) override {
     std::this_thread::sleep_for(delay_);
-    return "a summary of " + std::to_string(in.turns.size()) + " turns";
+    return text(in);
+  }
+  bool start(summary_input in, summary_done done) override {
+    std::lock_guard<std::mutex> guard{mtx_};
+    queue_.push_back({clock::now() + delay_, text(in), std::move(done)});
+    cv_.notify_all();
+    return true;
   }
 
 private:
+  struct call {
+    clock::time_point due;
+    std::string text;
+    summary_done done;
+  };
+  static std::string text(const summary_input& in) {
+    return "a summary of " + std::to_string(in.turns.size()) + " turns";
+  }
+  void run() {
+    std::unique_lock<std::mutex> guard{mtx_};
+    for (;;) {
+      cv_.wait(guard, [this] { return stop_ || !queue_.empty(); });
+      if (stop_)
+        break;
+      auto due = queue_.front().due;
+      if (cv_.wait_until(guard, due, [this] { return stop_; }))
+        break;
+      auto next = std::move(queue_.front());
+      queue_.pop_front();
+      guard.unlock();
+      next.done(std::move(next.text));
+      guard.lock();
+    }
+    // Calls still waiting fail: the runtime is stopping.
+    for (auto& c : queue_)
+      c.done(make_error(errc::unavailable, "stopping"));
+  }
+
   std::chrono::milliseconds delay_;
+  std::mutex mtx_;
+  std::condition_variable cv_;
+  std::deque<call> queue_;
+  bool stop_ = false;
+  std::thread timer_;
 };
 
 struct samples {
@@ -58,8 +110,8 @@ int main(int argc, char** argv) {
   // Replies stream in 8 pieces 15 ms apart: about 120 ms each.
   opts.provider = std::make_shared<offline_provider>(
     std::chrono::milliseconds{15});
-  opts.conversation.summary_maker
-    = std::make_shared<slow_summarizer>(summary_delay);
+  auto model = std::make_shared<slow_summarizer>(summary_delay);
+  opts.conversation.summary_maker = model;
   opts.conversation.compact_min_turns = 2;
   runtime rt{opts};
 

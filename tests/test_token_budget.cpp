@@ -556,6 +556,18 @@ TEST_CASE("token budget: 10000 random prompts are within budget by the "
         p.memory_snippet = "- " + random_text(rng, 1 + rng() % 80);
       if (rng() % 3 == 0)
         p.rewritten = random_text(rng, 1 + rng() % 40);
+      if (rng() % 3 == 0 && !p.history.empty()) {
+        // A summary of the turns before the window's first few, counted
+        // when it was made (or not at all).
+        p.first_index = rng() % 50;
+        p.summary.upto = p.first_index + rng() % (p.history.size() + 1);
+        p.summary.content = random_text(rng, 1 + rng() % 120);
+        if (rng() % 2 == 0) {
+          p.summary.tokens = static_cast<uint32_t>(counter->count_text(
+            std::string{summary_message_prefix} + p.summary.content));
+          p.summary.token_encoding = static_cast<uint8_t>(counter->id());
+        }
+      }
       for (auto& t : p.history)
         if (rng() % 2 == 0)
           count_turn(*counter, t); // stored counts and fresh ones mixed
@@ -575,16 +587,25 @@ TEST_CASE("token budget: 10000 random prompts are within budget by the "
         m.total_tokens = ~uint64_t{0};
       }
       // Structure: never an orphan first, never a call split from its
-      // results.
+      // results, no turn the summary in the prompt covers.
+      if (m.summary_tokens > 0 && !m.turns.empty())
+        CHECK(m.turns.front() >= m.summary_upto);
       size_t h = p.system_prompt.empty() ? 0 : 1;
+      if (h < prompt->size() && (*prompt)[h].role == "system"
+          && (*prompt)[h].content.rfind(summary_message_prefix, 0) == 0)
+        ++h;
       if (h < prompt->size() && (*prompt)[h].role == "system"
           && (*prompt)[h].content.rfind("Long-term memory:", 0) == 0)
         ++h;
+      // The first turn the history could start with: after the summary
+      // when the prompt has it.
       size_t first_head = 0;
+      auto covered = m.summary_left_out ? 0 : m.summary_upto;
       while (first_head < p.history.size()
-             && p.history[first_head].role == turn_role::tool)
+             && (p.history[first_head].role == turn_role::tool
+                 || p.first_index + first_head < covered))
         ++first_head;
-      if (!m.turns.empty() && m.turns.front() > first_head) {
+      if (!m.turns.empty() && m.turns.front() > p.first_index + first_head) {
         auto& first = (*prompt)[h];
         CHECK((first.role == "user" || first.role == "system"));
       }

@@ -12,6 +12,14 @@ namespace spindle {
 
 summarizer::~summarizer() = default;
 
+bool summarizer::blocking() const noexcept {
+  return true;
+}
+
+bool summarizer::start(summary_input, summary_done) {
+  return false;
+}
+
 namespace {
 
 constexpr size_t max_line_text = 160;
@@ -96,6 +104,10 @@ std::string extractive_summarizer::name() const {
   return "extractive";
 }
 
+bool extractive_summarizer::blocking() const noexcept {
+  return false;
+}
+
 caf::expected<std::string>
 extractive_summarizer::summarize(const summary_input& input) {
   std::deque<std::string> lines;
@@ -178,23 +190,18 @@ std::string llm_summarizer::name() const {
   return provider_ ? "llm:" + provider_->name() : "llm";
 }
 
-caf::expected<std::string>
-llm_summarizer::summarize(const summary_input& input) {
-  if (!provider_)
-    return make_error(errc::unavailable, "the summarizer has no provider");
-  completion_options options;
-  options.timeout = timeout_;
-  options.model = model_;
-  options.max_tokens = 1024;
-  caf::expected<completion> out{caf::error{}};
-  try {
-    out = provider_->complete(summary_prompt(input), options, {});
-  } catch (const std::exception& e) {
-    return make_error(errc::upstream_failure,
-                      std::string{"the provider threw: "} + e.what());
-  } catch (...) {
-    return make_error(errc::upstream_failure, "the provider threw");
-  }
+completion_options llm_summarizer::options() const {
+  completion_options out;
+  out.timeout = timeout_;
+  out.model = model_;
+  out.max_tokens = 1024;
+  return out;
+}
+
+namespace {
+
+// A model's answer as a summary: trimmed, not empty, not oversized.
+caf::expected<std::string> summary_of(caf::expected<completion> out) {
   if (!out)
     return out.error();
   auto text = trim_ends(out->text);
@@ -206,6 +213,33 @@ llm_summarizer::summarize(const summary_input& input) {
                         + " bytes; at most "
                         + std::to_string(max_summary_content) + " are kept");
   return text;
+}
+
+} // namespace
+
+caf::expected<std::string>
+llm_summarizer::summarize(const summary_input& input) {
+  if (!provider_)
+    return make_error(errc::unavailable, "the summarizer has no provider");
+  try {
+    return summary_of(provider_->complete(summary_prompt(input), options(), {}));
+  } catch (const std::exception& e) {
+    return make_error(errc::upstream_failure,
+                      std::string{"the provider threw: "} + e.what());
+  } catch (...) {
+    return make_error(errc::upstream_failure, "the provider threw");
+  }
+}
+
+bool llm_summarizer::start(summary_input input, summary_done done) {
+  if (!provider_)
+    return false;
+  return provider_->start(summary_prompt(input), options(),
+                          [](std::string_view) { return true; },
+                          [done = std::move(done)](
+                            caf::expected<completion> out) {
+                            done(summary_of(std::move(out)));
+                          });
 }
 
 } // namespace spindle

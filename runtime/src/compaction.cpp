@@ -45,7 +45,7 @@ void compactor::request(const std::string& thread_id, uint64_t summary_upto,
     return;
   {
     std::lock_guard<std::mutex> guard{mtx_};
-    if (!running_.insert(thread_id).second)
+    if (!running_.emplace(thread_id, caf::actor{}).second)
       return; // the running job's result is what the next prompt uses
   }
   started_.fetch_add(1);
@@ -55,58 +55,110 @@ void compactor::request(const std::string& thread_id, uint64_t summary_upto,
                             {{"thread_id", thread_id}, {"error", what}}));
     self_ptr->finish(thread_id, outcome::failed);
   };
-  // Detached: the summarizer may block for seconds on its model.
-  sys_.spawn<caf::detached>([self_ptr, thread_id, upto,
-                             fail](caf::event_based_actor* self) {
+  // The job is an actor of the scheduler: it waits for the thread and for
+  // the summarizer without holding a thread (a provider with an
+  // asynchronous form answers on its event loop); only a summarizer that
+  // blocks and has no such form gets a detached actor of its own.
+  auto job = sys_.spawn([self_ptr, thread_id, upto,
+                         fail](caf::event_based_actor* self) -> caf::behavior {
+    auto epoch = std::make_shared<uint64_t>(0);
+    auto from = std::make_shared<uint64_t>(0);
     self
       ->request(self_ptr->registry_, self_ptr->opts_.step_timeout,
                 caf::get_atom::value, thread_snapshot_atom::value, thread_id)
       .then(
-        [self, self_ptr, thread_id, upto, fail](thread_snapshot& snap) {
-          auto& c = *self_ptr;
-          auto from = snap.summary.upto;
-          if (upto <= from || upto > snap.turns.size()) {
-            c.finish(thread_id, outcome::not_needed); // done, or cleared
+        [self, self_ptr, thread_id, upto, epoch, from,
+         fail](thread_snapshot& snap) {
+          *from = snap.summary.upto;
+          *epoch = snap.epoch;
+          if (upto <= *from || upto > snap.turns.size()) {
+            self_ptr->finish(thread_id, outcome::not_needed); // or cleared
+            self->quit();
             return;
           }
           summary_input in;
           in.previous = std::move(snap.summary.content);
           in.turns.assign(
             std::make_move_iterator(snap.turns.begin()
-                                    + static_cast<long>(from)),
+                                    + static_cast<long>(*from)),
             std::make_move_iterator(snap.turns.begin()
                                     + static_cast<long>(upto)));
-          auto text = c.impl_->summarize(in);
-          if (!text) {
-            fail(describe(text.error()));
+          auto me = caf::actor_cast<caf::actor>(self);
+          auto deliver = [me](caf::expected<std::string> text) {
+            if (text)
+              caf::anon_send(me, summary_atom::value, std::move(*text));
+            else
+              caf::anon_send(me, summary_atom::value, text.error());
+          };
+          auto impl = self_ptr->impl_;
+          if (!impl->blocking()) {
+            deliver(impl->summarize(in));
             return;
           }
-          thread_summary s;
-          s.content = std::move(*text);
-          s.upto = upto;
-          s.updated_ms = unix_time_ms();
-          if (c.tokens_) {
-            auto n = c.tokens_->count_text(std::string{summary_message_prefix}
-                                           + s.content);
-            s.tokens = static_cast<uint32_t>(
-              std::min<size_t>(n, std::numeric_limits<uint32_t>::max()));
-            s.token_encoding = static_cast<uint8_t>(c.tokens_->id());
-          }
-          self
-            ->request(c.registry_, c.opts_.step_timeout, summary_atom::value,
-                      thread_id, std::move(s), snap.epoch)
-            .then(
-              [self_ptr, thread_id, from, upto](uint64_t) {
-                spdlog::info(log_fields("compaction_stored",
-                                        {{"thread_id", thread_id},
-                                         {"from", from},
-                                         {"upto", upto}}));
-                self_ptr->finish(thread_id, outcome::stored);
-              },
-              [fail](caf::error& err) { fail(describe(err)); });
+          if (impl->start(in, deliver))
+            return;
+          self->spawn<caf::detached>(
+            [impl, in = std::move(in), deliver](caf::event_based_actor*) {
+              deliver(impl->summarize(in));
+            });
         },
-        [fail](caf::error& err) { fail(describe(err)); });
+        [self, fail](caf::error& err) {
+          fail(describe(err));
+          self->quit();
+        });
+    return {
+      [self, self_ptr, thread_id, upto, epoch, from,
+       fail](summary_atom, std::string& text) {
+        auto& c = *self_ptr;
+        thread_summary s;
+        s.content = std::move(text);
+        s.upto = upto;
+        s.updated_ms = unix_time_ms();
+        if (c.tokens_) {
+          auto n = c.tokens_->count_text(std::string{summary_message_prefix}
+                                         + s.content);
+          s.tokens = static_cast<uint32_t>(
+            std::min<size_t>(n, std::numeric_limits<uint32_t>::max()));
+          s.token_encoding = static_cast<uint8_t>(c.tokens_->id());
+        }
+        self
+          ->request(c.registry_, c.opts_.step_timeout, summary_atom::value,
+                    thread_id, std::move(s), *epoch)
+          .then(
+            [self, self_ptr, thread_id, from, upto](uint64_t) {
+              spdlog::info(log_fields("compaction_stored",
+                                      {{"thread_id", thread_id},
+                                       {"from", *from},
+                                       {"upto", upto}}));
+              self_ptr->finish(thread_id, outcome::stored);
+              self->quit();
+            },
+            [self, fail](caf::error& err) {
+              fail(describe(err));
+              self->quit();
+            });
+      },
+      [self, fail](summary_atom, caf::error& err) {
+        fail(describe(err));
+        self->quit();
+      },
+    };
   });
+  std::lock_guard<std::mutex> guard{mtx_};
+  if (auto i = running_.find(thread_id); i != running_.end() && !i->second)
+    i->second = std::move(job); // unless it ended already
+}
+
+void compactor::stop_all() {
+  std::vector<caf::actor> jobs;
+  {
+    std::lock_guard<std::mutex> guard{mtx_};
+    for (auto& [id, job] : running_)
+      if (job)
+        jobs.push_back(job);
+  }
+  for (auto& job : jobs)
+    caf::anon_send_exit(job, caf::exit_reason::user_shutdown);
 }
 
 } // namespace spindle

@@ -123,6 +123,8 @@ void runtime::stop() {
   running_ = false;
   if (exchanges_)
     exchanges_->stop_all();
+  if (compactor_)
+    compactor_->stop_all();
   for (auto& handle : core_actors())
     caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);
   // -- each area resets its handles here --

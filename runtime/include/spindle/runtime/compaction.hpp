@@ -13,8 +13,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_set>
+#include <unordered_map>
 
+#include <caf/actor.hpp>
 #include <caf/actor_system.hpp>
 
 #include "spindle/messages/threads.hpp"
@@ -56,6 +57,10 @@ public:
 
   compaction_stats stats() const;
 
+  /// Stops every job still running (a stopping runtime does not wait for
+  /// a summary model).
+  void stop_all();
+
   const std::string& summarizer_name() const noexcept {
     return name_;
   }
@@ -71,7 +76,7 @@ private:
   options opts_;
   std::string name_;
   mutable std::mutex mtx_;
-  std::unordered_set<std::string> running_;
+  std::unordered_map<std::string, caf::actor> running_;
   std::atomic<uint64_t> started_{0};
   std::atomic<uint64_t> stored_{0};
   std::atomic<uint64_t> failed_{0};

@@ -7,6 +7,7 @@
 // sees a thread, so it cannot change one.
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 namespace spindle {
 
 class llm_provider;
+struct completion_options;
 
 /// What a summarizer folds: the summary so far (empty: none) and the turns
 /// after it, oldest first.
@@ -27,15 +29,28 @@ struct summary_input {
   std::vector<turn> turns;
 };
 
-/// A summarizer. Implementations must be thread-safe; `summarize` may
-/// block (network): the runtime calls it on a thread of its own, never on
-/// the scheduler's.
+/// What `summarizer::start` calls when a summary is done or failed.
+using summary_done = std::function<void(caf::expected<std::string>)>;
+
+/// A summarizer. Implementations must be thread-safe. The runtime calls
+/// `summarize` inline when `blocking()` is false; else `start`, and when
+/// that has no asynchronous form, `summarize` on a thread of its own,
+/// never on the scheduler's.
 class summarizer {
 public:
   virtual ~summarizer();
 
   /// A short name for logs.
   virtual std::string name() const = 0;
+
+  /// True if `summarize` may block (network). The default is true.
+  virtual bool blocking() const noexcept;
+
+  /// Starts `summarize(input)` and returns without waiting: `done` runs
+  /// exactly once with its result, on a thread of the summarizer's choosing
+  /// (it must not block), possibly before `start` returns. False, calling
+  /// nothing, when there is no asynchronous form. The default is false.
+  virtual bool start(summary_input input, summary_done done);
 
   /// The new summary: `input.previous` with `input.turns` folded in, at
   /// most `max_summary_content` bytes. Errors: `upstream_failure`,
@@ -53,6 +68,8 @@ class extractive_summarizer : public summarizer {
 public:
   explicit extractive_summarizer(size_t max_bytes = 2000);
   std::string name() const override;
+  /// False: it only copies text.
+  bool blocking() const noexcept override;
   caf::expected<std::string> summarize(const summary_input& input) override;
 
 private:
@@ -69,8 +86,12 @@ public:
                  std::string model = {});
   std::string name() const override;
   caf::expected<std::string> summarize(const summary_input& input) override;
+  /// Through the provider's asynchronous form (its event loop), when it
+  /// has one.
+  bool start(summary_input input, summary_done done) override;
 
 private:
+  completion_options options() const;
   std::shared_ptr<llm_provider> provider_;
   std::chrono::milliseconds timeout_;
   std::string model_;
