@@ -118,6 +118,10 @@ struct exchange_state {
     = std::make_shared<std::atomic<bool>>(false);
   bool replied = false;
   bool finished = false;
+  /// From the prompt's manifest: the thread's summary covers turns before
+  /// `summary_upto`; the prompt left out the turns before `left_out_upto`.
+  uint64_t summary_upto = 0;
+  uint64_t left_out_upto = 0;
   std::shared_ptr<delta_gate> gate = std::make_shared<delta_gate>();
   user_turn_state user = user_turn_state::storing;
   caf::error user_error;
@@ -318,14 +322,12 @@ private:
             st->res.thread_actor_id, st->res.history_turns,
             built.total_turns);
           st->prompt = std::move(built.messages);
-          // What this prompt left out goes into the thread's summary, off
-          // the reply path (docs/threads.md, "Compaction").
-          if (st->svc.compaction) {
-            auto& m = built.manifest;
-            auto first = m.turns.empty() ? built.total_turns : m.turns.front();
-            st->svc.compaction->request(st->res.thread_id, m.summary_upto,
-                                        first);
-          }
+          // What this prompt left out goes into the thread's summary once
+          // the reply is stored (docs/threads.md, "Compaction").
+          auto& m = built.manifest;
+          st->summary_upto = m.summary_upto;
+          st->left_out_upto = m.turns.empty() ? built.total_turns
+                                              : m.turns.front();
           if (!st->req.after_tool_results)
             return store_user();
           // The tool results are the thread's last turns: the reply
@@ -486,7 +488,14 @@ private:
             guarded([&] { st->cb.on_reply(st->res); });
           // The thread is free for its next message now: that one reads
           // this exchange from the history, not from long-term memory.
-          release([this] { remember(); });
+          // Compaction starts after the reply too: nothing the client
+          // waits for waits for it.
+          release([this, st] {
+            if (st->svc.compaction)
+              st->svc.compaction->request(st->res.thread_id, st->summary_upto,
+                                          st->left_out_upto);
+            remember();
+          });
         },
         [this, st](caf::error& err) {
           fail(wrap(err, "cannot store the assistant turn in thread '"
