@@ -4,6 +4,7 @@
 // before the memory, cleared with the turns, carried by a copy, and kept
 // through a restart and a kill -9.
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <future>
@@ -321,4 +322,50 @@ TEST_CASE("compaction: the history route shows the summary and kill -9 "
   CHECK(ctx["messages"][1]["content"].get<std::string>().rfind(
           "Summary of the earlier conversation:", 0)
         == 0);
+}
+
+TEST_CASE("compaction: 16 clients at once on 16 threads keep every turn and "
+          "a summary within each thread's turns") {
+  runtime rt{with(std::make_shared<extractive_summarizer>())};
+  constexpr int clients = 16;
+  constexpr int messages = 8;
+  std::vector<std::thread> running;
+  std::atomic<int> failures{0};
+  for (int c = 0; c < clients; ++c)
+    running.emplace_back([&, c] {
+      auto id = "busy-" + std::to_string(c);
+      for (int m = 0; m < messages; ++m)
+        if (!rt.send_message(id, "client " + std::to_string(c) + " says "
+                                   + std::to_string(m) + ".",
+                             {}, conflict_policy::queue, 2))
+          ++failures;
+    });
+  for (auto& t : running)
+    t.join();
+  CHECK(failures == 0);
+  REQUIRE(eventually([&] { return rt.compaction().running == 0; }));
+  CHECK(rt.compaction().failed == 0);
+  CHECK(rt.compaction().stored >= clients);
+  for (int c = 0; c < clients; ++c) {
+    auto id = "busy-" + std::to_string(c);
+    auto snap = rt.snapshot(id);
+    REQUIRE(snap);
+    // Every turn once, in order; the summary speaks of this thread only
+    // and of turns it holds.
+    REQUIRE(snap->turns.size() == 2 * messages);
+    for (int m = 0; m < messages; ++m)
+      CHECK(snap->turns[2 * m].content
+            == "client " + std::to_string(c) + " says " + std::to_string(m)
+                 + ".");
+    CHECK(snap->summary.upto > 0);
+    CHECK(snap->summary.upto <= snap->turns.size());
+    CHECK(snap->summary.content.find("user: client " + std::to_string(c)
+                                     + " says ")
+          != std::string::npos);
+    for (int other = 0; other < clients; ++other)
+      if (other != c)
+        CHECK(snap->summary.content.find("client " + std::to_string(other)
+                                         + " says")
+              == std::string::npos);
+  }
 }

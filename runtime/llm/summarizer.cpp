@@ -6,6 +6,7 @@
 #include <deque>
 
 #include "spindle/messages/error.hpp"
+#include "spindle/messages/memory.hpp"
 #include "spindle/runtime/llm.hpp"
 
 namespace spindle {
@@ -23,37 +24,6 @@ bool summarizer::start(summary_input, summary_done) {
 namespace {
 
 constexpr size_t max_line_text = 160;
-
-bool space(char c) {
-  return c == ' ' || c == '\n' || c == '\t' || c == '\r';
-}
-
-// Whitespace runs as one space, both ends trimmed.
-std::string one_line(std::string_view text) {
-  std::string out;
-  out.reserve(text.size());
-  for (auto c : text) {
-    if (space(c)) {
-      if (!out.empty() && out.back() != ' ')
-        out += ' ';
-    } else {
-      out += c;
-    }
-  }
-  if (!out.empty() && out.back() == ' ')
-    out.pop_back();
-  return out;
-}
-
-// `text` without whitespace at either end.
-std::string trim_ends(const std::string& text) {
-  size_t b = 0, e = text.size();
-  while (b < e && space(text[b]))
-    ++b;
-  while (e > b && space(text[e - 1]))
-    --e;
-  return text.substr(b, e - b);
-}
 
 // Whether `at` starts a UTF-8 character (not a continuation byte).
 bool char_start(const std::string& s, size_t at) {
@@ -83,7 +53,7 @@ std::string first_sentence(const std::string& text) {
 std::string line_of(const turn& t) {
   std::string out = to_string(t.role);
   out += ": ";
-  auto text = first_sentence(one_line(t.content));
+  auto text = first_sentence(memory_normalized(t.content));
   if (!t.tool_calls.empty()) {
     out += "called ";
     for (size_t i = 0; i < t.tool_calls.size(); ++i)
@@ -204,7 +174,7 @@ namespace {
 caf::expected<std::string> summary_of(caf::expected<completion> out) {
   if (!out)
     return out.error();
-  auto text = trim_ends(out->text);
+  auto text = trim_model_output(out->text);
   if (text.empty())
     return make_error(errc::invalid_argument, "the summary came back empty");
   if (text.size() > max_summary_content)

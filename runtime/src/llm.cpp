@@ -45,6 +45,18 @@ const char* yes_no(bool x) {
 
 } // namespace
 
+std::string trim_model_output(const std::string& text) {
+  auto is_space = [](char c) {
+    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
+  };
+  size_t b = 0, e = text.size();
+  while (b < e && is_space(text[b]))
+    ++b;
+  while (e > b && is_space(text[e - 1]))
+    --e;
+  return text.substr(b, e - b);
+}
+
 prompt_summary summarize_prompt(const std::vector<chat_message>& messages) {
   prompt_summary out;
   out.messages = messages.size();

@@ -13,18 +13,6 @@ query_rewriter::~query_rewriter() = default;
 
 namespace {
 
-std::string trim(const std::string& text) {
-  auto is_space = [](char c) {
-    return c == ' ' || c == '\t' || c == '\n' || c == '\r';
-  };
-  size_t b = 0, e = text.size();
-  while (b < e && is_space(text[b]))
-    ++b;
-  while (e > b && is_space(text[e - 1]))
-    --e;
-  return text.substr(b, e - b);
-}
-
 rewrite_result fallback(const rewrite_request& request, std::string why) {
   return rewrite_result{request.message, std::move(why)};
 }
@@ -120,7 +108,7 @@ rewrite_result llm_rewriter::rewrite(const rewrite_request& request) {
   }
   if (elapsed > timeout_)
     return fallback(request, "timeout");
-  auto query = trim(out->text);
+  auto query = trim_model_output(out->text);
   if (query.empty())
     return fallback(request, "empty output");
   if (query.size() > std::max<size_t>(2000, 4 * request.message.size()))

@@ -142,6 +142,10 @@ struct prompt_summary {
   std::string rewritten;
 };
 
+/// A model's answer without whitespace (space, tab, CR, LF) at either end,
+/// as the query rewriter and the summarizer take it. Thread-safe.
+std::string trim_model_output(const std::string& text);
+
 /// Reads a prompt back into its parts. This function is thread-safe.
 prompt_summary summarize_prompt(const std::vector<chat_message>& messages);
 
