@@ -367,6 +367,35 @@ TEST_CASE("query rewriter: nothing to resolve (no history, no memory) asks "
   CHECK(with_history->rewritten_query == "X");
 }
 
+TEST_CASE("query rewriter: a rewriter that says it is the identity is "
+          "never asked") {
+  // It would answer "X" if it were asked: the builder must not ask it.
+  class identity_rewriter : public recording_rewriter {
+  public:
+    identity_rewriter() : recording_rewriter("X") {
+    }
+    bool identity() const noexcept override {
+      return true;
+    }
+  };
+  auto rw = std::make_shared<identity_rewriter>();
+  runtime rt{with_rewriter(rw)};
+  seed_trump(rt, "same");
+  REQUIRE(rt.store_memory("Ada Lovelace had three children.",
+                          memory_tags("ada-fan", "")));
+  auto r = rt.build_context("same", "ada-fan", "who are his children");
+  REQUIRE(r);
+  CHECK(rw->seen().empty());
+  CHECK(r->rewritten_query == "who are his children");
+  CHECK(r->rewrite_fallback.empty());
+  CHECK(r->messages.back().content == "who are his children");
+  CHECK(r->short_term_history.size() == 2);
+  CHECK_FALSE(r->memory_snippet.empty());
+  // The offline rewriter is one.
+  CHECK(offline_rewriter{}.identity());
+  CHECK_FALSE(rw->recording_rewriter::identity());
+}
+
 TEST_CASE("query rewriter: a rewriter that hangs cannot hold up a build "
           "past its timeout") {
   runtime_options opts;

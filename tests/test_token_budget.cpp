@@ -5,9 +5,12 @@
 // that cannot fit. The property test checks 10,000 random prompts against
 // the reference tokenizer (tests/tiktoken).
 
+#include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include <catch2/catch.hpp>
 #include <httplib.h>
@@ -332,6 +335,85 @@ TEST_CASE("token budget: a long thread's prompt fits its budget") {
   auto snap = rt.snapshot(id);
   REQUIRE(snap);
   CHECK(snap->turns.size() == 14);
+}
+
+TEST_CASE("token budget: builds fitted in place while the thread grows "
+          "each see one prefix of its turns") {
+  // Turn i says "t<i> ..." (users at even indexes): every build, whatever
+  // it raced with, must show consecutive turns ending at its count, each
+  // with its own content, in its manifest, its history and its prompt.
+  runtime rt;
+  const std::string id = "growing";
+  auto content = [](size_t i) {
+    return "t" + std::to_string(i) + " " + words(5 + i % 40, unsigned(i));
+  };
+  REQUIRE(rt.add_turn(id, make_user_turn(content(0))));
+  constexpr size_t total = 400;
+  std::atomic<bool> done{false};
+  std::atomic<size_t> failures{0};
+  std::atomic<size_t> builds{0};
+  std::thread writer{[&] {
+    for (size_t i = 1; i < total; ++i) {
+      auto t = i % 2 == 0 ? make_user_turn(content(i))
+                          : make_assistant_turn(content(i));
+      if (!rt.add_turn(id, std::move(t)))
+        ++failures;
+    }
+    done = true;
+  }};
+  std::vector<std::thread> readers;
+  std::mutex mtx;
+  std::vector<std::string> problems;
+  auto problem = [&](std::string what) {
+    std::lock_guard<std::mutex> guard{mtx};
+    if (problems.size() < 10)
+      problems.push_back(std::move(what));
+  };
+  for (int r = 0; r < 4; ++r)
+    readers.emplace_back([&, r] {
+      build_options o;
+      o.max_turns = 30;
+      o.max_context_tokens = default_reply_tokens + 600 + 200 * r;
+      while (!done || builds < 200) {
+        auto built = rt.build_context(id, "", "and then?", o);
+        ++builds;
+        if (!built) {
+          problem("build failed: " + describe(built.error()));
+          continue;
+        }
+        auto& m = built->manifest;
+        if (m.total_tokens > m.budget)
+          problem("over budget");
+        if (m.turns.empty() || m.turns.back() + 1 != built->total_turns)
+          problem("the newest turn is not the last in the prompt");
+        if (built->short_term_history.size() != m.turns.size()
+            || built->messages.size() != m.turns.size() + 2) {
+          problem("history, manifest and prompt disagree");
+          continue;
+        }
+        for (size_t k = 0; k < m.turns.size(); ++k) {
+          auto i = static_cast<size_t>(m.turns[k]);
+          if (k > 0 && m.turns[k - 1] + 1 != m.turns[k])
+            problem("turns not consecutive");
+          auto& t = built->short_term_history[k];
+          if (t.content != content(i)
+              || t.role != (i % 2 == 0 ? turn_role::user
+                                       : turn_role::assistant)
+              || built->messages[k + 1].content != content(i))
+            problem("turn " + std::to_string(i) + " is not its own");
+        }
+        if (built->short_term_history.front().role != turn_role::user)
+          problem("the history starts with an orphan");
+      }
+    });
+  writer.join();
+  for (auto& t : readers)
+    t.join();
+  INFO(builds.load() << " builds");
+  for (auto& p : problems)
+    FAIL_CHECK(p);
+  CHECK(failures == 0);
+  CHECK(problems.empty());
 }
 
 TEST_CASE("token budget: the HTTP routes take max_context_tokens and show "

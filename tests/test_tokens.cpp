@@ -15,6 +15,7 @@
 
 #include "support.hpp"
 #include "tiktoken/golden.hpp"
+#include "spindle/messages/tokens.hpp"
 #include "spindle/runtime/tokenizer.hpp"
 
 using json = nlohmann::json;
@@ -152,6 +153,18 @@ TEST_CASE("tokens: chat messages count 3 per message 1 per name and 3 for "
   named[0].name = "user";
   CHECK(spindle::tokens::count_messages(cl100k(), named) == 9 + 1 + 1);
   CHECK(spindle::tokens::count_messages(cl100k(), {}) == 3);
+}
+
+TEST_CASE("tokens: a counter's role counts are its text counts") {
+  for (auto* name : {"o200k_base", "cl100k_base"}) {
+    auto counter = spindle::make_token_counter(name);
+    REQUIRE(counter);
+    for (std::string role : {"system", "user", "assistant", "tool",
+                             "developer", "", "user ", "System", "日本語"}) {
+      INFO(name << " role '" << role << "'");
+      CHECK(counter->count_role(role) == counter->count_text(role));
+    }
+  }
 }
 
 // -- the reference ------------------------------------------------------------

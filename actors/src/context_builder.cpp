@@ -30,11 +30,32 @@ struct build_job {
   uint64_t memory_tokens = 0; // the snippet's, when its reader counted them
   thread_summary summary;     // the thread's, as read with the history
   uint64_t max_context_tokens = 0;
+  /// A resident thread's window, still in its published log: turns
+  /// [window_first, window_last) of `view->turns`, read in place and
+  /// copied only as far as a prompt keeps them. Null: the window is in
+  /// `out.short_term_history`.
+  std::shared_ptr<const thread_view> view;
+  size_t window_first = 0;
+  size_t window_last = 0;
 };
 
 using job_ptr = std::shared_ptr<build_job>;
 
 void fail(const job_ptr& job, caf::error err);
+
+size_t window_size(const build_job& job) {
+  return job.view ? job.window_last - job.window_first
+                  : job.out.short_term_history.size();
+}
+
+// Copies a window read in place into `out.short_term_history`.
+void materialize(build_job& job) {
+  if (!job.view)
+    return;
+  job.view->turns->copy(job.window_first, job.window_last,
+                        job.out.short_term_history);
+  job.view.reset();
+}
 
 void finish(context_builder_pointer self, const job_ptr& job) {
   auto& st = self->state;
@@ -56,42 +77,65 @@ void finish(context_builder_pointer self, const job_ptr& job) {
           *st.options.tokens, chat_message{"system", system_prompt, {}, {}});
       parts.system_tokens = st.system_tokens;
     }
-    parts.memory_snippet = out.memory_snippet;
+    if (st.memory_prefix_tokens == 0)
+      st.memory_prefix_tokens = st.options.tokens->count_text(
+        memory_message_prefix);
+    parts.memory_prefix_tokens = st.memory_prefix_tokens;
+    parts.memory_snippet = std::move(out.memory_snippet);
     parts.memory_entries = std::move(job->memory_entries);
     parts.memory_snippet_tokens = job->memory_tokens;
     parts.summary = std::move(job->summary);
-    parts.history = std::move(out.short_term_history);
-    parts.first_index = out.total_turns >= parts.history.size()
-                          ? out.total_turns - parts.history.size()
+    // The window in place: the log's turns, or those read by message.
+    std::vector<const turn*> window;
+    window.reserve(window_size(*job));
+    if (job->view) {
+      auto& log = *job->view->turns;
+      for (auto i = job->window_first; i < job->window_last; ++i)
+        window.push_back(&log[i]);
+    } else {
+      for (auto& t : out.short_term_history)
+        window.push_back(&t);
+    }
+    parts.first_index = out.total_turns >= window.size()
+                          ? out.total_turns - window.size()
                           : 0;
     parts.original = job->request.message;
     parts.rewritten = out.rewritten_query;
     auto fitted = fit_prompt(*st.options.tokens, job->max_context_tokens,
-                             st.options.reply_tokens, parts, out.manifest);
+                             st.options.reply_tokens, parts, window,
+                             out.manifest);
     if (!fitted) {
       fail(job, std::move(fitted.error()));
       return;
     }
     out.messages = std::move(*fitted);
-    out.short_term_history.clear();
-    out.short_term_history.reserve(out.manifest.turns.size());
-    for (auto index : out.manifest.turns)
-      out.short_term_history.push_back(
-        std::move(parts.history[static_cast<size_t>(index
-                                                    - parts.first_index)]));
-    if (out.manifest.memory_left_out)
-      out.memory_snippet.clear();
+    // The turns the prompt keeps: copied from the log, else moved.
+    std::vector<turn> kept;
+    kept.reserve(out.manifest.turns.size());
+    for (auto index : out.manifest.turns) {
+      auto i = static_cast<size_t>(index - parts.first_index);
+      if (job->view)
+        kept.push_back(*window[i]);
+      else
+        kept.push_back(std::move(out.short_term_history[i]));
+    }
+    out.short_term_history = std::move(kept);
+    job->view.reset();
+    if (!out.manifest.memory_left_out)
+      out.memory_snippet = std::move(parts.memory_snippet);
     if (out.manifest.rewrite_left_out) {
       out.rewritten_query = job->request.message;
       out.rewrite_fallback = "left out: the contextualized query does not "
                              "fit the token budget";
     }
   } else if (job->converted) {
+    // An inline rewriter converted the window: it is in `chat_history`.
     out.messages = assemble_messages(system_prompt, out.memory_snippet,
                                      std::move(job->chat_history),
                                      job->request.message,
                                      out.rewritten_query);
   } else {
+    materialize(*job);
     out.messages = assemble_messages(system_prompt, out.memory_snippet,
                                      out.short_term_history,
                                      job->request.message,
@@ -110,12 +154,13 @@ void rewrite(context_builder_pointer self, const job_ptr& job) {
   // Nothing to resolve a reference against (a thread's first message, no
   // memory): a rewrite could only return the message, so none is asked
   // and the prompt waits for no model.
-  if (job->out.short_term_history.empty() && job->out.memory_snippet.empty()) {
+  if (window_size(*job) == 0 && job->out.memory_snippet.empty()) {
     job->out.rewrite_fallback = "skipped: no history or memory to resolve "
                                 "against";
     finish(self, job);
     return;
   }
+  materialize(*job); // the rewriter sees the window as messages
   rewrite_request req;
   req.message = job->request.message;
   req.memory_snippet = job->out.memory_snippet;
@@ -187,12 +232,16 @@ void read_history(context_builder_pointer self, const job_ptr& job) {
   // A resident thread's published turns: read in place, no message.
   if (st.options.views)
     if (auto view = st.options.views->find(job->request.thread_id)) {
-      auto w = read_window(*view, job->request.options.max_turns);
+      auto [first, last] = window_bounds(*view,
+                                         job->request.options.max_turns);
       job->out.thread_found = true;
-      job->out.thread_actor_id = w.thread_actor_id;
-      job->out.total_turns = w.total_turns;
-      job->out.short_term_history = std::move(w.turns);
-      job->summary = std::move(w.summary);
+      job->out.thread_actor_id = view->actor_id;
+      job->out.total_turns = last;
+      if (view->summary)
+        job->summary = *view->summary;
+      job->view = std::move(view);
+      job->window_first = first;
+      job->window_last = last;
       read_done(self, job);
       return;
     }

@@ -40,11 +40,18 @@ void turn_log::copy(size_t first, size_t last, std::vector<turn>& out) const {
     out.push_back((*this)[i]);
 }
 
-history_window read_window(const thread_view& view, uint64_t max_turns) {
+std::pair<size_t, size_t> window_bounds(const thread_view& view,
+                                        uint64_t max_turns) {
   auto& log = *view.turns;
   auto n = log.size();
   auto first = history_window_start_in(
     log, n, static_cast<size_t>(std::min<uint64_t>(max_turns, n)));
+  return {first, n};
+}
+
+history_window read_window(const thread_view& view, uint64_t max_turns) {
+  auto& log = *view.turns;
+  auto [first, n] = window_bounds(view, max_turns);
   history_window w;
   log.copy(first, n, w.turns);
   w.total_turns = n;

@@ -43,6 +43,19 @@ bool is_tool(const chat_message& x) {
   return x.role == "tool";
 }
 
+bool is_tool(const turn* x) {
+  return is_tool(*x);
+}
+
+const turn& deref(const turn* x) {
+  return *x;
+}
+
+template <class Message>
+const Message& deref(const Message& x) {
+  return x;
+}
+
 // The history as a prompt gives it (`close_tool_calls`), in units: tool
 // messages answering no call of the history are left out, and a result
 // stored after other turns moves to its call.
@@ -51,11 +64,11 @@ std::vector<history_unit> close_units(const std::vector<Message>& history) {
   std::unordered_map<std::string_view, size_t> result_of;
   for (size_t i = 0; i < history.size(); ++i)
     if (is_tool(history[i]))
-      result_of.emplace(history[i].tool_call_id, i); // the first one
+      result_of.emplace(deref(history[i]).tool_call_id, i); // the first one
   std::vector<history_unit> out;
   out.reserve(history.size());
   for (size_t i = 0; i < history.size(); ++i) {
-    auto& m = history[i];
+    auto& m = deref(history[i]);
     if (is_tool(m))
       continue; // placed after the call it answers, or left out
     history_unit u{i, {}};
@@ -165,6 +178,19 @@ caf::expected<std::vector<chat_message>>
 fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
            uint64_t reply_tokens, const prompt_parts& parts,
            context_manifest& manifest) {
+  std::vector<const turn*> history;
+  history.reserve(parts.history.size());
+  for (auto& t : parts.history)
+    history.push_back(&t);
+  return fit_prompt(counter, max_context_tokens, reply_tokens, parts, history,
+                    manifest);
+}
+
+caf::expected<std::vector<chat_message>>
+fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
+           uint64_t reply_tokens, const prompt_parts& parts,
+           const std::vector<const turn*>& history,
+           context_manifest& manifest) {
   if (auto err = validate_context_tokens(max_context_tokens, reply_tokens))
     return err;
   manifest.encoding = std::string{counter.name()};
@@ -177,6 +203,7 @@ fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
                            : parts.system_tokens != 0
                              ? parts.system_tokens
                              : count_message_tokens(counter, system);
+  const auto system_role = counter.count_role("system");
   uint64_t used = reply_primer_tokens + manifest.system_tokens;
   chat_message user{"user", final_user_content(parts.original,
                                                parts.rewritten),
@@ -209,8 +236,7 @@ fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
     auto cost
       = parts.summary.token_encoding == static_cast<uint8_t>(counter.id())
             && parts.summary.tokens != 0
-          ? message_overhead_tokens + counter.count_text("system")
-              + parts.summary.tokens
+          ? message_overhead_tokens + system_role + parts.summary.tokens
           : count_message_tokens(counter, summary);
     if (used + cost <= manifest.budget) {
       used += cost;
@@ -229,8 +255,10 @@ fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
     // crosses between them, so counts add up.
     auto cost = parts.memory_snippet_tokens == 0
                   ? count_message_tokens(counter, memory)
-                  : message_overhead_tokens + counter.count_text("system")
-                      + counter.count_text(memory_message_prefix)
+                  : message_overhead_tokens + system_role
+                      + (parts.memory_prefix_tokens != 0
+                           ? parts.memory_prefix_tokens
+                           : counter.count_text(memory_message_prefix))
                       + parts.memory_snippet_tokens;
     if (used + cost <= manifest.budget) {
       used += cost;
@@ -243,7 +271,6 @@ fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
   }
   // 4. The newest history that fits, a call with its results as one unit;
   // with the summary, only the turns after those it covers.
-  const auto& history = parts.history;
   auto units = close_units(history);
   size_t floor_unit = 0;
   while (floor_unit < units.size()
@@ -254,11 +281,11 @@ fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
   uint64_t history_used = 0;
   while (first > floor_unit) {
     auto& u = units[first - 1];
-    uint64_t cost = turn_tokens(counter, history[u.head]);
-    auto& calls = history[u.head].tool_calls;
+    uint64_t cost = turn_tokens(counter, *history[u.head]);
+    auto& calls = history[u.head]->tool_calls;
     for (size_t k = 0; k < u.results.size(); ++k) {
       if (u.results[k] != history_unit::npos) {
-        cost += turn_tokens(counter, history[u.results[k]]);
+        cost += turn_tokens(counter, *history[u.results[k]]);
       } else {
         cost += count_message_tokens(counter,
                                      interrupted_result(calls[k].id));
@@ -274,7 +301,7 @@ fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
     // Something was left out: never start with a message whose turns
     // before it are gone (D6).
     while (first < units.size()) {
-      auto role = history[units[first].head].role;
+      auto role = history[units[first].head]->role;
       if (role == turn_role::user || role == turn_role::system)
         break;
       history_used -= unit_cost[first];
@@ -299,8 +326,9 @@ fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
       if (r != history_unit::npos)
         kept[r] = true;
     append_unit(out, units[i],
-                [&](size_t j) { return to_chat_message(history[j]); });
+                [&](size_t j) { return to_chat_message(*history[j]); });
   }
+  manifest.turns.reserve(history.size());
   for (size_t i = 0; i < history.size(); ++i) {
     if (kept[i])
       manifest.turns.push_back(parts.first_index + i);

@@ -6,12 +6,16 @@ namespace spindle {
 
 token_counter::~token_counter() = default;
 
+size_t token_counter::count_role(std::string_view role) const {
+  return count_text(role);
+}
+
 namespace {
 
 size_t count_parts(const token_counter& counter, std::string_view role,
                    const std::string& content, const std::string& call_id,
                    const std::vector<tool_call>& calls) {
-  auto n = message_overhead_tokens + counter.count_text(role)
+  auto n = message_overhead_tokens + counter.count_role(role)
            + counter.count_text(content);
   if (!call_id.empty())
     n += counter.count_text(call_id);

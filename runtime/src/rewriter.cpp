@@ -11,6 +11,10 @@ namespace spindle {
 
 query_rewriter::~query_rewriter() = default;
 
+bool query_rewriter::identity() const noexcept {
+  return false;
+}
+
 namespace {
 
 rewrite_result fallback(const rewrite_request& request, std::string why) {
@@ -31,6 +35,10 @@ bool offline_rewriter::blocking() const noexcept {
 
 rewrite_result offline_rewriter::rewrite(const rewrite_request& request) {
   return rewrite_result{request.message, {}};
+}
+
+bool offline_rewriter::identity() const noexcept {
+  return true;
 }
 
 std::shared_ptr<query_rewriter> make_offline_rewriter() {

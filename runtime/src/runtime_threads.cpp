@@ -75,7 +75,10 @@ caf::error runtime::start_threads() {
   auto builder_options = conv.builder;
   builder_options.views = views;
   builder_options.tokens = counter;
-  if (!conv.rewriter->blocking()) {
+  // The identity (the offline rewriter) is not asked at all: builders
+  // get no rewriter, and every prompt ends with the original message.
+  bool identity = conv.rewriter->identity();
+  if (!identity && !conv.rewriter->blocking()) {
     // Cannot block and sees no thread: no need for a message round trip.
     auto rw = conv.rewriter;
     builder_options.inline_rewriter = [rw](const rewrite_request& req) {
@@ -85,10 +88,11 @@ caf::error runtime::start_threads() {
   // Builders keep no state between builds, so one per scheduler thread
   // behind a round-robin pool serves builds in parallel; the pool hands a
   // request to a builder inside the sender's enqueue (no extra hop).
-  auto spawn_builder = [this, builder_options] {
+  auto builder_rewriter = identity ? query_rewriter_actor{} : rewriter_;
+  auto spawn_builder = [this, builder_options, builder_rewriter] {
     return caf::actor_cast<caf::actor>(
       system_->spawn(spindle::context_builder, thread_registry_, memory_,
-                     rewriter_, builder_options));
+                     builder_rewriter, builder_options));
   };
   auto builders = std::max<size_t>(1, system_->scheduler().num_workers());
   context_builder_ = caf::actor_cast<context_builder_actor>(

@@ -2,6 +2,9 @@
 // over one of the encodings.
 
 #include "spindle/messages/tokens.hpp"
+
+#include <array>
+
 #include "spindle/runtime/tokenizer.hpp"
 
 namespace spindle {
@@ -12,6 +15,8 @@ class encoding_counter final : public token_counter {
 public:
   encoding_counter(const tokens::encoding& enc, token_encoding_id id)
     : enc_(enc), id_(id) {
+    for (size_t i = 0; i < roles_.size(); ++i)
+      role_tokens_[i] = enc_.count(roles_[i]);
   }
 
   token_encoding_id id() const noexcept override {
@@ -26,9 +31,19 @@ public:
     return text.empty() ? 0 : enc_.count(text);
   }
 
+  size_t count_role(std::string_view role) const override {
+    for (size_t i = 0; i < roles_.size(); ++i)
+      if (role == roles_[i])
+        return role_tokens_[i];
+    return count_text(role);
+  }
+
 private:
+  static constexpr std::array<std::string_view, 4> roles_{
+    "system", "user", "assistant", "tool"};
   const tokens::encoding& enc_;
   token_encoding_id id_;
+  std::array<size_t, 4> role_tokens_{};
 };
 
 } // namespace

@@ -71,6 +71,8 @@ struct context_builder_state {
   /// The tokens of the default system prompt's message (0: not counted
   /// yet).
   uint64_t system_tokens = 0;
+  /// The tokens of `memory_message_prefix` (0: not counted yet).
+  uint64_t memory_prefix_tokens = 0;
 };
 
 using context_builder_pointer

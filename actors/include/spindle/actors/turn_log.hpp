@@ -8,6 +8,7 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "spindle/messages/threads.hpp"
@@ -89,6 +90,12 @@ struct thread_view {
   uint64_t actor_id = 0;
   std::shared_ptr<const thread_summary> summary;
 };
+
+/// The D6 window of `view` (at most `max_turns`, `max_turns >= 2`) as
+/// indexes [first, last) into its log, `last` being the size read.
+/// Thread-safe.
+std::pair<size_t, size_t> window_bounds(const thread_view& view,
+                                        uint64_t max_turns);
 
 /// The D6 window of `view` (at most `max_turns`, `max_turns >= 2`), read
 /// without messaging the thread. Thread-safe.

@@ -170,6 +170,9 @@ struct prompt_parts {
   std::string memory_snippet;
   std::vector<int64_t> memory_entries;
   uint64_t memory_snippet_tokens = 0;
+  /// The tokens of `memory_message_prefix` when the caller knows them (0:
+  /// counted).
+  uint64_t memory_prefix_tokens = 0;
   /// The thread's summary (`upto` 0: none).
   thread_summary summary;
   /// The history window, oldest first, and the thread index of its first
@@ -199,6 +202,17 @@ struct prompt_parts {
 caf::expected<std::vector<chat_message>>
 fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
            uint64_t reply_tokens, const prompt_parts& parts,
+           context_manifest& manifest);
+
+/// `fit_prompt` with the history window given by `history` (oldest first,
+/// the turns it points to outliving the call) instead of `parts.history`,
+/// which is not read: a caller holding turns it may not move, such as a
+/// thread's published log, fits them in place, and copies only those the
+/// prompt keeps. This function is thread-safe.
+caf::expected<std::vector<chat_message>>
+fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
+           uint64_t reply_tokens, const prompt_parts& parts,
+           const std::vector<const turn*>& history,
            context_manifest& manifest);
 
 /// Errors: `invalid_argument` naming `max_context_tokens` when it is not in

@@ -35,6 +35,9 @@ public:
   virtual std::string_view name() const noexcept = 0;
   /// The tokens of `text` (tiktoken's `encode_ordinary`).
   virtual size_t count_text(std::string_view text) const = 0;
+  /// The tokens of a message's role (`count_text`; counters that know the
+  /// roles' counts answer without encoding).
+  virtual size_t count_role(std::string_view role) const;
 };
 
 /// Tokens around each message (`<|start|>{role}<|message|>...<|end|>`),

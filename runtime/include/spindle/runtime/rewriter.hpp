@@ -33,6 +33,11 @@ public:
   /// Rewrites `request.message` into a standalone query, or returns it
   /// unchanged with `fallback` naming why.
   virtual rewrite_result rewrite(const rewrite_request& request) = 0;
+
+  /// True if `rewrite` returns every message unchanged: the context
+  /// builder then asks nothing (no request is made, no history converted)
+  /// and the prompt ends with the original message.
+  virtual bool identity() const noexcept;
 };
 
 /// The offline rewriter: returns the original message, always. Without a
@@ -45,6 +50,7 @@ public:
   std::string name() const override;
   bool blocking() const noexcept override;
   rewrite_result rewrite(const rewrite_request& request) override;
+  bool identity() const noexcept override;
 };
 
 /// A rewriter that asks an LLM provider (prompt: `rewrite_prompt`). Falls
