@@ -26,6 +26,7 @@
 #include <unistd.h>
 
 #include <httplib.h>
+#include <sqlite3.h>
 
 extern char** environ;
 
@@ -363,6 +364,49 @@ server_process::server_process(const std::vector<std::string>& extra,
     throw std::runtime_error("the server did not start: '" + line
                              + "'; log: " + log());
   port_ = std::stoi(line.substr(colon + 1));
+}
+
+uint64_t env_number(const char* name, uint64_t fallback) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0')
+    return fallback;
+  char* end = nullptr;
+  errno = 0;
+  auto value = std::strtoull(text, &end, 10);
+  if (errno != 0 || *end != '\0' || *text == '-')
+    throw std::runtime_error(std::string{name} + " is not a whole number: '"
+                             + text + "'");
+  return value;
+}
+
+std::string integrity_check(const std::filesystem::path& path) {
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr)
+      != SQLITE_OK) {
+    std::string why = db ? sqlite3_errmsg(db) : "out of memory";
+    sqlite3_close(db);
+    return "cannot open " + path.string() + ": " + why;
+  }
+  sqlite3_stmt* stmt = nullptr;
+  std::string found;
+  if (sqlite3_prepare_v2(db, "PRAGMA integrity_check;", -1, &stmt, nullptr)
+      != SQLITE_OK) {
+    found = std::string{"cannot check: "} + sqlite3_errmsg(db);
+  } else {
+    int rc;
+    while ((rc = sqlite3_step(stmt)) == SQLITE_ROW) {
+      if (!found.empty())
+        found += '\n';
+      auto row = sqlite3_column_text(stmt, 0);
+      found += row ? reinterpret_cast<const char*>(row) : "(null)";
+    }
+    if (rc != SQLITE_DONE)
+      found += std::string{found.empty() ? "" : "\n"} + "check failed: "
+               + sqlite3_errmsg(db);
+  }
+  sqlite3_finalize(stmt);
+  sqlite3_close(db);
+  return found;
 }
 
 std::string spindle_binary() {

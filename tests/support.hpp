@@ -6,6 +6,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <mutex>
@@ -210,6 +211,15 @@ private:
   announcing_process process_;
   int port_ = 0;
 };
+
+/// The number in environment variable `name`, or `fallback` when it is
+/// unset or empty; throws when it is not a whole number.
+uint64_t env_number(const char* name, uint64_t fallback);
+
+/// `PRAGMA integrity_check` of the SQLite database at `path`, opened read
+/// only beside no other connection: "ok", or what SQLite found (its rows,
+/// one a line), or why the file could not be opened.
+std::string integrity_check(const std::filesystem::path& path);
 
 /// Path of the spindle binary under test.
 std::string spindle_binary();
