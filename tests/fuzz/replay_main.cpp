@@ -4,6 +4,7 @@
 // A finding aborts, so the test fails naming the file last printed.
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -40,6 +41,10 @@ int main(int argc, char** argv) {
     LLVMFuzzerTestOneInput(reinterpret_cast<const uint8_t*>(data.data()),
                            data.size());
   }
-  std::cout << files.size() << " inputs replayed\n";
-  return 0;
+  std::cout << files.size() << " inputs replayed" << std::endl;
+  // Leave as libFuzzer's targets expect to be left: at once. A target may
+  // keep threads running until the process ends (the HTTP target's
+  // server), and static destructors would run while they still use what
+  // those destroy.
+  std::_Exit(0);
 }
