@@ -11,9 +11,11 @@
 #include <sstream>
 #include <thread>
 
+#include <caf/all.hpp>
 #include <catch2/catch.hpp>
 #include <sqlite3.h>
 
+#include "spindle/runtime/config.hpp"
 #include "spindle/runtime/memory.hpp"
 #include "spindle/runtime/runtime.hpp"
 #include "support.hpp"
@@ -531,12 +533,23 @@ TEST_CASE("memory: what a retrieval reads is bounded by constants, not by "
     memory_query request{"u" + std::to_string(gen() % 6), "th1", query};
     auto s = (*reader)->retrieve(request);
     REQUIRE(s);
+    // Before it read them, the keeping reader cannot answer from what it
+    // keeps; once it has, it answers the same without a statement.
+    if (q == 0)
+      CHECK_FALSE((*keeping)->retrieve_kept(request).has_value());
     for (int twice = 0; twice < 2; ++twice) {
       auto kept = (*keeping)->retrieve(request);
       REQUIRE(kept);
       CHECK(kept->text == s->text);
       CHECK(kept->matched == s->matched);
     }
+    auto from_kept = (*keeping)->retrieve_kept(request);
+    REQUIRE(from_kept.has_value());
+    REQUIRE(*from_kept);
+    CHECK((*from_kept)->text == s->text);
+    CHECK((*from_kept)->matched == s->matched);
+    CHECK((*from_kept)->ids == s->ids);
+    CHECK((*keeping)->last_cost().statements == 0);
     auto& cost = (*reader)->last_cost();
     CAPTURE(query);
     CHECK(cost.lists_read <= max_memory_query_terms);
@@ -547,6 +560,8 @@ TEST_CASE("memory: what a retrieval reads is bounded by constants, not by "
     CHECK(cost.statements <= 1 + cost.lists_read + cost.contents);
     CHECK(s->matched <= memory_max_ranked);
     most_postings = std::max(most_postings, cost.postings);
+    // A reader that keeps nothing always has to read.
+    CHECK_FALSE((*reader)->retrieve_kept(request).has_value());
   }
   // The common words' lists are full: the bound is reached, not avoided.
   CHECK(most_postings >= 10 * memory_recent_per_term);
@@ -931,4 +946,167 @@ TEST_CASE("memory: after an acknowledged deletion no retrieval shows the "
   CHECK(errors == 0);
   CHECK(unseen == 0);
   CHECK(ghosts == 0);
+}
+
+namespace {
+
+// Sends `(get, memory, q)` to `memory` and waits for the answer.
+caf::expected<memory_snippet> ask(caf::actor_system& sys,
+                                  const memory_actor& memory,
+                                  const memory_query& q) {
+  caf::scoped_actor self{sys};
+  caf::expected<memory_snippet> out = memory_snippet{};
+  self->request(memory, std::chrono::seconds(10), caf::get_atom::value,
+                memory_atom::value, q)
+    .receive([&](memory_snippet& s) { out = std::move(s); },
+             [&](caf::error& err) { out = std::move(err); });
+  return out;
+}
+
+template <class Result, class... Ts>
+caf::expected<Result> call_memory(caf::actor_system& sys,
+                                  const memory_actor& memory, Ts&&... xs) {
+  caf::scoped_actor self{sys};
+  caf::expected<Result> out = caf::make_error(caf::sec::request_timeout);
+  self->request(memory, std::chrono::seconds(10), std::forward<Ts>(xs)...)
+    .receive([&](Result& r) { out = std::move(r); },
+             [&](caf::error& err) { out = std::move(err); });
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("memory: a retrieval on the caller's thread answers from what a "
+          "reader keeps, as the reader would, and leaves to the actors what "
+          "changed since") {
+  test::temp_dir dir;
+  spindle::config cfg;
+  caf::actor_system sys{cfg};
+  memory_options serving;
+  serving.readers = 2;
+  auto mem = spawn_memory(sys, durable_memory(dir).storage, serving);
+  REQUIRE(mem);
+  REQUIRE(mem->kept);
+  auto store = [&](const std::string& content, const std::string& user) {
+    return call_memory<int64_t>(sys, mem->actor, caf::put_atom::value,
+                                memory_atom::value, content,
+                                memory_tags(user, "t1"));
+  };
+  for (int i = 0; i < 50; ++i)
+    REQUIRE(store("Entry " + std::to_string(i) + " about the orchard.", "u1"));
+  memory_query q{"u1", "t1", "the orchard"};
+  // Nothing kept yet: the caller is sent to the actors.
+  CHECK_FALSE(mem->kept(q).has_value());
+  auto asked = ask(sys, mem->actor, q);
+  REQUIRE(asked);
+  REQUIRE_FALSE(asked->text.empty());
+  // Each reader the actors route to keeps it; one that does answers the
+  // same.
+  for (int i = 0; i < 4; ++i)
+    REQUIRE(ask(sys, mem->actor, q));
+  auto kept = mem->kept(q);
+  REQUIRE(kept.has_value());
+  REQUIRE(*kept);
+  CHECK((*kept)->text == asked->text);
+  CHECK((*kept)->ids == asked->ids);
+  CHECK((*kept)->tokens == asked->tokens);
+  // A store into the scope, once acknowledged, sends the next retrieval
+  // back to the actors, which show it.
+  auto fresh = store("Entry fresh about the orchard gate.", "u1");
+  REQUIRE(fresh);
+  CHECK_FALSE(mem->kept(q).has_value());
+  auto after = ask(sys, mem->actor, q);
+  REQUIRE(after);
+  CHECK(std::find(after->ids.begin(), after->ids.end(), *fresh)
+        != after->ids.end());
+  // A store into another user's scope leaves this one's kept answer.
+  for (int i = 0; i < 4; ++i)
+    REQUIRE(ask(sys, mem->actor, q));
+  REQUIRE(store("Entry of another user about the orchard.", "u2"));
+  auto still = mem->kept(q);
+  REQUIRE(still.has_value());
+  REQUIRE(*still);
+  CHECK((*still)->ids == after->ids);
+  // A bad query is refused on the spot, as the actors refuse it.
+  auto bad = mem->kept(memory_query{"u 1", "t1", "the orchard"});
+  REQUIRE(bad.has_value());
+  CHECK_FALSE(*bad);
+  anon_send_exit(mem->actor, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("memory: builds that retrieve on their own threads see every "
+          "acknowledged store and never an acknowledged deletion or another "
+          "user's entry, while clients store, delete and build at once") {
+  test::temp_dir dir;
+  runtime rt{durable_memory(dir, 2)};
+  constexpr size_t clients = 6, rounds = 30;
+  std::atomic<size_t> unseen{0}, ghosts{0}, strangers{0}, errors{0},
+    builds{0};
+  std::vector<std::thread> pool;
+  for (size_t c = 0; c < clients; ++c)
+    pool.emplace_back([&, c] {
+      auto user = "b" + std::to_string(c);
+      auto thread = "bt" + std::to_string(c);
+      auto build = [&](const std::string& message)
+        -> caf::expected<built_context> {
+        ++builds;
+        return rt.build_context(thread, user, message);
+      };
+      // Entries that stay, so that the readers keep this user's lists.
+      for (int i = 0; i < 5; ++i)
+        if (!rt.store_memory("Client " + std::to_string(c)
+                               + " waters the barn plants, note "
+                               + std::to_string(i) + ".",
+                             memory_tags(user, "")))
+          ++errors;
+      for (size_t r = 0; r < rounds; ++r) {
+        // Kept by now: several builds of one message between the changes.
+        for (int again = 0; again < 3; ++again) {
+          auto b = build("the barn plants");
+          if (!b)
+            ++errors;
+          else if (b->memory_snippet.find("Client " + std::to_string(c))
+                     == std::string::npos)
+            ++unseen;
+          else
+            for (size_t other = 0; other < clients; ++other)
+              if (other != c
+                  && b->memory_snippet.find(
+                       "Client " + std::to_string(other) + " ")
+                       != std::string::npos)
+                ++strangers;
+        }
+        auto marker = "tag" + std::to_string(c) + "x" + std::to_string(r);
+        auto id = rt.store_memory("Client " + std::to_string(c) + " put "
+                                    + marker + " in the barn plants.",
+                                  memory_tags(user, ""));
+        if (!id) {
+          ++errors;
+          continue;
+        }
+        auto seen = build("the barn plants " + marker);
+        if (!seen || seen->memory_snippet.find(marker) == std::string::npos)
+          ++unseen;
+        auto again = build("the barn plants " + marker);
+        if (!again || again->memory_snippet.find(marker) == std::string::npos)
+          ++unseen;
+        auto gone = rt.delete_memory(*id);
+        if (!gone || *gone != 1) {
+          ++errors;
+          continue;
+        }
+        auto after = build("the barn plants " + marker);
+        if (!after)
+          ++errors;
+        else if (after->memory_snippet.find(marker) != std::string::npos)
+          ++ghosts;
+      }
+    });
+  for (auto& t : pool)
+    t.join();
+  CHECK(errors == 0);
+  CHECK(unseen == 0);
+  CHECK(ghosts == 0);
+  CHECK(strangers == 0);
+  CHECK(builds == clients * rounds * 6);
 }

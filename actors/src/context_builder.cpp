@@ -271,29 +271,47 @@ void read_history(context_builder_pointer self, const job_ptr& job) {
       });
 }
 
+void memory_read(context_builder_pointer self, const job_ptr& job,
+                 memory_snippet& snippet) {
+  job->out.memory_snippet = std::move(snippet.text);
+  job->memory_entries = std::move(snippet.ids);
+  auto& counter = self->state.options.tokens;
+  if (counter && snippet.token_encoding
+                   == static_cast<uint8_t>(counter->id()))
+    job->memory_tokens = snippet.tokens;
+  read_done(self, job);
+}
+
+void memory_failed(context_builder_pointer self, const job_ptr& job,
+                   const caf::error& err) {
+  // Long-term memory is an addition; the conversation goes on without.
+  spdlog::warn("memory for thread '{}' is left out: {}",
+               job->request.thread_id, describe(err));
+  read_done(self, job);
+}
+
 void read_memory(context_builder_pointer self, const job_ptr& job) {
   auto& st = self->state;
   memory_query q{job->request.user_id, job->request.thread_id,
                  job->request.message, st.options.memory_max_chars};
+  // What a reader keeps answers here, without a message or a thread's
+  // wake-up; anything else goes to the memory actor.
+  if (st.options.kept_memory)
+    if (auto kept = st.options.kept_memory(q)) {
+      if (*kept)
+        memory_read(self, job, **kept);
+      else
+        memory_failed(self, job, kept->error());
+      return;
+    }
   self
     ->request(st.memory, st.options.memory_timeout, caf::get_atom::value,
               memory_atom::value, std::move(q))
     .then(
       [self, job](memory_snippet& snippet) {
-        job->out.memory_snippet = std::move(snippet.text);
-        job->memory_entries = std::move(snippet.ids);
-        auto& counter = self->state.options.tokens;
-        if (counter && snippet.token_encoding
-                         == static_cast<uint8_t>(counter->id()))
-          job->memory_tokens = snippet.tokens;
-        read_done(self, job);
+        memory_read(self, job, snippet);
       },
-      [self, job](caf::error& err) {
-        // Long-term memory is an addition; the conversation goes on without.
-        spdlog::warn("memory for thread '{}' is left out: {}",
-                     job->request.thread_id, describe(err));
-        read_done(self, job);
-      });
+      [self, job](caf::error& err) { memory_failed(self, job, err); });
 }
 
 } // namespace

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <filesystem>
 #include <limits>
+#include <mutex>
 #include <thread>
 
 #include <caf/all.hpp>
@@ -16,11 +17,14 @@ namespace spindle {
 namespace {
 
 // What one memory actor serves with: its own connection, a writer if it
-// serves stores, a reader for retrievals.
+// serves stores, a reader for retrievals. A reader is shared with the
+// callers that answer retrievals from what it keeps (`kept_retrieval`):
+// `lock` guards it; the actor waits for the lock, callers only try it.
 struct memory_connection {
   std::unique_ptr<database> db;
   std::unique_ptr<memory_writer> writer;
   std::unique_ptr<memory_reader> reader;
+  std::mutex lock;
 };
 
 // How many retrievals each reader has been handed and not yet answered,
@@ -38,7 +42,7 @@ struct reader_loads {
 
 struct memory_state {
   static inline const char* name = "spindle.memory";
-  memory_connection conn;
+  std::shared_ptr<memory_connection> conn;
   std::chrono::microseconds linger{0};
   bool loaded = false; // see linger()
   // A reader's entry in the routing's picture (none for the writer and
@@ -69,7 +73,7 @@ void flush_stores(memory_pointer self) {
   auto waiting = std::move(st.waiting);
   st.batch.clear();
   st.waiting.clear();
-  auto ids = st.conn.writer->store_all(batch);
+  auto ids = st.conn->writer->store_all(batch);
   if (ids) {
     for (size_t i = 0; i < waiting.size(); ++i)
       waiting[i].deliver((*ids)[i]);
@@ -80,7 +84,7 @@ void flush_stores(memory_pointer self) {
   for (size_t i = 0; i < waiting.size(); ++i) {
     auto one = batch.size() == 1
                  ? std::move(ids)
-                 : st.conn.writer->store_all({std::move(batch[i])});
+                 : st.conn->writer->store_all({std::move(batch[i])});
     if (one)
       waiting[i].deliver(one->front());
     else
@@ -116,9 +120,7 @@ memory_server_actor::behavior_type
 memory_server(memory_pointer self, std::shared_ptr<memory_connection> conn,
               std::chrono::microseconds linger_time,
               std::shared_ptr<reader_loads> loads, size_t index) {
-  // CAF copies spawn arguments: the connection travels in a shared_ptr and
-  // is moved out once here.
-  self->state.conn = std::move(*conn);
+  self->state.conn = std::move(conn);
   self->state.linger = linger_time;
   self->state.loads = std::move(loads);
   self->state.index = index;
@@ -131,7 +133,7 @@ memory_server(memory_pointer self, std::shared_ptr<memory_connection> conn,
     [self](caf::put_atom, memory_atom, const std::string& content,
            const std::vector<std::string>& tags) -> caf::result<int64_t> {
       auto& st = self->state;
-      if (!st.conn.writer)
+      if (!st.conn->writer)
         return make_error(errc::unavailable,
                           "this memory connection only reads");
       auto scope = parse_memory_tags(tags);
@@ -158,7 +160,10 @@ memory_server(memory_pointer self, std::shared_ptr<memory_connection> conn,
     [self](caf::get_atom, memory_atom,
            const memory_list_request& r) -> caf::result<memory_listing> {
       flush_stores(self); // in-memory: the stores before it are listed
-      auto got = self->state.conn.reader->list(r);
+      auto got = [&] {
+        std::lock_guard<std::mutex> guard{self->state.conn->lock};
+        return self->state.conn->reader->list(r);
+      }();
       if (auto& picture = self->state.loads)
         picture->pending[self->state.index].fetch_sub(
           1, std::memory_order_relaxed);
@@ -169,7 +174,7 @@ memory_server(memory_pointer self, std::shared_ptr<memory_connection> conn,
     [self](caf::delete_atom, memory_atom, const std::string& user_id,
            const std::string& thread_id) -> caf::result<uint64_t> {
       auto& st = self->state;
-      if (!st.conn.writer)
+      if (!st.conn->writer)
         return make_error(errc::unavailable,
                           "this memory connection only reads");
       if (user_id.empty() && thread_id.empty())
@@ -183,7 +188,7 @@ memory_server(memory_pointer self, std::shared_ptr<memory_connection> conn,
           return err;
       // The stores sent before it are committed first.
       flush_stores(self);
-      auto n = st.conn.writer->delete_scope(user_id, thread_id);
+      auto n = st.conn->writer->delete_scope(user_id, thread_id);
       if (!n)
         return std::move(n.error());
       return *n;
@@ -191,11 +196,11 @@ memory_server(memory_pointer self, std::shared_ptr<memory_connection> conn,
     [self](caf::delete_atom, memory_atom,
            int64_t id) -> caf::result<uint64_t> {
       auto& st = self->state;
-      if (!st.conn.writer)
+      if (!st.conn->writer)
         return make_error(errc::unavailable,
                           "this memory connection only reads");
       flush_stores(self);
-      auto n = st.conn.writer->delete_entry(id);
+      auto n = st.conn->writer->delete_entry(id);
       if (!n)
         return std::move(n.error());
       return *n;
@@ -207,7 +212,10 @@ memory_server(memory_pointer self, std::shared_ptr<memory_connection> conn,
       flush_stores(self);
       // Answered before the linger, not after it.
       auto rp = self->make_response_promise<memory_snippet>();
-      auto got = self->state.conn.reader->retrieve(q);
+      auto got = [&] {
+        std::lock_guard<std::mutex> guard{self->state.conn->lock};
+        return self->state.conn->reader->retrieve(q);
+      }();
       if (got)
         rp.deliver(std::move(*got));
       else
@@ -301,6 +309,34 @@ struct memory_routing {
   }
 };
 
+// Answers a retrieval from what a reader keeps, on the caller's thread:
+// each reader that is free (its lock taken at the first try) is asked in
+// turn, starting from one of the caller's own so that callers on
+// different threads do not all try the same reader first. A reader that
+// would have to read the database says so and the next is asked; none
+// that keeps everything the retrieval needs leaves it to the actors,
+// whose reader then keeps it for the next time.
+struct kept_retrieval {
+  std::vector<std::shared_ptr<memory_connection>> readers;
+
+  std::optional<caf::expected<memory_snippet>>
+  operator()(const memory_query& q) const {
+    static std::atomic<size_t> next_home{0};
+    thread_local size_t home = next_home.fetch_add(1,
+                                                   std::memory_order_relaxed);
+    auto n = readers.size();
+    for (size_t k = 0; k < n; ++k) {
+      auto& conn = *readers[(home + k) % n];
+      std::unique_lock<std::mutex> guard{conn.lock, std::try_to_lock};
+      if (!guard.owns_lock())
+        continue;
+      if (auto got = conn.reader->retrieve_kept(q))
+        return got;
+    }
+    return std::nullopt;
+  }
+};
+
 // Entries an older build kept in spindle.db (before memory had a file of
 // its own) move to memory.db once: copied with their IDs in one
 // transaction with a mark that says so, so that a crash midway copies
@@ -364,9 +400,9 @@ caf::error adopt_old_entries(database& db, const storage_options& options) {
 
 } // namespace
 
-caf::expected<memory_actor> spawn_memory(caf::actor_system& sys,
-                                         const storage_options& options,
-                                         const memory_options& serving) {
+caf::expected<memory_service> spawn_memory(caf::actor_system& sys,
+                                           const storage_options& options,
+                                           const memory_options& serving) {
   if (auto err = create_data_dir(options))
     return err;
   // The writer tells the readers which scopes changed, so they keep what
@@ -384,8 +420,11 @@ caf::expected<memory_actor> spawn_memory(caf::actor_system& sys,
   if (options.in_memory()) {
     // A private ":memory:" database lives in its one connection: one actor
     // serves stores and retrievals in turn.
-    return sys.spawn<caf::detached>(memory_server, std::move(*writing),
-                                    serving.linger, nullptr, size_t{0});
+    return memory_service{sys.spawn<caf::detached>(memory_server,
+                                                   std::move(*writing),
+                                                   serving.linger, nullptr,
+                                                   size_t{0}),
+                          nullptr};
   }
   auto readers = serving.readers;
   if (readers == 0)
@@ -419,7 +458,8 @@ caf::expected<memory_actor> spawn_memory(caf::actor_system& sys,
                                     workers,
                                     memory_routing{writer, reader_handles,
                                                    loads});
-  return caf::actor_cast<memory_actor>(pool);
+  return memory_service{caf::actor_cast<memory_actor>(pool),
+                        kept_retrieval{std::move(reading)}};
 }
 
 } // namespace spindle

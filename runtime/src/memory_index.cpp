@@ -747,6 +747,12 @@ struct cached_entry {
   /// its last line, "- {content}" (when the reader counts tokens).
   uint32_t line_tokens = 0;
   uint32_t last_tokens = 0;
+  /// The same for the entry cut at `cut` bytes, the last cut a snippet
+  /// made of it (0: none yet): a snippet's last entry is mostly cut, and
+  /// mostly where it was cut before.
+  uint32_t cut = 0;
+  uint32_t cut_line_tokens = 0;
+  uint32_t cut_last_tokens = 0;
 };
 
 // A snippet's tokens, line by line: its pattern splits the text at every
@@ -857,6 +863,10 @@ struct memory_reader::impl {
   std::vector<scored> candidates; // one per entry
   std::vector<ranked_key> order;  // the ranking, worst first
   std::vector<ranked_key> sorting; // the radix sort's other buffer
+  // Set by `retrieve_kept`: a retrieval that would run a statement stops
+  // and says so in `missed` instead.
+  bool kept_only = false;
+  bool missed = false;
 
   // The scope of a request: kept, or read (and kept).
   caf::expected<cached_scope> scope_of(const memory_query& q) {
@@ -869,6 +879,10 @@ struct memory_reader::impl {
       seen = changes->seen(user, thread);
       if (auto kept = keep.scopes.find(key); kept && kept->seen == seen)
         return *kept;
+    }
+    if (kept_only) {
+      missed = true;
+      return cached_scope{};
     }
     cached_scope out;
     out.seen = seen;
@@ -933,6 +947,8 @@ struct memory_reader::impl {
     auto scope = scope_of(q);
     if (!scope)
       return scope.error();
+    if (missed)
+      return memory_snippet{};
     if (!scope->exists)
       return memory_snippet{}; // nothing stored in this scope
     // One candidate per entry, its score summed over the lists it is in
@@ -953,6 +969,10 @@ struct memory_reader::impl {
       key += term;
       auto kept = keep.lists.find(key);
       if (kept == nullptr || kept->version != scope->version) {
+        if (kept_only) {
+          missed = true;
+          return memory_snippet{};
+        }
         auto read = read_list(scope->id, term, scope->entries,
                               scope->version, scope->average_words);
         if (!read)
@@ -1018,8 +1038,12 @@ struct memory_reader::impl {
       // not read: the snippet would skip it.
       if (c.shortest == 0 || c.shortest > room)
         continue;
-      const cached_entry* entry = keep.entries.find(c.id);
+      cached_entry* entry = keep.entries.find(c.id);
       if (entry == nullptr) {
+        if (kept_only) {
+          missed = true;
+          return memory_snippet{};
+        }
         auto read = read_entry_row(c.id);
         if (!read)
           return read.error();
@@ -1036,9 +1060,13 @@ struct memory_reader::impl {
       if (taken == entry->content.size() && counter) {
         tokens.add(entry->line_tokens, entry->last_tokens);
       } else if (taken > 0 && counter) {
-        auto [line, alone] = line_tokens(
-          *counter, std::string_view{entry->content}.substr(0, taken));
-        tokens.add(line, alone);
+        if (entry->cut != taken) {
+          std::tie(entry->cut_line_tokens, entry->cut_last_tokens)
+            = line_tokens(*counter,
+                          std::string_view{entry->content}.substr(0, taken));
+          entry->cut = static_cast<uint32_t>(taken);
+        }
+        tokens.add(entry->cut_line_tokens, entry->cut_last_tokens);
       }
     }
     auto out = std::move(snippet).finish(matched);
@@ -1110,6 +1138,7 @@ caf::expected<memory_snippet>
 memory_reader::retrieve(const memory_query& q) {
   auto& p = *impl_;
   p.cost = memory_retrieval_cost{};
+  p.missed = false;
   if (auto err = validate_memory_query(q))
     return err;
   auto terms = memory_query_terms(q.query);
@@ -1119,6 +1148,17 @@ memory_reader::retrieve(const memory_query& q) {
   // first, so a list read later may be newer than the count it is kept
   // with (then read again next time), never older.
   return p.ranked_snippet(q, terms);
+}
+
+std::optional<caf::expected<memory_snippet>>
+memory_reader::retrieve_kept(const memory_query& q) {
+  auto& p = *impl_;
+  p.kept_only = true;
+  auto got = retrieve(q);
+  p.kept_only = false;
+  if (p.missed)
+    return std::nullopt;
+  return got;
 }
 
 void memory_reader::count_tokens(

@@ -50,13 +50,15 @@ caf::error runtime::start_threads() {
   registry_options.tokens = counter;
   thread_registry_ = system_->spawn(spindle::thread_registry,
                                     std::move(registry_options), state_store_);
+  kept_memory_retrieval kept_memory;
   if (conv.memory) {
     auto serving = conv.memory_serving;
     serving.tokens = counter; // snippets come counted
     auto mem = spawn_memory(*system_, options_.storage, serving);
     if (!mem)
       return mem.error();
-    memory_ = std::move(*mem);
+    memory_ = std::move(mem->actor);
+    kept_memory = std::move(mem->kept);
   }
   rewriter_ = spawn_query_rewriter(*system_, conv.rewriter);
   // Running exchanges enter this set: stopping the runtime stops those
@@ -75,6 +77,7 @@ caf::error runtime::start_threads() {
   auto builder_options = conv.builder;
   builder_options.views = views;
   builder_options.tokens = counter;
+  builder_options.kept_memory = std::move(kept_memory);
   // The identity (the offline rewriter) is not asked at all: builders
   // get no rewriter, and every prompt ends with the original message.
   bool identity = conv.rewriter->identity();

@@ -49,6 +49,10 @@ struct context_builder_options {
   /// its thread's turns there without a message; threads not published
   /// are read through the registry. Null: always the registry.
   std::shared_ptr<const thread_views> views;
+  /// Retrievals answered on the builder's own thread from what the memory
+  /// readers keep (`spawn_memory`'s); a retrieval it leaves goes to the
+  /// memory actor. Empty: always the actor.
+  kept_memory_retrieval kept_memory;
 };
 
 /// State of the context builder (protocol in

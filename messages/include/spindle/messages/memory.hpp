@@ -2,6 +2,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -249,5 +251,13 @@ using memory_actor = caf::typed_actor<
   caf::replies_to<caf::delete_atom, memory_atom, std::string,
                   std::string>::with<uint64_t>,
   caf::replies_to<caf::delete_atom, memory_atom, int64_t>::with<uint64_t>>;
+
+/// A retrieval answered on the caller's own thread, without a message and
+/// without waiting: from what a memory reader already keeps, when it keeps
+/// all the retrieval needs and is free (docs/memory.md, "Retrieval on the
+/// caller's thread"). None: ask the memory actor. Thread-safe; never
+/// blocks.
+using kept_memory_retrieval = std::function<
+  std::optional<caf::expected<memory_snippet>>(const memory_query&)>;
 
 } // namespace spindle

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string_view>
 #include <string>
 #include <vector>
@@ -42,6 +43,16 @@ struct memory_options {
   std::shared_ptr<const token_counter> tokens;
 };
 
+/// Long-term memory as `spawn_memory` opens it.
+struct memory_service {
+  /// Every request goes here.
+  memory_actor actor;
+  /// Retrievals a caller may answer on its own thread first, from what the
+  /// readers keep (with a data directory; empty in memory, where the one
+  /// actor orders retrievals after the stores sent before them).
+  kept_memory_retrieval kept;
+};
+
 /// Opens the long-term memory (D8) and spawns the actors behind one
 /// `memory_actor` handle (detached: SQLite blocks). A durable
 /// configuration gets one writer for stores and `serving.readers` readers
@@ -52,9 +63,10 @@ struct memory_options {
 /// connections could not share it). Entries stored before the index
 /// existed are indexed here, before the handle is returned.
 /// Errors: `storage_failure` naming the file and the cause.
-caf::expected<memory_actor> spawn_memory(caf::actor_system& sys,
-                                         const storage_options& options,
-                                         const memory_options& serving = {});
+caf::expected<memory_service> spawn_memory(caf::actor_system& sys,
+                                           const storage_options& options,
+                                           const memory_options& serving
+                                           = {});
 
 /// An entry to store: its content and its scope (as `parse_memory_tags`
 /// makes it).
@@ -184,7 +196,14 @@ public:
   /// Errors: as `validate_memory_query`, `storage_failure`.
   caf::expected<memory_snippet> retrieve(const memory_query& q);
 
-  /// What the last `retrieve` read.
+  /// The snippet for `q` as `retrieve` makes it, from what the reader
+  /// keeps alone: none when it would have to run a statement (a scope
+  /// changed since it was read, a list or an entry not kept). Never
+  /// touches the database, so a caller that must not block can try it.
+  std::optional<caf::expected<memory_snippet>>
+  retrieve_kept(const memory_query& q);
+
+  /// What the last `retrieve` or `retrieve_kept` read.
   const memory_retrieval_cost& last_cost() const noexcept;
 
   /// A page of a scope's entries, newest first. Errors: as
