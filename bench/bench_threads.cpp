@@ -643,10 +643,31 @@ void measure_rows(table& t, runtime& rt, const latency_row& row,
                   uint64_t builds, request_maker make) {
   for (size_t concurrency : {1, 64}) {
     measure_builds(rt, concurrency, builds / 10, make); // warm up
-    auto r = measure_builds(rt, concurrency, builds, make);
+    // At 64 concurrent the p99 follows the machine's stalls: three
+    // measurements, and the row is the one of median p99 (the rule the
+    // streams' target is judged by), the three p99s beside it.
+    const size_t runs = concurrency == 64 ? 3 : 1;
+    std::vector<latency_result> measured;
+    std::vector<double> p99s;
+    for (size_t i = 0; i < runs; ++i) {
+      measured.push_back(measure_builds(rt, concurrency, builds, make));
+      p99s.push_back(percentile(measured.back().samples_us, 99));
+    }
+    std::vector<size_t> by_p99(runs);
+    for (size_t i = 0; i < runs; ++i)
+      by_p99[i] = i;
+    std::sort(by_p99.begin(), by_p99.end(),
+              [&](size_t x, size_t y) { return p99s[x] < p99s[y]; });
+    auto& r = measured[by_p99[runs / 2]];
     auto p50 = percentile(r.samples_us, 50);
-    auto p99 = percentile(r.samples_us, 99);
+    auto p99 = p99s[by_p99[runs / 2]];
     auto max = percentile(r.samples_us, 100);
+    std::string each = "-";
+    if (runs > 1) {
+      each.clear();
+      for (size_t i = 0; i < runs; ++i)
+        each += (i == 0 ? "" : " / ") + bench::fmt(p99s[i], 0);
+    }
     t.rows.push_back({row.memory, row.storage, concurrency,
                       bench::fmt(static_cast<double>(builds) / r.seconds),
                       bench::fmt(p50, 1), bench::fmt(p99, 1),
@@ -654,9 +675,11 @@ void measure_rows(table& t, runtime& rt, const latency_row& row,
                       bench::fmt(r.cpu_seconds * 1e6
                                    / static_cast<double>(builds),
                                  1),
+                      each,
                       concurrency == 64 ? (p99 < 1000 ? "yes" : "no") : "-"});
-    if (r.errors > 0)
-      std::cerr << "builder: " << r.errors << " errors\n";
+    for (auto& m : measured)
+      if (m.errors > 0)
+        std::cerr << "builder: " << m.errors << " errors\n";
   }
 }
 
@@ -807,7 +830,8 @@ void builder_latency(report& rep, bool quick) {
   t.title = "Context builder latency (offline rewriter, history 12 of 12 "
             "turns)";
   t.columns = {"memory", "storage", "concurrent", "builds/s", "p50 us",
-               "p99 us", "max us", "CPU us per build", "p99 target met"};
+               "p99 us", "max us", "CPU us per build",
+               "p99 us of each run", "p99 target met"};
   auto fixed_message = [](uint64_t) {
     return std::string{"what did we say about rivers and mountains?"};
   };
@@ -1030,7 +1054,12 @@ void builder_latency(report& rep, bool quick) {
     "wait about 64 x CPU per build / 2 each, so this column, which a busy "
     "machine barely moves, decides the latency that the p50 and p99 "
     "columns show through the machine's noise.",
-    "Target: p99 under 1 ms at 64 concurrent builds."};
+    "64 concurrent: three measurements after one warm-up; the row is the "
+    "one of median p99 (the rule the streams' target is judged by: one "
+    "run's p99 on this shared machine follows its stalls), and the p99 of "
+    "each of the three, in the order they ran, is beside it.",
+    "Target: p99 under 1 ms at 64 concurrent builds (the median of the "
+    "three)."};
   rep.add(std::move(t));
 }
 
