@@ -322,17 +322,21 @@ TEST_CASE("worker: SIGTERM lets the running command finish and a second "
           == "the worker was stopped and ended the command");
   }
   SECTION("SIGTERM while a claim waits: the worker exits 0 when it ends") {
+    // The signal must come after the worker started and sent its claim:
+    // 2 s leaves room for a start that takes a second (a sanitizer build
+    // on a loaded machine), and the claim waits 5 s, so it is still
+    // waiting when the signal comes.
     test::logged_process worker{s.worker("waiting",
-                                         {"--lease-s", "2", "--wait-s", "3"},
+                                         {"--lease-s", "2", "--wait-s", "5"},
                                          {"cat"})};
-    std::this_thread::sleep_for(milliseconds(500));
+    std::this_thread::sleep_for(milliseconds(2000));
     auto signalled = steady_clock::now();
     worker.kill(SIGTERM);
     auto code = worker.wait_for(seconds(10));
     INFO(worker.log());
     REQUIRE(code);
     CHECK(*code == 0);
-    CHECK(steady_clock::now() - signalled < milliseconds(4000));
+    CHECK(steady_clock::now() - signalled < milliseconds(5000));
     CHECK(worker.log().find("waiting for the claim under way")
           != std::string::npos);
   }
