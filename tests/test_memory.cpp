@@ -950,19 +950,6 @@ TEST_CASE("memory: after an acknowledged deletion no retrieval shows the "
 
 namespace {
 
-// Sends `(get, memory, q)` to `memory` and waits for the answer.
-caf::expected<memory_snippet> ask(caf::actor_system& sys,
-                                  const memory_actor& memory,
-                                  const memory_query& q) {
-  caf::scoped_actor self{sys};
-  caf::expected<memory_snippet> out = memory_snippet{};
-  self->request(memory, std::chrono::seconds(10), caf::get_atom::value,
-                memory_atom::value, q)
-    .receive([&](memory_snippet& s) { out = std::move(s); },
-             [&](caf::error& err) { out = std::move(err); });
-  return out;
-}
-
 template <class Result, class... Ts>
 caf::expected<Result> call_memory(caf::actor_system& sys,
                                   const memory_actor& memory, Ts&&... xs) {
@@ -987,6 +974,10 @@ TEST_CASE("memory: a retrieval on the caller's thread answers from what a "
   auto mem = spawn_memory(sys, durable_memory(dir).storage, serving);
   REQUIRE(mem);
   REQUIRE(mem->kept);
+  auto ask = [&](const memory_query& q) {
+    return call_memory<memory_snippet>(sys, mem->actor, caf::get_atom::value,
+                                       memory_atom::value, q);
+  };
   auto store = [&](const std::string& content, const std::string& user) {
     return call_memory<int64_t>(sys, mem->actor, caf::put_atom::value,
                                 memory_atom::value, content,
@@ -997,13 +988,13 @@ TEST_CASE("memory: a retrieval on the caller's thread answers from what a "
   memory_query q{"u1", "t1", "the orchard"};
   // Nothing kept yet: the caller is sent to the actors.
   CHECK_FALSE(mem->kept(q).has_value());
-  auto asked = ask(sys, mem->actor, q);
+  auto asked = ask(q);
   REQUIRE(asked);
   REQUIRE_FALSE(asked->text.empty());
   // Each reader the actors route to keeps it; one that does answers the
   // same.
   for (int i = 0; i < 4; ++i)
-    REQUIRE(ask(sys, mem->actor, q));
+    REQUIRE(ask(q));
   auto kept = mem->kept(q);
   REQUIRE(kept.has_value());
   REQUIRE(*kept);
@@ -1015,13 +1006,13 @@ TEST_CASE("memory: a retrieval on the caller's thread answers from what a "
   auto fresh = store("Entry fresh about the orchard gate.", "u1");
   REQUIRE(fresh);
   CHECK_FALSE(mem->kept(q).has_value());
-  auto after = ask(sys, mem->actor, q);
+  auto after = ask(q);
   REQUIRE(after);
   CHECK(std::find(after->ids.begin(), after->ids.end(), *fresh)
         != after->ids.end());
   // A store into another user's scope leaves this one's kept answer.
   for (int i = 0; i < 4; ++i)
-    REQUIRE(ask(sys, mem->actor, q));
+    REQUIRE(ask(q));
   REQUIRE(store("Entry of another user about the orchard.", "u2"));
   auto still = mem->kept(q);
   REQUIRE(still.has_value());
