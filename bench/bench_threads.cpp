@@ -488,7 +488,7 @@ void start_build(latency_actor* self, context_builder_actor builder,
     .then(
       [=](built_context& ctx) {
         self->state.samples.push_back(seconds_since(start) * 1e6);
-        if (ctx.short_term_history.empty())
+        if (ctx.history_turns == 0 || ctx.messages.size() < 2)
           ++self->state.errors;
         next();
       },
@@ -621,7 +621,8 @@ private:
 };
 
 /// Builds from `user` in thread n % threads with `message(n)`, memory on
-/// or off.
+/// or off, as an exchange asks them (the prompt without a copy of its
+/// turns).
 request_maker builds_of(std::function<std::string(uint64_t)> user,
                         std::function<std::string(uint64_t)> message,
                         size_t threads, bool memory) {
@@ -629,6 +630,7 @@ request_maker builds_of(std::function<std::string(uint64_t)> user,
     [=](uint64_t n) {
       build_options options;
       options.memory = memory;
+      options.turns = false;
       return build_request{thread_name(n % threads), user(n), message(n),
                            options};
     });
@@ -652,7 +654,7 @@ void measure_rows(table& t, runtime& rt, const latency_row& row,
     for (size_t i = 0; i < runs; ++i) {
       measured.push_back(measure_builds(rt, concurrency, builds, make));
       p99s.push_back(percentile(measured.back().samples_us, 99));
-    }
+          }
     std::vector<size_t> by_p99(runs);
     for (size_t i = 0; i < runs; ++i)
       by_p99[i] = i;
@@ -1021,6 +1023,7 @@ void builder_latency(report& rep, bool quick) {
         build_options options;
         options.max_turns = 100;
         options.max_context_tokens = 4000 + default_reply_tokens;
+        options.turns = false;
         return build_request{long_thread, user, messages[n % 256], options};
       });
     measure_rows(t, rt,
@@ -1039,7 +1042,9 @@ void builder_latency(report& rep, bool quick) {
       + ") after a warm-up of a tenth as many. A build of a resident "
         "thread reads its published turn log (no message to the registry "
         "or the thread); builders are a round-robin pool, one per "
-        "scheduler thread.",
+        "scheduler thread. Each build asks, as an exchange does, for the "
+        "prompt without a copy of its turns (build_options::turns = false; "
+        "the /context route's builds copy them into short_term_history).",
     "memory on, in memory: each build retrieves from the one memory actor "
     "(a private :memory: database has one connection), the same message "
     "from 16 users.",

@@ -17,6 +17,7 @@
 #include "spindle/actors/turn_log.hpp"
 #include "spindle/runtime/config.hpp"
 #include "spindle/runtime/runtime.hpp"
+#include "spindle/runtime/tokenizer.hpp"
 
 using namespace spindle;
 
@@ -187,10 +188,23 @@ TEST_CASE("context builder: a thread that is not resident is read through "
   opts.storage.data_dir = dir.string();
   runtime rt{opts};
   // After a restart nothing is resident: the build goes through the
-  // registry, which activates the stored thread.
+  // registry, which activates the stored thread. The first asks for no
+  // copy of the turns, as an exchange does: the prompt holds them.
+  build_options no_copy;
+  no_copy.turns = false;
+  auto counted = rt.build_context("stored", "user", "who are his children",
+                                  no_copy);
+  REQUIRE(counted);
+  CHECK(counted->thread_found);
+  CHECK(counted->history_turns == 2);
+  CHECK(counted->short_term_history.empty());
+  REQUIRE(counted->messages.size() >= 3);
+  CHECK(counted->messages[counted->messages.size() - 3].content
+        == "Who is Donald Trump?");
   auto ctx = rt.build_context("stored", "user", "who are his children");
   REQUIRE(ctx);
   CHECK(ctx->thread_found);
+  CHECK(ctx->history_turns == 2);
   REQUIRE(ctx->short_term_history.size() == 2);
   CHECK(ctx->short_term_history[0].content == "Who is Donald Trump?");
   CHECK(ctx->short_term_history[1].content == "A politician.");
@@ -254,34 +268,60 @@ TEST_CASE("thread views: a thread publishes its turns when it starts and on "
   self->send_exit(registry, caf::exit_reason::user_shutdown);
 }
 
-TEST_CASE("context builder: a published thread is read from its view, "
-          "without asking the registry") {
+namespace {
+
+// A registry that knows no thread at all, and turn logs published beside
+// it: a build that found turns can only have read a view.
+struct published_threads {
   spindle::config cfg;
   caf::actor_system sys{cfg};
-  // A registry that knows no thread at all, and a view published beside
-  // it: a build that found the turns can only have read the view.
-  auto registry = sys.spawn(thread_registry, thread_registry_options{},
-                            storage_actor{});
-  auto views = std::make_shared<thread_views>();
-  auto log = std::make_shared<turn_log>();
-  log->push_back(make_user_turn("Who is Donald Trump?"));
-  log->push_back(make_assistant_turn("A politician."));
-  views->publish("seen", std::make_shared<const thread_view>(
-                           thread_view{log, 0, 77}));
-  context_builder_options opts;
-  opts.views = views;
-  auto builder = sys.spawn(context_builder, registry, memory_actor{},
-                           query_rewriter_actor{}, opts);
+  thread_registry_actor registry = sys.spawn(
+    thread_registry, thread_registry_options{}, storage_actor{});
+  std::shared_ptr<thread_views> views = std::make_shared<thread_views>();
   caf::scoped_actor self{sys};
-  auto build = [&](const std::string& thread) {
+
+  ~published_threads() {
+    self->send_exit(registry, caf::exit_reason::user_shutdown);
+  }
+
+  void publish(const std::string& thread, std::shared_ptr<turn_log> log,
+               uint64_t actor_id) {
+    views->publish(thread, std::make_shared<const thread_view>(
+                             thread_view{std::move(log), 0, actor_id}));
+  }
+
+  context_builder_actor builder(context_builder_options opts) {
+    opts.views = views;
+    return sys.spawn(context_builder, registry, memory_actor{},
+                     query_rewriter_actor{}, std::move(opts));
+  }
+
+  built_context build(const context_builder_actor& builder,
+                      build_request req) {
     built_context out;
     self
       ->request(builder, std::chrono::seconds{5}, build_context_atom::value,
-                build_request{thread, "user", "who are his children",
-                              build_options{}})
+                std::move(req))
       .receive([&](built_context& x) { out = std::move(x); },
                [&](caf::error& err) { FAIL(caf::to_string(err)); });
     return out;
+  }
+};
+
+} // namespace
+
+TEST_CASE("context builder: a published thread is read from its view, "
+          "without asking the registry") {
+  published_threads f;
+  auto log = std::make_shared<turn_log>();
+  log->push_back(make_user_turn("Who is Donald Trump?"));
+  log->push_back(make_assistant_turn("A politician."));
+  f.publish("seen", log, 77);
+  auto builder = f.builder({});
+  auto build = [&](const std::string& thread) {
+    return f.build(builder, build_request{thread, "user",
+                                          "who are his children",
+                                          build_options{}});
   };
   auto seen = build("seen");
   CHECK(seen.thread_found);
@@ -294,6 +334,54 @@ TEST_CASE("context builder: a published thread is read from its view, "
   auto unseen = build("unseen");
   CHECK_FALSE(unseen.thread_found);
   CHECK(unseen.short_term_history.empty());
-  self->send_exit(builder, caf::exit_reason::user_shutdown);
-  self->send_exit(registry, caf::exit_reason::user_shutdown);
+  f.self->send_exit(builder, caf::exit_reason::user_shutdown);
+}
+
+TEST_CASE("context builder: a build that asks for no copy of its turns gives "
+          "the same prompt and counts the turns it holds, fitted to a budget "
+          "or not") {
+  published_threads f;
+  auto log = std::make_shared<turn_log>();
+  for (int i = 0; i < 30; ++i)
+    log->push_back(i % 2 == 0
+                     ? make_user_turn("question " + std::to_string(i))
+                     : make_assistant_turn("answer " + std::to_string(i)));
+  f.publish("seen", log, 5);
+  for (bool fitted : {false, true}) {
+    CAPTURE(fitted);
+    context_builder_options opts;
+    if (fitted)
+      opts.tokens = make_token_counter("o200k_base");
+    auto builder = f.builder(opts);
+    auto build = [&](bool turns) {
+      build_options o;
+      o.max_turns = 20;
+      // Fitted: a budget that holds some of the 20 turns, not all.
+      o.max_context_tokens = fitted ? default_reply_tokens + 100 : 0;
+      o.turns = turns;
+      return f.build(builder, build_request{"seen", "user", "and then?", o});
+    };
+    auto copied = build(true);
+    auto counted = build(false);
+    REQUIRE(copied.thread_found);
+    REQUIRE(counted.thread_found);
+    CHECK(counted.messages == copied.messages);
+    CHECK(counted.manifest.turns == copied.manifest.turns);
+    CHECK(counted.total_turns == 30);
+    CHECK(copied.history_turns == copied.short_term_history.size());
+    CHECK(counted.history_turns == copied.history_turns);
+    CHECK(counted.short_term_history.empty());
+    // The prompt: the history turns it holds, then the message.
+    REQUIRE(copied.messages.size() >= copied.history_turns + 1);
+    CHECK(copied.messages.back().content == "and then?");
+    CHECK(copied.short_term_history.back().content == "answer 29");
+    if (fitted) {
+      CHECK(copied.history_turns > 0);
+      CHECK(copied.history_turns < 20);
+      CHECK(copied.history_turns == copied.manifest.turns.size());
+    } else {
+      CHECK(copied.history_turns == 20);
+    }
+    f.self->send_exit(builder, caf::exit_reason::user_shutdown);
+  }
 }

@@ -109,15 +109,19 @@ void finish(context_builder_pointer self, const job_ptr& job) {
       return;
     }
     out.messages = std::move(*fitted);
-    // The turns the prompt keeps: copied from the log, else moved.
+    out.history_turns = out.manifest.turns.size();
+    // The turns the prompt keeps, when asked: copied from the log, else
+    // moved.
     std::vector<turn> kept;
-    kept.reserve(out.manifest.turns.size());
-    for (auto index : out.manifest.turns) {
-      auto i = static_cast<size_t>(index - parts.first_index);
-      if (job->view)
-        kept.push_back(*window[i]);
-      else
-        kept.push_back(std::move(out.short_term_history[i]));
+    if (opts.turns) {
+      kept.reserve(out.manifest.turns.size());
+      for (auto index : out.manifest.turns) {
+        auto i = static_cast<size_t>(index - parts.first_index);
+        if (job->view)
+          kept.push_back(*window[i]);
+        else
+          kept.push_back(std::move(out.short_term_history[i]));
+      }
     }
     out.short_term_history = std::move(kept);
     job->view.reset();
@@ -130,17 +134,33 @@ void finish(context_builder_pointer self, const job_ptr& job) {
     }
   } else if (job->converted) {
     // An inline rewriter converted the window: it is in `chat_history`.
+    out.history_turns = out.short_term_history.size();
     out.messages = assemble_messages(system_prompt, out.memory_snippet,
                                      std::move(job->chat_history),
                                      job->request.message,
                                      out.rewritten_query);
+  } else if (job->view && !opts.turns) {
+    // Converted straight from the log: no copy of the turns.
+    auto& log = *job->view->turns;
+    std::vector<chat_message> chat;
+    chat.reserve(window_size(*job));
+    for (auto i = job->window_first; i < job->window_last; ++i)
+      chat.push_back(to_chat_message(log[i]));
+    job->view.reset();
+    out.history_turns = chat.size();
+    out.messages = assemble_messages(system_prompt, out.memory_snippet,
+                                     std::move(chat), job->request.message,
+                                     out.rewritten_query);
   } else {
     materialize(*job);
+    out.history_turns = out.short_term_history.size();
     out.messages = assemble_messages(system_prompt, out.memory_snippet,
                                      out.short_term_history,
                                      job->request.message,
                                      out.rewritten_query);
   }
+  if (!opts.turns)
+    out.short_term_history = {};
   job->promise.deliver(std::move(out));
 }
 

@@ -395,7 +395,7 @@ void add_thread_routes(router& r) {
            auto built = r.rt().build_context(id, user, content, opts);
            if (!built)
              fail(built.error());
-           ctx.log["turns_loaded"] = built->short_term_history.size();
+           ctx.log["turns_loaded"] = built->history_turns;
            ctx.log["found_or_created"] = built->thread_found ? "found"
                                                              : "not_found";
            reply(res, 200,

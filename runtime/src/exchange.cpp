@@ -297,6 +297,7 @@ private:
     st->build = build_request{st->res.thread_id, st->req.user_id,
                               st->req.content, st->req.build};
     st->build.options.memory = st->build.options.memory && opt().memory;
+    st->build.options.turns = false; // the prompt holds them
     if (st->req.after_tool_results) {
       st->build.message = after_tools_message;
       st->build.options.memory = false;
@@ -309,7 +310,7 @@ private:
                    st->build)
       .then(
         [this, st](built_context& built) {
-          st->res.history_turns = built.short_term_history.size();
+          st->res.history_turns = built.history_turns;
           st->res.rewritten_query = built.rewritten_query;
           spdlog::info(
             "exchange: thread_id='{}' {} actor_id={} turns_loaded={} "

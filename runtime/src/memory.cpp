@@ -326,12 +326,17 @@ struct kept_retrieval {
                                                    std::memory_order_relaxed);
     auto n = readers.size();
     for (size_t k = 0; k < n; ++k) {
-      auto& conn = *readers[(home + k) % n];
+      auto at = (home + k) % n;
+      auto& conn = *readers[at];
       std::unique_lock<std::mutex> guard{conn.lock, std::try_to_lock};
       if (!guard.owns_lock())
         continue;
-      if (auto got = conn.reader->retrieve_kept(q))
+      if (auto got = conn.reader->retrieve_kept(q)) {
+        // Each reader keeps what its own actor's retrievals read: the one
+        // that answered is the one likely to keep this thread's next.
+        home = at;
         return got;
+      }
     }
     return std::nullopt;
   }

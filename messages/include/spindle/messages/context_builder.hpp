@@ -235,12 +235,18 @@ struct build_options {
   /// The model's context window in tokens, the reply's reserve included
   /// (docs/builder.md, "The token budget"); 0: the builder's default.
   uint64_t max_context_tokens = 0;
+  /// Copy the history turns the prompt holds into `short_term_history`
+  /// (the `/context` route shows them). An exchange asks false: the
+  /// prompt's messages already hold the turns, and `history_turns` counts
+  /// them.
+  bool turns = true;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, build_options& x) {
   return f(caf::meta::type_name("build_options"), x.max_turns,
-           x.system_prompt, x.memory, x.rewrite, x.max_context_tokens);
+           x.system_prompt, x.memory, x.rewrite, x.max_context_tokens,
+           x.turns);
 }
 
 /// One build: for `message` in `thread_id`, on behalf of `user_id` (empty:
@@ -266,8 +272,12 @@ caf::error validate_build_request(const build_request& x);
 struct built_context {
   /// The prompt, in D7's order.
   std::vector<chat_message> messages;
-  /// The history window used (oldest first); empty for an unknown thread.
+  /// The history window used (oldest first); empty for an unknown thread,
+  /// and when the request asked for no copy (`build_options::turns`).
   std::vector<turn> short_term_history;
+  /// The number of history turns in the prompt (`short_term_history`'s
+  /// size when it is copied).
+  uint64_t history_turns = 0;
   /// The long-term memory snippet (empty if none or disabled).
   std::string memory_snippet;
   /// The rewriter's query; equal to the original message when there was no
@@ -288,7 +298,7 @@ struct built_context {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, built_context& x) {
   return f(caf::meta::type_name("built_context"), x.messages,
-           x.short_term_history, x.memory_snippet, x.rewritten_query,
+           x.short_term_history, x.history_turns, x.memory_snippet, x.rewritten_query,
            x.rewrite_fallback, x.thread_found, x.total_turns,
            x.thread_actor_id, x.manifest);
 }
