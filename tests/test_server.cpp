@@ -2,6 +2,11 @@
 // to over HTTP. Core behaviour: health, auth, errors, limits, metrics, logs,
 // signals, and the ID route.
 
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -10,6 +15,9 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 #include <signal.h>
+#include <stdlib.h>
+#include <sys/mount.h>
+#include <unistd.h>
 
 #include "support.hpp"
 
@@ -429,4 +437,155 @@ TEST_CASE("server: memory entries are listed in pages and deleted by user "
   REQUIRE(anon["entries"].size() == 1);
   CHECK(anon["entries"][0]["user_id"].is_null());
   CHECK(body_of(cli.Delete("/v1/memories?thread_id=t9"))["deleted"] == 1);
+}
+
+namespace {
+
+// A filesystem of `bytes` mounted (tmpfs) on a new temporary directory,
+// unmounted and removed on destruction. Mounting needs root (or
+// CAP_SYS_ADMIN), which the test scripts have.
+class small_disk {
+public:
+  explicit small_disk(size_t bytes) {
+    auto tmpl = (std::filesystem::temp_directory_path()
+                 / "spindle-small-disk-XXXXXX")
+                  .string();
+    if (::mkdtemp(tmpl.data()) == nullptr)
+      FAIL("cannot create a temporary directory: " << std::strerror(errno));
+    path_ = tmpl;
+    auto opts = "size=" + std::to_string(bytes);
+    if (::mount("tmpfs", path_.c_str(), "tmpfs", 0, opts.c_str()) != 0) {
+      auto why = std::string{std::strerror(errno)};
+      ::rmdir(path_.c_str());
+      FAIL("cannot mount a " << bytes << "-byte tmpfs on " << path_ << " ("
+           << why << "): the full-disk test needs root");
+    }
+  }
+  ~small_disk() {
+    ::umount2(path_.c_str(), MNT_DETACH);
+    ::rmdir(path_.c_str());
+  }
+  small_disk(const small_disk&) = delete;
+  small_disk& operator=(const small_disk&) = delete;
+
+  std::filesystem::path path() const {
+    return path_;
+  }
+
+private:
+  std::string path_;
+};
+
+} // namespace
+
+TEST_CASE("server: a full disk answers 507 to writes - reads go on - nothing "
+          "acknowledged is lost or reissued - writes succeed again once "
+          "space is freed") {
+  small_disk disk{4u << 20};
+  auto data = (disk.path() / "data").string();
+  auto filler = disk.path() / "filler";
+  {
+    // Room for the database and a few dozen messages, then none.
+    std::ofstream out{filler, std::ios::binary};
+    std::string mib(1u << 20, '\0');
+    for (int i = 0; i < 2; ++i)
+      out.write(mib.data(), static_cast<std::streamsize>(mib.size()));
+    REQUIRE(out.good());
+  }
+  std::map<std::string, std::vector<int>> acknowledged; // thread -> messages
+  std::set<std::string> ids;
+  auto check_stored = [&](httplib::Client& cli) {
+    for (auto& [thread, sent] : acknowledged) {
+      auto r = cli.Get(
+        ("/v1/threads/" + thread + "/history?max_turns=100000").c_str());
+      REQUIRE(r);
+      REQUIRE(r->status == 200);
+      std::set<std::string> users;
+      auto body = json::parse(r->body);
+      for (auto& t : body["turns"])
+        if (t["role"] == "user") {
+          auto content = t["content"].get<std::string>();
+          users.insert(content.substr(0, content.find(' ')));
+        }
+      for (int n : sent) {
+        INFO("thread " << thread << ", message " << n);
+        CHECK(users.count(std::to_string(n)) == 1);
+      }
+    }
+  };
+  auto new_id = [&](httplib::Client& cli) {
+    auto r = cli.Post("/v1/ids", R"({"kind":"context"})", "application/json");
+    REQUIRE(r);
+    if (r->status == 200) {
+      auto id = json::parse(r->body)["id"].get<std::string>();
+      INFO(id);
+      CHECK(ids.insert(id).second); // never handed out twice
+    } else {
+      check_error(r, 507, "storage_full");
+    }
+    return r->status;
+  };
+  {
+    server_process srv{{"--data", data}};
+    httplib::Client cli{"127.0.0.1", srv.port()};
+    cli.set_read_timeout(30);
+    const std::string padding(20000, 'x');
+    int full_at = -1;
+    for (int n = 0; n < 400 && full_at < 0; ++n) {
+      auto thread = "disk-" + std::to_string(n % 4);
+      auto r = cli.Post(("/v1/threads/" + thread + "/messages").c_str(),
+                        json{{"content", std::to_string(n) + " " + padding}}
+                          .dump(),
+                        "application/json");
+      REQUIRE(r);
+      if (r->status == 200) {
+        acknowledged[thread].push_back(n);
+        new_id(cli);
+      } else {
+        check_error(r, 507, "storage_full");
+        full_at = n;
+      }
+    }
+    INFO(srv.log());
+    REQUIRE(full_at > 0); // the disk filled, after some writes
+    // Full: every write is refused the same way, reads are served, and
+    // the process stays up.
+    for (int k = 0; k < 3; ++k) {
+      auto r = cli.Post("/v1/threads/disk-0/messages",
+                        json{{"content", "refused " + padding}}.dump(),
+                        "application/json");
+      check_error(r, 507, "storage_full");
+    }
+    for (int k = 0; k < 50; ++k)
+      new_id(cli); // answered from a durable reservation, or 507
+    auto health = cli.Get("/healthz");
+    REQUIRE(health);
+    CHECK(health->status == 200);
+    check_stored(cli);
+    // Space freed: writes succeed again, without a restart.
+    std::filesystem::remove(filler);
+    auto r = cli.Post("/v1/threads/disk-0/messages",
+                      json{{"content", "1000 after the disk was freed"}}.dump(),
+                      "application/json");
+    REQUIRE(r);
+    INFO(r->body);
+    CHECK(r->status == 200);
+    acknowledged["disk-0"].push_back(1000);
+    CHECK(new_id(cli) == 200);
+    check_stored(cli);
+    CHECK(srv.stop(SIGTERM) == 0);
+  }
+  // After a restart: every acknowledged message is there, and no ID is
+  // handed out again.
+  {
+    server_process srv{{"--data", data}};
+    httplib::Client cli{"127.0.0.1", srv.port()};
+    check_stored(cli);
+    for (int k = 0; k < 20; ++k)
+      CHECK(new_id(cli) == 200);
+    CHECK(srv.stop(SIGTERM) == 0);
+  }
+  auto check = spindle::test::integrity_check(std::filesystem::path{data}
+                                              / "spindle.db");
+  CHECK(check == "ok");
 }

@@ -18,9 +18,9 @@ using resolved = table::resolved;
 using continuation = table::continuation;
 
 caf::error store_error(const std::string& thread, const caf::error& err) {
-  return make_error(errc::storage_failure,
-                    "context '" + thread + "' cannot be loaded or stored: "
-                      + describe(err));
+  return make_storage_error(err, "context '" + thread
+                                   + "' cannot be loaded or stored: "
+                                   + describe(err));
 }
 
 context_manager_actor spawn_manager(pointer self, const std::string& thread,

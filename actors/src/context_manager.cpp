@@ -72,10 +72,11 @@ void persist(pointer self, sql_write write,
       },
       [self, rp](caf::error& err) mutable {
         --self->state.in_flight;
-        rp.deliver(make_error(errc::storage_failure,
-                              "context '" + self->state.thread_id
-                                + "': the change was not stored: "
-                                + describe(err)));
+        rp.deliver(make_storage_error(err, "context '"
+                                             + self->state.thread_id
+                                             + "': the change was not "
+                                               "stored: "
+                                             + describe(err)));
         self->quit(err);
       });
 }

@@ -122,9 +122,9 @@ void ensure_reserved(id_allocator_pointer self, const std::string& key,
       [self, key](caf::error& err) {
         auto& ctr = self->state.counters[key];
         ctr.storing = 0;
-        fail_all(ctr, make_error(errc::storage_failure,
-                                 "cannot reserve IDs of counter '" + key
-                                   + "': " + describe(err)));
+        fail_all(ctr, make_storage_error(err, "cannot reserve IDs of counter '"
+                                                + key + "': "
+                                                + describe(err)));
       });
 }
 
@@ -161,9 +161,9 @@ counter* lookup(id_allocator_pointer self, const std::string& key,
         if (found == self->state.counters.end())
           return;
         fail_all(found->second,
-                 make_error(errc::storage_failure,
-                            "cannot load counter '" + key
-                              + "': " + describe(load_err)));
+                 make_storage_error(load_err, "cannot load counter '" + key
+                                                + "': "
+                                                + describe(load_err)));
         self->state.counters.erase(found);
       });
   return &c;

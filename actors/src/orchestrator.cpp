@@ -54,8 +54,7 @@ caf::error wrong_state(const task_id& id, const record& r,
 // What went wrong, without the code's name when it is spindle's own
 // storage failure (the caller's message names it once).
 std::string reason_of(const caf::error& err) {
-  if (classify(err) == errc::storage_failure
-      && err.context().match_elements<std::string>())
+  if (is_storage_error(err) && err.context().match_elements<std::string>())
     return err.context().get_as<std::string>(0);
   return describe(err);
 }
@@ -92,9 +91,9 @@ void flush(orchestrator_pointer self);
 // so the scheduler loads it again from what committed.
 void write_failed(orchestrator_pointer self, const caf::error& err) {
   auto& st = self->state;
-  auto e = make_error(errc::storage_failure,
-                      "orchestration " + st.root.to_string()
-                        + ": the change was not stored: " + reason_of(err));
+  auto e = make_storage_error(err, "orchestration " + st.root.to_string()
+                                     + ": the change was not stored: "
+                                     + reason_of(err));
   spdlog::warn("orchestration {}: a write to the state store failed ({}); "
                "it is reloaded from what committed",
                st.root.to_string(), describe(err));

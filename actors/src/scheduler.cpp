@@ -24,8 +24,7 @@ using worker_record = scheduler_state::worker_record;
 // What went wrong, without the code's name when it is spindle's own
 // storage failure (the caller's message names it once).
 std::string reason_of(const caf::error& err) {
-  if (classify(err) == errc::storage_failure
-      && err.context().match_elements<std::string>())
+  if (is_storage_error(err) && err.context().match_elements<std::string>())
     return err.context().get_as<std::string>(0);
   return describe(err);
 }
@@ -264,8 +263,7 @@ void try_claim(scheduler_pointer self, std::string worker,
           // The claim may not have been stored: say so rather than hand
           // out the next task (the orchestrator is loaded again and its
           // executable tasks return to the index).
-          if (classify(err) == errc::storage_failure
-              || classify(err) == errc::timeout) {
+          if (is_storage_error(err) || classify(err) == errc::timeout) {
             rp.deliver(std::move(err));
             return;
           }
@@ -648,10 +646,9 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
                   rp.deliver(root.to_string());
                 },
                 [rp, root](caf::error& err) mutable {
-                  rp.deliver(make_error(errc::storage_failure,
-                                        "orchestration " + root.to_string()
-                                          + " was not stored: "
-                                          + reason_of(err)));
+                  rp.deliver(make_storage_error(
+                    err, "orchestration " + root.to_string()
+                           + " was not stored: " + reason_of(err)));
                 });
           },
           [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });

@@ -20,9 +20,9 @@ using promise = caf::typed_response_promise<uint64_t>;
 void drain(thread_pointer self);
 
 caf::error store_error(const std::string& thread_id, const caf::error& err) {
-  return make_error(errc::storage_failure,
-                    "thread '" + thread_id
-                      + "': the write was not stored: " + describe(err));
+  return make_storage_error(err, "thread '" + thread_id
+                                   + "': the write was not stored: "
+                                   + describe(err));
 }
 
 // The event of turn number `n` (with `role`) appended to `thread`.

@@ -22,9 +22,9 @@ using resolved = table::resolved;
 using continuation = table::continuation;
 
 caf::error store_error(const std::string& id, const caf::error& err) {
-  return make_error(errc::storage_failure,
-                    "thread '" + id + "' cannot be loaded or stored: "
-                      + describe(err));
+  return make_storage_error(err, "thread '" + id
+                                   + "' cannot be loaded or stored: "
+                                   + describe(err));
 }
 
 thread_actor spawn_thread(pointer self, const std::string& id,

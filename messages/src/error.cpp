@@ -11,7 +11,7 @@ namespace spindle {
 
 namespace {
 
-constexpr std::array<std::pair<errc, const char*>, 15> names{{
+constexpr std::array<std::pair<errc, const char*>, 16> names{{
   {errc::invalid_argument, "invalid_argument"},
   {errc::invalid_id, "invalid_id"},
   {errc::exhausted, "exhausted"},
@@ -27,6 +27,7 @@ constexpr std::array<std::pair<errc, const char*>, 15> names{{
   {errc::too_large, "too_large"},
   {errc::malformed, "malformed"},
   {errc::lease_lost, "lease_lost"},
+  {errc::storage_full, "storage_full"},
 }};
 
 } // namespace
@@ -49,6 +50,18 @@ bool from_string(const std::string& name, errc& out) {
 
 caf::error make_error(errc code, std::string context) {
   return caf::make_error(code, std::move(context));
+}
+
+caf::error make_storage_error(const caf::error& cause, std::string context) {
+  return make_error(classify(cause) == errc::storage_full
+                      ? errc::storage_full
+                      : errc::storage_failure,
+                    std::move(context));
+}
+
+bool is_storage_error(const caf::error& err) {
+  auto code = classify(err);
+  return code == errc::storage_failure || code == errc::storage_full;
 }
 
 errc classify(const caf::error& err) {

@@ -133,6 +133,7 @@ const char* reason_phrase(int status) {
     case 502: return "Bad Gateway";
     case 503: return "Service Unavailable";
     case 504: return "Gateway Timeout";
+    case 507: return "Insufficient Storage";
     default: return "Unknown";
   }
 }

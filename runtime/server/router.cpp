@@ -39,6 +39,8 @@ int status_of(errc code) {
       return 503;
     case errc::timeout:
       return 504;
+    case errc::storage_full:
+      return 507;
     case errc::storage_failure:
     case errc::io_failure:
     default:

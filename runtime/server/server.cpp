@@ -129,7 +129,8 @@ void add_gauges(http_metrics& metrics, runtime& rt) {
      "commit: how well group commit batches)",
      [](const storage_stats& x) { return static_cast<double>(x.writes); }},
     {"spindle_storage_failed_writes",
-     "Writes the state store answered with storage_failure since the start",
+     "Writes the state store answered with storage_failure or storage_full "
+     "since the start",
      [](const storage_stats& x) {
        return static_cast<double>(x.failed_writes);
      }},

@@ -14,11 +14,16 @@ namespace {
 
 caf::error sqlite_error(sqlite3* db, const std::string& what) {
   std::string msg = what;
+  auto code = errc::storage_failure;
   if (db != nullptr) {
     msg += ": ";
     msg += sqlite3_errmsg(db);
+    // SQLITE_FULL: the disk (or max_page_count) has no room for the write,
+    // which SQLite rolled back; freeing space ends it.
+    if ((sqlite3_errcode(db) & 0xff) == SQLITE_FULL)
+      code = errc::storage_full;
   }
-  return make_error(errc::storage_failure, std::move(msg));
+  return make_error(code, std::move(msg));
 }
 
 // A connection that finds the database locked by another of the process's
@@ -443,7 +448,9 @@ caf::error database::exec(std::string_view sql) {
   if (sqlite3_exec(db_, text.c_str(), nullptr, nullptr, &msg) != SQLITE_OK) {
     std::string what = msg != nullptr ? msg : "unknown error";
     sqlite3_free(msg);
-    return make_error(errc::storage_failure,
+    return make_error((sqlite3_errcode(db_) & 0xff) == SQLITE_FULL
+                        ? errc::storage_full
+                        : errc::storage_failure,
                       "database '" + path_ + "': " + what);
   }
   return caf::none;

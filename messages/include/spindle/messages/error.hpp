@@ -46,6 +46,10 @@ enum class errc : uint8_t {
   /// A task's lease expired or was taken over (or the call names none for
   /// a leased task): the worker no longer holds the task.
   lease_lost,
+  /// The durable store could not commit because its disk (or database) is
+  /// full: nothing of the write was stored; it succeeds again once space
+  /// is freed (HTTP 507).
+  storage_full,
 };
 
 /// Returns the stable snake_case name of `x`, e.g. "invalid_id".
@@ -58,6 +62,15 @@ bool from_string(const std::string& name, errc& out);
 
 /// Builds an error of spindle's category with a human-readable context.
 caf::error make_error(errc code, std::string context);
+
+/// A store's error for a write or read that failed because of `cause`:
+/// `storage_full` when the cause is, else `storage_failure`, so that a
+/// full disk keeps its code through every layer that adds what it was
+/// doing. This function is thread-safe.
+caf::error make_storage_error(const caf::error& cause, std::string context);
+
+/// True for `storage_failure` and `storage_full`. Thread-safe.
+bool is_storage_error(const caf::error& err);
 
 /// Maps any non-empty error to the spindle code a caller should act on:
 /// spindle's own codes pass through, CAF's request timeout becomes
