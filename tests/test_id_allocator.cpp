@@ -77,16 +77,21 @@ TEST_CASE("id allocator: concurrent task IDs under shared and private "
   constexpr size_t threads = 8, per_thread = 500;
   std::vector<std::vector<std::string>> shared(threads);
   std::vector<std::thread> workers;
+  // Catch's assertions are not thread-safe: the workers count, the main
+  // thread asserts.
+  std::atomic<size_t> failed{0};
   for (size_t t = 0; t < threads; ++t)
     workers.emplace_back([&, t] {
       for (size_t i = 0; i < per_thread; ++i) {
-        auto id = rt.next_task_id(*orch);
-        REQUIRE(id);
-        shared[t].push_back(*id);
+        if (auto id = rt.next_task_id(*orch))
+          shared[t].push_back(*id);
+        else
+          ++failed;
       }
     });
   for (auto& w : workers)
     w.join();
+  REQUIRE(failed == 0);
   std::set<uint64_t> seqs;
   for (auto& ids : shared) {
     uint64_t prev = 0;
@@ -124,17 +129,22 @@ TEST_CASE("id allocator: k consecutive IDs at once, contiguous and in "
   std::vector<std::thread> workers;
   std::mutex mx;
   std::vector<id_range> ranges;
+  std::atomic<size_t> failed{0};
   for (int t = 0; t < 8; ++t)
     workers.emplace_back([&, t] {
       for (int i = 0; i < 200; ++i) {
         auto r = rt.next_ids("ctx", 1 + (t + i) % 7);
-        REQUIRE(r);
+        if (!r) {
+          ++failed;
+          continue;
+        }
         std::lock_guard<std::mutex> guard{mx};
         ranges.push_back(*r);
       }
     });
   for (auto& w : workers)
     w.join();
+  REQUIRE(failed == 0);
   std::sort(ranges.begin(), ranges.end(),
             [](auto& a, auto& b) { return a.first < b.first; });
   for (size_t i = 1; i < ranges.size(); ++i)
