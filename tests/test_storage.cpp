@@ -330,6 +330,50 @@ TEST_CASE("storage: concurrent writers lose nothing and keep per-thread "
   }
 }
 
+TEST_CASE("storage: reads racing the first writes of new threads and "
+          "windows never fail the writes") {
+  // A read of a thread or window that does not exist yet loads it without
+  // creating; a write that arrives during that load must still create it
+  // (it was answered with no actor at all, and a message failed with 503).
+  test::temp_dir dir;
+  runtime rt{durable(dir, 64)};
+  constexpr size_t threads = 200, readers = 3, writers = 3;
+  std::atomic<size_t> failed_writes{0}, wrong_reads{0};
+  std::vector<std::thread> pool;
+  for (size_t w = 0; w < readers + writers; ++w)
+    pool.emplace_back([&, w] {
+      for (size_t i = 0; i < threads; ++i) {
+        auto id = name("race-", i);
+        if (w < readers) {
+          // Not found, or what a writer stored: never anything else.
+          auto h = rt.read_history(id);
+          if (!h && classify(h.error()) != errc::not_found)
+            ++wrong_reads;
+          auto items = rt.context_items(id);
+          if (!items && classify(items.error()) != errc::not_found)
+            ++wrong_reads;
+        } else {
+          if (!rt.add_turn(id, make_user_turn("w" + std::to_string(w))))
+            ++failed_writes;
+          if (!rt.add_context(id, context_type::text, "item"))
+            ++failed_writes;
+        }
+      }
+    });
+  for (auto& t : pool)
+    t.join();
+  CHECK(failed_writes == 0);
+  CHECK(wrong_reads == 0);
+  for (size_t i = 0; i < threads; ++i) {
+    auto snap = rt.snapshot(name("race-", i));
+    REQUIRE(snap);
+    CHECK(snap->turns.size() == writers);
+    auto items = rt.context_items(name("race-", i));
+    REQUIRE(items);
+    CHECK(items->size() == writers);
+  }
+}
+
 TEST_CASE("storage: exchanges over passivated threads keep the whole "
           "conversation") {
   test::temp_dir dir;

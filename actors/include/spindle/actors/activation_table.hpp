@@ -283,6 +283,28 @@ private:
       return;
     auto waiting = std::move(i->second);
     transit_.erase(i);
+    if (r && !r->handle) {
+      // Not found by a load that was not to create: a request that does
+      // create arrived while it ran (a read of a new thread, then its
+      // first message). The others hear that it does not exist; the
+      // creators wait for a load that creates it.
+      std::vector<waiter> creators;
+      for (auto& w : waiting) {
+        if (w.create)
+          creators.push_back(std::move(w));
+        else
+          w.next(resolved{});
+      }
+      if (!creators.empty() && transit_.count(key) == 0
+          && resident_.count(key) == 0) {
+        transit_[key] = std::move(creators);
+        load(key);
+      } else {
+        for (auto& w : creators)
+          resolve(key, true, std::move(w.next));
+      }
+      return;
+    }
     bool created = r && r->created;
     for (auto& w : waiting) {
       if (!r) {
