@@ -131,7 +131,7 @@ struct exchange_state {
 
 using state_ptr = std::shared_ptr<exchange_state>;
 
-class exchange {
+class exchange : public std::enable_shared_from_this<exchange> {
 public:
   exchange(caf::event_based_actor* self, state_ptr st)
     : self_(self), st_(std::move(st)) {
@@ -200,6 +200,16 @@ public:
       }
     }
     store_assistant(std::move(*reply));
+  }
+
+  /// What the actor answers: the provider's end, and once the reply is
+  /// being generated (`watchdog` > 0), the end of its time.
+  static caf::behavior behavior(std::shared_ptr<exchange> x,
+                                std::chrono::milliseconds watchdog) {
+    if (watchdog.count() == 0)
+      return {[x](exchange_reply_atom) { x->on_completion(); }};
+    return {[x](exchange_reply_atom) { x->on_completion(); },
+            caf::after(watchdog) >> [x] { x->on_watchdog(); }};
   }
 
   // The provider did not end within the reply timeout (plus a grace for
@@ -415,8 +425,13 @@ private:
     auto me = caf::actor_cast<caf::actor>(self_);
     auto box = st->box;
     auto once = st->ended;
-    self_->delayed_send(self_, opt().reply_timeout + std::chrono::seconds{1},
-                        tick_atom::value);
+    // The watchdog is a receive timeout, not a delayed message to itself:
+    // a delayed message would keep the actor's memory (a few KiB) for the
+    // whole reply timeout after the exchange ended (minutes, at thousands
+    // of exchanges a second), where a receive timeout is cancelled when
+    // the actor terminates (found by the soak, reliability.md).
+    self_->become(behavior(shared_from_this(),
+                           opt().reply_timeout + std::chrono::seconds{1}));
     completion_done done = [me, box, once](caf::expected<completion> r) {
       if (once->exchange(true))
         return;
@@ -697,10 +712,7 @@ void spawn_exchange(caf::actor_system& sys, const exchange_services& services,
       }
     });
     x->start();
-    return {
-      [x](exchange_reply_atom) { x->on_completion(); },
-      [x](tick_atom) { x->on_watchdog(); },
-    };
+    return exchange::behavior(x, std::chrono::milliseconds{0});
   });
 }
 
