@@ -7,6 +7,7 @@
 // read stop the start. Plus the pure row mapping (task_records).
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <map>
 #include <memory>
@@ -504,6 +505,183 @@ TEST_CASE("task storage: property: on random trees with random restarts "
         REQUIRE(rt->task(id.to_string()).value().state == t.state);
     }
   }
+}
+
+// -- retirement: finished orchestrations leave memory ------------------------------
+
+namespace {
+
+// Waits until no more than `most` orchestrations are in memory (they
+// retire asynchronously once their last write committed).
+bool resident_at_most(runtime& rt, uint64_t most) {
+  for (int i = 0; i < 500; ++i) {
+    auto n = rt.count_tasks();
+    if (n && n->resident <= most)
+      return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+} // namespace
+
+TEST_CASE("task storage: finished orchestrations leave memory once stored, "
+          "are counted and listed still, and come back for any request") {
+  test::temp_dir dir;
+  constexpr int orchestrations = 30;
+  {
+    runtime rt{durable(dir)};
+    for (int i = 0; i < orchestrations; ++i) {
+      auto root = rt.create_orchestration("o").value();
+      REQUIRE(rt.spawn_subtasks(root, {"a", "b"}));
+    }
+    CHECK(rt.count_tasks().value().resident == orchestrations);
+    // Claim and complete everything, in D1 order.
+    for (;;) {
+      auto got = rt.claim_task("w").value();
+      if (!got)
+        break;
+      REQUIRE(rt.complete_task(got->id, "done"));
+    }
+    REQUIRE(resident_at_most(rt, 0));
+    auto n = rt.count_tasks().value();
+    CHECK(n.orchestrations == orchestrations);
+    CHECK(n.completed == 3 * orchestrations);
+    CHECK(n.pending + n.running + n.failed + n.stale == 0);
+    CHECK(rt.list_orchestrations().value().size() == orchestrations);
+    // Any request loads one again: a tree, a task, a refused spawn.
+    for (int i = 1; i <= orchestrations; ++i) {
+      auto root = task_id{static_cast<uint64_t>(i), {}}.to_string();
+      auto tree = rt.orchestration_tree(root);
+      REQUIRE(tree);
+      REQUIRE(tree->tasks.size() == 3);
+      for (auto& t : tree->tasks)
+        CHECK(t.state == task_state::completed);
+      CHECK(rt.task(root + "_t2").value().outcome == "done");
+      auto refused = rt.spawn_subtask(root, "late");
+      REQUIRE_FALSE(refused);
+      CHECK(classify(refused.error()) == errc::conflict);
+    }
+    // ... and it leaves again; the counts never moved.
+    REQUIRE(resident_at_most(rt, 0));
+    CHECK(rt.count_tasks().value().completed == 3 * orchestrations);
+    // A failed root finishes its orchestration too; a requeue brings it
+    // back to work.
+    auto root = rt.create_orchestration("to fail").value();
+    REQUIRE(claim_id(rt) == root);
+    REQUIRE(rt.fail_task(root, "boom"));
+    REQUIRE(resident_at_most(rt, 0));
+    CHECK(rt.count_tasks().value().failed == 1);
+    auto requeued = rt.requeue_task(root);
+    REQUIRE(requeued);
+    CHECK(requeued->state == task_state::pending);
+    REQUIRE(claim_id(rt) == root);
+    REQUIRE(rt.complete_task(root, "second try"));
+    REQUIRE(resident_at_most(rt, 0));
+    n = rt.count_tasks().value();
+    CHECK(n.failed == 0);
+    CHECK(n.completed == 3 * orchestrations + 1);
+  }
+  // A restart loads only unfinished orchestrations.
+  runtime rt{durable(dir)};
+  auto n = rt.count_tasks().value();
+  CHECK(n.resident == 0);
+  CHECK(n.orchestrations == orchestrations + 1);
+  CHECK(n.completed == 3 * orchestrations + 1);
+  CHECK(rt.list_orchestrations().value().size() == orchestrations + 1);
+  CHECK(rt.orchestration_tree("0001").value().tasks.size() == 3);
+  CHECK(rt.task(task_id{orchestrations + 1, {}}.to_string()).value().outcome
+        == "second try");
+  auto missing = rt.orchestration_tree(task_id{999, {}}.to_string());
+  REQUIRE_FALSE(missing);
+  CHECK(classify(missing.error()) == errc::not_found);
+}
+
+TEST_CASE("task storage: while orchestrations retire and come back, 8 "
+          "threads claim, complete, fail, requeue and read them: no request "
+          "fails and every tree ends completed") {
+  test::temp_dir dir;
+  runtime rt{durable(dir)};
+  constexpr int threads = 8, per_thread = 12;
+  std::atomic<int> failures{0}, failed_roots{0}, reads{0};
+  std::mutex mx;
+  std::vector<std::string> errors;
+  auto note = [&](const std::string& what, const caf::error& err) {
+    ++failures;
+    std::lock_guard<std::mutex> guard{mx};
+    if (errors.size() < 10)
+      errors.push_back(what + ": " + describe(err));
+  };
+  std::vector<std::string> roots;
+  for (int i = 0; i < threads * per_thread; ++i) {
+    auto root = rt.create_orchestration("o").value();
+    REQUIRE(rt.spawn_subtasks(root, {"a", "b"}));
+    roots.push_back(root);
+  }
+  std::vector<std::thread> pool;
+  for (int w = 0; w < threads; ++w)
+    pool.emplace_back([&, w] {
+      std::mt19937 rng(static_cast<unsigned>(w));
+      auto worker = "w" + std::to_string(w);
+      int idle = 0;
+      while (idle < 50) {
+        // Reads of any orchestration, retired or not.
+        auto& root = roots[rng() % roots.size()];
+        if (auto t = rt.orchestration_tree(root); !t)
+          note("tree " + root, t.error());
+        else
+          ++reads;
+        auto got = rt.claim_task(worker);
+        if (!got) {
+          note("claim", got.error());
+          continue;
+        }
+        if (!*got) {
+          ++idle;
+          std::this_thread::sleep_for(std::chrono::milliseconds(2));
+          continue;
+        }
+        idle = 0;
+        auto id = (*got)->id;
+        bool is_root = task_id::parse(id)->is_orchestration();
+        if (is_root && rng() % 3 == 0) {
+          // Finishes the orchestration failed: it retires, and the requeue
+          // races with that.
+          if (auto f = rt.fail_task(id, "boom"); !f)
+            note("fail " + id, f.error());
+          ++failed_roots;
+          if (rng() % 2 == 0)
+            std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 5));
+          if (auto r = rt.requeue_task(id); !r)
+            note("requeue " + id, r.error());
+          continue;
+        }
+        if (auto c = rt.complete_task(id, "ok"); !c)
+          note("complete " + id, c.error());
+      }
+    });
+  for (auto& t : pool)
+    t.join();
+  INFO([&] {
+    std::string all;
+    for (auto& e : errors)
+      all += e + "\n";
+    return all;
+  }());
+  CHECK(failures == 0);
+  CHECK(failed_roots > 0);
+  CHECK(reads > 0);
+  for (auto& root : roots) {
+    auto tree = rt.orchestration_tree(root);
+    REQUIRE(tree);
+    REQUIRE(tree->tasks.size() == 3);
+    for (auto& t : tree->tasks)
+      CHECK(t.state == task_state::completed);
+  }
+  REQUIRE(resident_at_most(rt, 0));
+  auto n = rt.count_tasks().value();
+  CHECK(n.completed == 3 * roots.size());
+  CHECK(n.orchestrations == roots.size());
 }
 
 // -- a store that refuses writes ---------------------------------------------------

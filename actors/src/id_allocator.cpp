@@ -54,8 +54,18 @@ void drain(id_allocator_pointer self, const std::string& key, counter& c) {
   if (!c.loaded)
     return;
   auto limit = max_sequence(c.kind);
-  while (!c.waiting.empty()) {
-    auto& w = c.waiting.front();
+  // Served waiters leave from the front, all at once.
+  size_t served = 0;
+  struct eraser {
+    counter& c;
+    size_t& n;
+    ~eraser() {
+      c.waiting.erase(c.waiting.begin(),
+                      c.waiting.begin() + static_cast<std::ptrdiff_t>(n));
+    }
+  } erase_served{c, served};
+  while (served < c.waiting.size()) {
+    auto& w = c.waiting[served];
     switch (w.what) {
       case waiter::op::next: {
         if (w.amount > limit || c.next > limit - w.amount + 1) {
@@ -89,7 +99,7 @@ void drain(id_allocator_pointer self, const std::string& key, counter& c) {
         w.value.deliver(c.next);
         break;
     }
-    c.waiting.pop_front();
+    ++served;
   }
   // Renew the reservation once half of it is used, so `next` rarely waits.
   auto block = block_of(self->state, c);
@@ -128,20 +138,49 @@ void ensure_reserved(id_allocator_pointer self, const std::string& key,
       });
 }
 
+// Nothing in flight and nobody waiting: it can be forgotten and loaded
+// again from its durable mark.
+bool idle(const counter& c) {
+  return c.loaded && !c.loading && c.storing == 0 && c.waiting.empty();
+}
+
+// Forgets the least recently used idle counters beyond the cap.
+void forget_idle(id_allocator_pointer self) {
+  auto& st = self->state;
+  auto cap = st.options.max_counters;
+  if (cap == 0)
+    return;
+  auto i = st.recent.end();
+  while (st.counters.size() > cap && i != st.recent.begin()) {
+    --i;
+    auto c = st.counters.find(*i);
+    if (c == st.counters.end() || !idle(c->second))
+      continue;
+    st.counters.erase(c);
+    i = st.recent.erase(i);
+  }
+}
+
 // Returns the counter for `key`, loading it from the store on first use.
 counter* lookup(id_allocator_pointer self, const std::string& key,
                 caf::error& err) {
-  auto i = self->state.counters.find(key);
-  if (i != self->state.counters.end())
+  auto& st = self->state;
+  auto i = st.counters.find(key);
+  if (i != st.counters.end()) {
+    st.recent.splice(st.recent.begin(), st.recent, i->second.place);
     return &i->second;
+  }
   auto kind = classify_counter_key(key);
   if (!kind) {
     err = kind.error();
     return nullptr;
   }
-  auto& c = self->state.counters[key];
+  forget_idle(self);
+  auto& c = st.counters[key];
   c.kind = *kind;
   c.loading = true;
+  st.recent.push_front(key);
+  c.place = st.recent.begin();
   self
     ->request(self->state.store, self->state.options.store_timeout,
               load_atom::value, counter_atom::value, key)
@@ -164,6 +203,7 @@ counter* lookup(id_allocator_pointer self, const std::string& key,
                  make_storage_error(load_err, "cannot load counter '" + key
                                                 + "': "
                                                 + describe(load_err)));
+        self->state.recent.erase(found->second.place);
         self->state.counters.erase(found);
       });
   return &c;
@@ -222,7 +262,11 @@ id_allocator_actor::behavior_type id_allocator(id_allocator_pointer self,
       return enqueue(self, key, *c,
                      waiter{waiter::op::advance, value, {}, rp}, rp);
     },
-    [self](stats_atom) -> id_stats { return self->state.issued; },
+    [self](stats_atom) -> id_stats {
+      auto out = self->state.issued;
+      out.counters = self->state.counters.size();
+      return out;
+    },
     [self](peek_atom, const std::string& key) -> caf::result<uint64_t> {
       caf::error err;
       auto* c = lookup(self, key, err);

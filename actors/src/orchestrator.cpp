@@ -110,6 +110,44 @@ void write_failed(orchestrator_pointer self, const caf::error& err) {
   self->quit(e);
 }
 
+// -- retirement ---------------------------------------------------------------------
+
+// Every task completed or failed: nothing will change unless a failed one is
+// requeued.
+bool finished(const orchestrator_state& st) {
+  return st.counts.pending == 0 && st.counts.running == 0
+         && st.counts.stale == 0;
+}
+
+bool quiet(const orchestrator_state& st) {
+  return !st.writing && st.next_write.empty() && st.next_acks.empty()
+         && st.in_flight.empty() && st.spawning == 0;
+}
+
+// Tells the scheduler once the orchestration is finished and stored, so it
+// can leave memory (docs/orchestration.md, "Retirement"); after a retire
+// request, stops once everything committed.
+void settle(orchestrator_pointer self) {
+  auto& st = self->state;
+  if (!st.store || !quiet(st))
+    return;
+  if (st.retiring) {
+    self->send(st.scheduler, retired_atom::value, st.root.orchestration,
+               st.counts, finished(st));
+    self->quit();
+    return;
+  }
+  if (!finished(st)) {
+    st.reported_idle = false;
+    return;
+  }
+  if (st.reported_idle)
+    return;
+  st.reported_idle = true;
+  self->send(st.scheduler, orch_idle_atom::value, st.root.orchestration,
+             st.counts);
+}
+
 // Sends the collected changes as one write unless one is in flight.
 void flush(orchestrator_pointer self) {
   auto& st = self->state;
@@ -121,6 +159,7 @@ void flush(orchestrator_pointer self) {
     st.next_acks.clear();
     for (auto& ack : acks)
       ack(caf::none);
+    settle(self);
     return;
   }
   st.writing = true;
@@ -144,6 +183,7 @@ void flush(orchestrator_pointer self) {
         for (auto& ack : acks)
           ack(caf::none);
         flush(self);
+        settle(self);
       },
       [self](caf::error& err) { write_failed(self, err); });
 }
@@ -331,6 +371,8 @@ orchestrator(orchestrator_pointer self, records::stored_orchestration initial,
     if (r.retry_at_ms != 0)
       schedule_retry(self, id, r);
   }
+  // A finished orchestration loaded for a request leaves memory again.
+  settle(self);
   return {
     [self](caf::spawn_atom, const task_id& parent,
            std::vector<std::string>& payloads,
@@ -355,6 +397,7 @@ orchestrator(orchestrator_pointer self, records::stored_orchestration initial,
                             + " subtasks per request");
       auto rp = self->make_response_promise<std::vector<std::string>>();
       auto count = static_cast<uint64_t>(payloads.size());
+      ++self->state.spawning;
       self
         ->request(self->state.ids, self->state.timeout, next_atom::value,
                   parent.to_string(), count)
@@ -362,6 +405,7 @@ orchestrator(orchestrator_pointer self, records::stored_orchestration initial,
           [self, rp, parent, retry,
            payloads = std::move(payloads)](id_range& range) mutable {
             auto& st = self->state;
+            --st.spawning;
             auto& all = st.tasks;
             auto p = all.find(parent);
             // The parent may have completed while the IDs were on their way;
@@ -371,6 +415,7 @@ orchestrator(orchestrator_pointer self, records::stored_orchestration initial,
                                     "task " + parent.to_string()
                                       + " completed while its subtasks were "
                                         "being created"));
+              settle(self);
               return;
             }
             auto was_executable = executable(p->second);
@@ -407,7 +452,11 @@ orchestrator(orchestrator_pointer self, records::stored_orchestration initial,
                              rp.deliver(std::move(out));
                          });
           },
-          [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+          [self, rp](caf::error& err) mutable {
+            --self->state.spawning;
+            rp.deliver(std::move(err));
+            settle(self);
+          });
       return rp;
     },
     [self](claim_atom, const task_id& id,
@@ -498,7 +547,15 @@ orchestrator(orchestrator_pointer self, records::stored_orchestration initial,
       return reply_after_commit(self, sql_write{}, info_of(id, i->second));
     },
     [self](stats_atom) -> caf::result<task_counts> {
-      return self->state.counts;
+      auto out = self->state.counts;
+      out.resident = 1;
+      return out;
+    },
+    [self](retire_atom) {
+      // Every request the scheduler routed here before it is answered (or
+      // waits for its commit); it stops once nothing is in flight.
+      self->state.retiring = true;
+      settle(self);
     },
     [self](retry_atom, const task_id& id) {
       // The backoff is over: the task is due (what is stored says so

@@ -29,30 +29,60 @@ std::string reason_of(const caf::error& err) {
   return describe(err);
 }
 
-void reload(scheduler_pointer self, uint64_t ordinal);
+using resident_continuation
+  = std::function<void(caf::expected<orchestrator_actor>)>;
 
-// Parses a task ID from outside and finds its orchestrator.
-caf::expected<std::pair<task_id, orchestrator_actor>>
-route(scheduler_pointer self, const std::string& text) {
+void load(scheduler_pointer self, uint64_t ordinal);
+
+caf::error no_orchestration(uint64_t ordinal) {
+  return make_error(errc::not_found,
+                    "orchestration " + task_id{ordinal, {}}.to_string()
+                      + " does not exist");
+}
+
+// Calls `next` with the orchestrator of `ordinal` once it is in memory: at
+// once, or once it is loaded from the store (an orchestration that retired,
+// or whose orchestrator stopped after a failed write), after one retiring
+// now has stopped with everything it wrote committed.
+void with_resident(scheduler_pointer self, uint64_t ordinal,
+                   resident_continuation next) {
+  auto& st = self->state;
+  if (auto i = st.orchestrators.find(ordinal); i != st.orchestrators.end()) {
+    next(i->second);
+    return;
+  }
+  if (!st.store || st.creating.count(ordinal) > 0) {
+    next(no_orchestration(ordinal));
+    return;
+  }
+  st.awaiting[ordinal].push_back(std::move(next));
+  if (st.retiring.count(ordinal) == 0 && st.loading.insert(ordinal).second)
+    load(self, ordinal);
+}
+
+// Parses a task ID from outside, then calls `f(id, orchestrator, rp)` once
+// its orchestration is in memory; `f` answers through `rp`.
+template <class T, class F>
+caf::result<T> with_orchestration(scheduler_pointer self,
+                                  const std::string& text, F f) {
   auto id = task_id::parse(text);
   if (!id)
     return id.error();
-  auto i = self->state.orchestrators.find(id->orchestration);
-  if (i == self->state.orchestrators.end()) {
-    if (self->state.unloaded.count(id->orchestration) > 0) {
-      reload(self, id->orchestration);
-      return make_error(errc::unavailable,
-                        "orchestration "
-                          + task_id{id->orchestration, {}}.to_string()
-                          + " is being loaded again from the state store "
-                            "after a failed write; try again");
-    }
-    return make_error(errc::not_found,
-                      "orchestration "
-                        + task_id{id->orchestration, {}}.to_string()
-                        + " does not exist");
+  auto rp = self->make_response_promise<T>();
+  auto& st = self->state;
+  if (auto i = st.orchestrators.find(id->orchestration);
+      i != st.orchestrators.end()) {
+    f(std::move(*id), i->second, rp);
+    return rp;
   }
-  return std::make_pair(std::move(*id), i->second);
+  with_resident(self, id->orchestration,
+                [rp, id = *id, f](caf::expected<orchestrator_actor> h) mutable {
+                  if (!h)
+                    rp.deliver(h.error());
+                  else
+                    f(std::move(id), *h, rp);
+                });
+  return rp;
 }
 
 // Sets the lease expiry of `t` when a lease holds it (orchestrators do
@@ -237,8 +267,27 @@ void try_claim(scheduler_pointer self, std::string worker,
     auto node = st.executable.extract(st.executable.begin());
     auto id = std::move(node.value().id);
     auto orch = st.orchestrators.find(id.orchestration);
-    if (orch == st.orchestrators.end())
-      continue;
+    if (orch == st.orchestrators.end()) {
+      auto o = id.orchestration;
+      if (!st.store
+          || (st.retiring.count(o) == 0 && st.loading.count(o) == 0
+              && st.unloaded.count(o) == 0))
+        continue;
+      // Its orchestrator is retiring (a requeue made it unfinished again)
+      // or being loaded: the claim waits for it.
+      st.executable.insert(d1_key{std::move(id)});
+      with_resident(self, o,
+                    [self, worker, rp, lease_ms,
+                     waiter](caf::expected<orchestrator_actor> h) mutable {
+                      if (!h) {
+                        rp.deliver(h.error());
+                        return;
+                      }
+                      try_claim(self, std::move(worker), std::move(rp),
+                                lease_ms, std::move(waiter));
+                    });
+      return;
+    }
     self->request(orch->second, st.options.timeout, claim_atom::value, id, worker)
       .then(
         [self, worker, rp, id, lease_ms, waiter](task_claim& claim) mutable {
@@ -355,45 +404,63 @@ template <class Atom>
 caf::result<task_info> finish(scheduler_pointer self, Atom atom,
                               const std::string& task, std::string text,
                               const std::string& token) {
-  auto target = route(self, task);
-  if (!target)
-    return target.error();
-  auto id = target->first;
-  auto lease = held(self, id, token);
-  if (!lease)
-    return lease.error();
-  std::optional<lease_record> kept;
-  if (*lease) {
-    kept = **lease;
-    drop_lease(self, id);
-  }
-  auto rp = self->make_response_promise<task_info>();
-  self
-    ->request(target->second, self->state.options.timeout, atom,
-              std::move(target->first), std::move(text))
-    .then(
-      [self, rp, id](task_info& info) mutable {
-        untrack(self, id);
-        rp.deliver(std::move(info));
-      },
-      [self, rp, id, token, kept](caf::error& err) mutable {
-        auto& st = self->state;
-        if (kept && st.lease_of.count(id) == 0) {
-          auto& l = st.leases[token];
-          l = *kept;
-          st.lease_of[id] = token;
-          auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-            l.expires - std::chrono::steady_clock::now());
-          arm(self, token, l, std::max(left, std::chrono::milliseconds{1}));
-        }
-        rp.deliver(std::move(err));
-      });
-  return rp;
+  return with_orchestration<task_info>(
+    self, task,
+    [self, atom, text = std::move(text),
+     token](task_id id, orchestrator_actor orch,
+            caf::typed_response_promise<task_info>& rp) mutable {
+      auto lease = held(self, id, token);
+      if (!lease) {
+        rp.deliver(lease.error());
+        return;
+      }
+      std::optional<lease_record> kept;
+      if (*lease) {
+        kept = **lease;
+        drop_lease(self, id);
+      }
+      self
+        ->request(orch, self->state.options.timeout, atom, id,
+                  std::move(text))
+        .then(
+          [self, rp, id](task_info& info) mutable {
+            untrack(self, id);
+            rp.deliver(std::move(info));
+          },
+          [self, rp, id, token, kept](caf::error& err) mutable {
+            auto& st = self->state;
+            if (kept && st.lease_of.count(id) == 0) {
+              auto& l = st.leases[token];
+              l = *kept;
+              st.lease_of[id] = token;
+              auto left
+                = std::chrono::duration_cast<std::chrono::milliseconds>(
+                  l.expires - std::chrono::steady_clock::now());
+              arm(self, token, l,
+                  std::max(left, std::chrono::milliseconds{1}));
+            }
+            rp.deliver(std::move(err));
+          });
+    });
+}
+
+caf::result<std::vector<std::string>>
+spawn_under(scheduler_pointer self, const std::string& parent,
+            std::vector<std::string> payloads, task_retry retry) {
+  return with_orchestration<std::vector<std::string>>(
+    self, parent,
+    [payloads = std::move(payloads),
+     retry](task_id id, orchestrator_actor orch,
+            caf::typed_response_promise<std::vector<std::string>>& rp) mutable {
+      rp.delegate(orch, caf::spawn_atom::value, std::move(id),
+                  std::move(payloads), retry);
+    });
 }
 
 // Spawns the orchestrator of `orch` and puts its executable tasks into the
 // index; running tasks are tracked for their workers.
-void adopt(scheduler_pointer self, records::stored_orchestration orch) {
+orchestrator_actor adopt(scheduler_pointer self,
+                         records::stored_orchestration orch) {
   auto& st = self->state;
   auto ordinal = orch.root.orchestration;
   for (auto& id : records::executable_tasks(orch, unix_time_ms()))
@@ -415,32 +482,53 @@ void adopt(scheduler_pointer self, records::stored_orchestration orch) {
   for (auto& worker : gone)
     mark_stale(self, worker, [](std::vector<std::string>) {});
   serve_waiting_claims(self);
+  return handle;
 }
 
-// Loads orchestration `ordinal` again from what committed, after its
-// orchestrator stopped. A failed load is tried again on the next request
-// for the orchestration.
-void reload(scheduler_pointer self, uint64_t ordinal) {
+// Loads orchestration `ordinal` from what committed and answers the
+// requests waiting for it. A failed load answers them with the error; the
+// next request tries again.
+void load(scheduler_pointer self, uint64_t ordinal) {
   auto& st = self->state;
-  auto& loading = st.unloaded[ordinal];
-  if (loading)
-    return;
-  loading = true;
   task_id root{ordinal, {}};
-  auto failed = [self, ordinal](const caf::error& err) {
+  auto answer = [self, ordinal](caf::expected<orchestrator_actor> x) {
+    auto& s = self->state;
+    s.loading.erase(ordinal);
+    auto i = s.awaiting.find(ordinal);
+    if (i == s.awaiting.end())
+      return;
+    auto waiters = std::move(i->second);
+    s.awaiting.erase(i);
+    for (auto& w : waiters)
+      w(x);
+  };
+  auto failed = [answer, root](const caf::error& err) {
     spdlog::error("orchestration {}: cannot be loaded from the state store "
                   "({}); it is tried again on its next request",
-                  task_id{ordinal, {}}.to_string(), describe(err));
-    self->state.unloaded[ordinal] = false;
+                  root.to_string(), describe(err));
+    answer(make_storage_error(err, "orchestration " + root.to_string()
+                                     + " cannot be loaded from the state "
+                                       "store: "
+                                     + reason_of(err)));
   };
   self
     ->request(st.store, st.options.timeout, load_atom::value,
               records::load_orchestration(root))
     .then(
-      [self, ordinal, failed](sql_rows& rows) {
+      [self, ordinal, answer, failed](sql_rows& rows) {
         auto stored = records::decode_tasks(rows);
         if (!stored) {
           failed(stored.error());
+          return;
+        }
+        auto& s = self->state;
+        if (auto i = s.orchestrators.find(ordinal);
+            i != s.orchestrators.end()) {
+          answer(i->second);
+          return;
+        }
+        if (stored->empty() && s.unloaded.count(ordinal) == 0) {
+          answer(no_orchestration(ordinal));
           return;
         }
         if (stored->size() != 1
@@ -449,12 +537,23 @@ void reload(scheduler_pointer self, uint64_t ordinal) {
                             "the store holds no such orchestration"));
           return;
         }
-        self->state.unloaded.erase(ordinal);
-        spdlog::info("orchestration {}: loaded again from the state store",
-                     task_id{ordinal, {}}.to_string());
-        adopt(self, std::move(stored->front()));
+        if (s.unloaded.erase(ordinal) == 0) {
+          // It retired finished: counted there until its orchestrator
+          // counts it again.
+          s.retired_counts -= records::count_states(stored->front());
+        } else {
+          spdlog::debug("orchestration {}: loaded again from the state store",
+                       task_id{ordinal, {}}.to_string());
+        }
+        answer(adopt(self, std::move(stored->front())));
       },
       [failed](caf::error& err) { failed(err); });
+}
+
+// Loads `ordinal` now, whether or not a request waits: its executable
+// tasks must return to the index.
+void load_now(scheduler_pointer self, uint64_t ordinal) {
+  with_resident(self, ordinal, [](caf::expected<orchestrator_actor>) {});
 }
 
 // The scheduler cannot start from what the store holds.
@@ -469,15 +568,21 @@ void restore_failed(scheduler_pointer self, const caf::error& err) {
 void restore_all(scheduler_pointer self,
                  std::vector<records::stored_orchestration>& all,
                  const std::vector<std::string>& made_stale) {
-  size_t tasks = 0;
+  size_t tasks = 0, resident = 0;
   for (auto& orch : all) {
     tasks += orch.tasks.size();
+    if (records::finished(orch)) {
+      // Finished: it stays in the store until a request asks for it.
+      self->state.retired_counts += records::count_states(orch);
+      continue;
+    }
+    ++resident;
     adopt(self, std::move(orch));
   }
   if (!all.empty())
     spdlog::info("orchestration: restored {} orchestrations with {} tasks "
-                 "from the state store",
-                 all.size(), tasks);
+                 "from the state store, {} of them unfinished and in memory",
+                 all.size(), tasks, resident);
   if (made_stale.empty())
     return;
   // Name a few; the tree and the task list show every one.
@@ -554,6 +659,8 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
   self->set_exit_handler([self](caf::exit_msg& msg) {
     for (auto& [ordinal, orch] : self->state.orchestrators)
       self->send_exit(orch, msg.reason);
+    for (auto& [ordinal, leaving] : self->state.retiring)
+      self->send_exit(leaving.actor, msg.reason);
     self->quit(msg.reason);
   });
   self->set_down_handler([self](caf::down_msg& msg) {
@@ -574,8 +681,24 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
         }
       }
       // It stopped after a failed write: what committed is its state.
-      if (st.store)
-        reload(self, ordinal);
+      if (st.store) {
+        st.unloaded.insert(ordinal);
+        load_now(self, ordinal);
+      }
+      return;
+    }
+    for (auto& [ordinal, leaving] : st.retiring) {
+      if (leaving.actor.address() != msg.source)
+        continue;
+      // Stopped while retiring without reporting back: a write failed.
+      // (A clean stop reported `retired` first.)
+      if (msg.reason) {
+        auto o = ordinal;
+        st.retired_counts -= leaving.counted;
+        st.retiring.erase(o);
+        st.unloaded.insert(o);
+        load_now(self, o);
+      }
       return;
     }
     auto w = st.watched.find(msg.source);
@@ -631,8 +754,11 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
               return;
             }
             // The orchestration exists once its row committed; a failed
-            // write skips the ID (gaps are allowed, reuse is not).
+            // write skips the ID (gaps are allowed, reuse is not). Until
+            // then a request for it finds nothing, even if the row has
+            // committed: its orchestrator is spawned here, once.
             auto write = sql_write{records::insert_task(root, payload, retry)};
+            st.creating.insert(root.orchestration);
             self
               ->request(st.store, st.options.timeout, store_atom::value,
                         std::move(write),
@@ -641,11 +767,13 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
               .then(
                 [self, rp, root, retry,
                  payload = std::move(payload)](uint64_t) mutable {
+                  self->state.creating.erase(root.orchestration);
                   adopt(self, records::new_orchestration(
                                 root, std::move(payload), retry));
                   rp.deliver(root.to_string());
                 },
-                [rp, root](caf::error& err) mutable {
+                [self, rp, root](caf::error& err) mutable {
+                  self->state.creating.erase(root.orchestration);
                   rp.deliver(make_storage_error(
                     err, "orchestration " + root.to_string()
                            + " was not stored: " + reason_of(err)));
@@ -657,22 +785,12 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
     [self](caf::spawn_atom, const std::string& parent,
            std::vector<std::string>& payloads)
       -> caf::result<std::vector<std::string>> {
-      auto target = route(self, parent);
-      if (!target)
-        return target.error();
-      return self->delegate(target->second, caf::spawn_atom::value,
-                            std::move(target->first), std::move(payloads),
-                            task_retry{});
+      return spawn_under(self, parent, std::move(payloads), task_retry{});
     },
     [self](caf::spawn_atom, const std::string& parent,
            std::vector<std::string>& payloads,
            task_retry retry) -> caf::result<std::vector<std::string>> {
-      auto target = route(self, parent);
-      if (!target)
-        return target.error();
-      return self->delegate(target->second, caf::spawn_atom::value,
-                            std::move(target->first), std::move(payloads),
-                            retry);
+      return spawn_under(self, parent, std::move(payloads), retry);
     },
     [self](claim_atom, std::string& worker) -> caf::result<task_claim> {
       if (auto err = validate_worker_name(worker))
@@ -732,29 +850,35 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
            uint64_t lease_ms) -> caf::result<task_claim> {
       if (auto err = validate_lease_ms(lease_ms))
         return err;
-      auto target = route(self, task);
-      if (!target)
-        return target.error();
-      if (token.empty())
-        return lease_lost(target->first, "a heartbeat names its lease");
-      auto lease = held(self, target->first, token);
-      if (!lease)
-        return lease.error();
-      if (!*lease)
-        return lease_lost(target->first, "no lease holds it");
-      arm(self, token, **lease, std::chrono::milliseconds{lease_ms});
-      task_claim out{true, {}, token, (*lease)->expires_ms};
-      auto rp = self->make_response_promise<task_claim>();
-      self
-        ->request(target->second, self->state.options.timeout,
-                  caf::get_atom::value, task_atom::value, target->first)
-        .then(
-          [rp, out](task_info& info) mutable {
-            out.task = std::move(info);
-            rp.deliver(std::move(out));
-          },
-          [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
-      return rp;
+      return with_orchestration<task_claim>(
+        self, task,
+        [self, token, lease_ms](task_id id, orchestrator_actor orch,
+                                caf::typed_response_promise<task_claim>& rp) {
+          if (token.empty()) {
+            rp.deliver(lease_lost(id, "a heartbeat names its lease"));
+            return;
+          }
+          auto lease = held(self, id, token);
+          if (!lease) {
+            rp.deliver(lease.error());
+            return;
+          }
+          if (!*lease) {
+            rp.deliver(lease_lost(id, "no lease holds it"));
+            return;
+          }
+          arm(self, token, **lease, std::chrono::milliseconds{lease_ms});
+          task_claim out{true, {}, token, (*lease)->expires_ms};
+          self
+            ->request(orch, self->state.options.timeout, caf::get_atom::value,
+                      task_atom::value, id)
+            .then(
+              [rp, out](task_info& info) mutable {
+                out.task = std::move(info);
+                rp.deliver(std::move(out));
+              },
+              [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+        });
     },
     [self](lease_atom, uint64_t timer) {
       auto& st = self->state;
@@ -789,64 +913,91 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
       return finish(self, fail_atom::value, task, std::move(reason), token);
     },
     [self](requeue_atom, const std::string& task) -> caf::result<task_info> {
-      auto target = route(self, task);
-      if (!target)
-        return target.error();
-      return self->delegate(target->second, requeue_atom::value,
-                            std::move(target->first));
+      return with_orchestration<task_info>(
+        self, task,
+        [](task_id id, orchestrator_actor orch,
+           caf::typed_response_promise<task_info>& rp) {
+          rp.delegate(orch, requeue_atom::value, std::move(id));
+        });
     },
     [self](caf::get_atom,
            const std::string& orchestration) -> caf::result<task_tree> {
-      auto target = route(self, orchestration);
-      if (!target)
-        return target.error();
-      if (!target->first.is_orchestration())
+      if (auto id = task_id::parse(orchestration);
+          id && !id->is_orchestration())
         return make_error(errc::invalid_id,
                           "'" + orchestration
                             + "' is a task, not an orchestration ID");
-      auto rp = self->make_response_promise<task_tree>();
-      self
-        ->request(target->second, self->state.options.timeout,
-                  caf::get_atom::value)
-        .then(
-          [self, rp](task_tree& tree) mutable {
-            for (auto& t : tree.tasks)
-              add_lease(self, t);
-            rp.deliver(std::move(tree));
-          },
-          [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
-      return rp;
+      return with_orchestration<task_tree>(
+        self, orchestration,
+        [self](task_id, orchestrator_actor orch,
+               caf::typed_response_promise<task_tree>& rp) {
+          self
+            ->request(orch, self->state.options.timeout, caf::get_atom::value)
+            .then(
+              [self, rp](task_tree& tree) mutable {
+                for (auto& t : tree.tasks)
+                  add_lease(self, t);
+                rp.deliver(std::move(tree));
+              },
+              [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+        });
     },
     [self](caf::get_atom, task_atom,
            const std::string& task) -> caf::result<task_info> {
-      auto target = route(self, task);
-      if (!target)
-        return target.error();
-      auto rp = self->make_response_promise<task_info>();
-      self
-        ->request(target->second, self->state.options.timeout,
-                  caf::get_atom::value, task_atom::value,
-                  std::move(target->first))
-        .then(
-          [self, rp](task_info& t) mutable {
-            add_lease(self, t);
-            rp.deliver(std::move(t));
-          },
-          [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
-      return rp;
+      return with_orchestration<task_info>(
+        self, task,
+        [self](task_id id, orchestrator_actor orch,
+               caf::typed_response_promise<task_info>& rp) {
+          self
+            ->request(orch, self->state.options.timeout, caf::get_atom::value,
+                      task_atom::value, std::move(id))
+            .then(
+              [self, rp](task_info& t) mutable {
+                add_lease(self, t);
+                rp.deliver(std::move(t));
+              },
+              [rp](caf::error& err) mutable { rp.deliver(std::move(err)); });
+        });
     },
-    [self](caf::get_atom, orchestrate_atom) -> std::vector<std::string> {
+    [self](caf::get_atom,
+           orchestrate_atom) -> caf::result<std::vector<std::string>> {
       auto& st = self->state;
-      std::set<uint64_t> ordinals;
-      for (auto& [ordinal, actor] : st.orchestrators)
-        ordinals.insert(ordinal);
-      for (auto& [ordinal, loading] : st.unloaded)
-        ordinals.insert(ordinal);
-      std::vector<std::string> out;
-      out.reserve(ordinals.size());
-      for (auto ordinal : ordinals)
-        out.push_back(task_id{ordinal, {}}.to_string());
-      return out;
+      if (!st.store) {
+        std::set<uint64_t> ordinals;
+        for (auto& [ordinal, actor] : st.orchestrators)
+          ordinals.insert(ordinal);
+        std::vector<std::string> out;
+        out.reserve(ordinals.size());
+        for (auto ordinal : ordinals)
+          out.push_back(task_id{ordinal, {}}.to_string());
+        return out;
+      }
+      // Every orchestration is stored (created only once committed), most
+      // of them only there once they finished.
+      auto rp = self->make_response_promise<std::vector<std::string>>();
+      self
+        ->request(st.store, st.options.timeout, load_atom::value,
+                  records::list_orchestrations())
+        .then(
+          [rp](sql_rows& rows) mutable {
+            std::vector<task_id> roots;
+            roots.reserve(rows.size());
+            for (auto& row : rows)
+              if (!row.empty())
+                if (auto id = task_id::parse(row[0].text))
+                  roots.push_back(std::move(*id));
+            std::sort(roots.begin(), roots.end());
+            std::vector<std::string> out;
+            out.reserve(roots.size());
+            for (auto& id : roots)
+              out.push_back(id.to_string());
+            rp.deliver(std::move(out));
+          },
+          [rp](caf::error& err) mutable {
+            rp.deliver(make_storage_error(
+              err, "cannot list the orchestrations: " + reason_of(err)));
+          });
+      return rp;
     },
     [self](executable_atom, const std::string& orchestration,
            uint64_t limit) -> caf::result<std::vector<std::string>> {
@@ -926,12 +1077,13 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
     [self](stats_atom) -> caf::result<task_counts> {
       auto& st = self->state;
       if (st.orchestrators.empty())
-        return task_counts{};
+        return st.retired_counts;
       struct tally {
         size_t left;
         task_counts sum;
       };
-      auto acc = std::make_shared<tally>(tally{st.orchestrators.size(), {}});
+      auto acc = std::make_shared<tally>(
+        tally{st.orchestrators.size(), st.retired_counts});
       auto rp = self->make_response_promise<task_counts>();
       for (auto& [ordinal, orch] : st.orchestrators)
         self->request(orch, st.options.timeout, stats_atom::value)
@@ -947,6 +1099,42 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
                 rp.deliver(acc->sum);
             });
       return rp;
+    },
+    [self](orch_idle_atom, uint64_t ordinal, task_counts& counts) {
+      // Every task of it is completed or failed and stored: it leaves
+      // memory. What was routed to it before `retire` is answered first.
+      auto& st = self->state;
+      auto i = st.orchestrators.find(ordinal);
+      if (!st.store || i == st.orchestrators.end()
+          || self->current_sender()
+               != caf::actor_cast<caf::strong_actor_ptr>(i->second))
+        return;
+      auto orch = i->second;
+      st.orchestrators.erase(i);
+      st.orchestrator_of.erase(orch.address());
+      // Counted as retired from now on: `count_tasks` never misses it.
+      st.retired_counts += counts;
+      st.retiring.emplace(ordinal, scheduler_state::retiree{orch, counts});
+      self->send(orch, retire_atom::value);
+    },
+    [self](retired_atom, uint64_t ordinal, task_counts& counts,
+           bool finished) {
+      auto& st = self->state;
+      auto r = st.retiring.find(ordinal);
+      if (r == st.retiring.end())
+        return;
+      st.retired_counts -= r->second.counted;
+      st.retiring.erase(r);
+      if (finished) {
+        st.retired_counts += counts;
+      } else {
+        // A requeue came in before `retire`: it has work again.
+        st.unloaded.insert(ordinal);
+        load_now(self, ordinal);
+        return;
+      }
+      if (st.awaiting.count(ordinal) > 0 && st.loading.insert(ordinal).second)
+        load(self, ordinal);
     },
     [self](ready_atom, std::vector<task_id>& ready) {
       auto& index = self->state.executable;

@@ -94,6 +94,16 @@ sql_statement load_orchestration(const task_id& root) {
                   root.to_string());
 }
 
+sql_statement list_orchestrations() {
+  return make_sql("SELECT id FROM tasks WHERE parent = '';");
+}
+
+bool finished(const stored_orchestration& x) {
+  return std::all_of(x.tasks.begin(), x.tasks.end(), [](const stored_task& t) {
+    return t.state == task_state::completed || t.state == task_state::failed;
+  });
+}
+
 caf::expected<std::vector<stored_orchestration>>
 decode_tasks(const sql_rows& rows) {
   std::vector<stored_task> all;

@@ -80,6 +80,30 @@ void add_gauges(http_metrics& metrics, runtime& rt) {
       return out;
     });
   metrics.add_gauge(
+    "spindle_id_counters",
+    "ID counters in memory (idle ones beyond the cap are forgotten)", [&rt] {
+      http_metrics::samples out;
+      if (auto stats = rt.call<id_stats>(rt.id_allocator(),
+                                         std::chrono::seconds(2),
+                                         stats_atom::value))
+        out.push_back({{}, static_cast<double>(stats->counters)});
+      return out;
+    });
+  metrics.add_gauge(
+    "spindle_orchestrations",
+    "Orchestrations, all of them and those in memory (finished ones leave "
+    "it once stored)",
+    [&rt] {
+      http_metrics::samples out;
+      if (auto n = rt.count_tasks()) {
+        out.push_back({{{"where", "all"}},
+                       static_cast<double>(n->orchestrations)});
+        out.push_back({{{"where", "memory"}},
+                       static_cast<double>(n->resident)});
+      }
+      return out;
+    });
+  metrics.add_gauge(
     "spindle_tasks", "Tasks of every orchestration, by state", [&rt] {
       http_metrics::samples out;
       if (auto n = rt.count_tasks()) {
@@ -189,7 +213,8 @@ std::string server::stats_body(int window_s) {
   if (auto n = i.rt.count_tasks())
     tasks = {{"pending", n->pending},     {"running", n->running},
              {"completed", n->completed}, {"failed", n->failed},
-             {"stale", n->stale},         {"orchestrations", n->orchestrations}};
+             {"stale", n->stale},         {"orchestrations", n->orchestrations},
+             {"orchestrations_in_memory", n->resident}};
   http::json threads = nullptr;
   if (auto n = i.rt.count_threads())
     threads = *n;

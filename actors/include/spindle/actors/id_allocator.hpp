@@ -2,7 +2,8 @@
 
 #include <chrono>
 #include <cstdint>
-#include <deque>
+#include <list>
+#include <vector>
 #include <string>
 #include <unordered_map>
 
@@ -23,6 +24,12 @@ struct id_allocator_options {
   uint64_t sequence_block = 64;
   /// How long a load or store at the counter store may take.
   std::chrono::milliseconds store_timeout{30000};
+  /// Counters kept in memory; beyond it the least recently used idle ones
+  /// are forgotten. A forgotten counter's next use loads it again and
+  /// continues above its durable mark, as after a restart (a gap, never a
+  /// reuse). Every task with children has a counter, so without a cap
+  /// memory grows with the tasks ever created. 0: no cap.
+  uint64_t max_counters = 10000;
 };
 
 /// State of the ID allocator (see messages/id_allocator.hpp for its
@@ -53,10 +60,16 @@ struct id_allocator_state {
     uint64_t durable = 0;
     /// The mark being stored right now, 0 when no store is in flight.
     uint64_t storing = 0;
-    std::deque<waiter> waiting;
+    /// Requests in arrival order (a vector: most counters never wait, and
+    /// an empty vector allocates nothing).
+    std::vector<waiter> waiting;
+    /// Its place in `recent`.
+    std::list<std::string>::iterator place;
   };
 
   std::unordered_map<std::string, counter> counters;
+  /// Every counter's key, most recently used first.
+  std::list<std::string> recent;
   id_stats issued;
   counter_store_actor store;
   id_allocator_options options;

@@ -78,6 +78,15 @@ struct orchestrator_state {
   /// The events of the changes in `next_write`, published once it
   /// committed (at once without a store).
   std::vector<event> next_events;
+
+  // -- retirement (with a store only) ---------------------------------------------
+  /// The scheduler was told that every task is completed or failed and
+  /// everything committed (told again after a change undid that).
+  bool reported_idle = false;
+  /// The scheduler asked it to retire: it stops once nothing is in flight.
+  bool retiring = false;
+  /// Subtask creations waiting for their IDs.
+  uint64_t spawning = 0;
   /// Where task events go; null: nowhere.
   std::shared_ptr<event_log> events;
 

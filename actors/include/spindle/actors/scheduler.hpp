@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include <caf/actor_addr.hpp>
+#include <caf/expected.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
 #include "spindle/actors/event_log.hpp"
@@ -40,9 +42,11 @@ struct scheduler_options {
 /// With a state store, the scheduler starts by loading every stored
 /// orchestration (holding its other messages until then): the tasks that
 /// were running under the previous process become stale, in the store
-/// too, and the orchestrators and the index are rebuilt from what
-/// committed. An orchestrator that stops after a failed write is loaded
-/// again the same way (its running tasks stay running).
+/// too, and the orchestrators of the unfinished ones and the index are
+/// rebuilt from what committed. An orchestrator that stops after a failed
+/// write is loaded again the same way (its running tasks stay running).
+/// A finished orchestration leaves memory once stored and is loaded again
+/// for its next request (docs/orchestration.md, "Retirement").
 struct scheduler_state {
   static inline const char* name = "spindle.scheduler";
 
@@ -63,11 +67,33 @@ struct scheduler_state {
   id_allocator_actor ids;
   /// Invalid when the runtime keeps its state in memory only.
   storage_actor store;
-  /// Orchestrations whose orchestrator stopped and is not loaded again yet
-  /// -> true while a load is on its way.
-  std::map<uint64_t, bool> unloaded;
+  /// Orchestrations whose orchestrator stopped after a failed write (or
+  /// retired unfinished) and is not loaded again yet. Not counted in
+  /// `retired_counts`.
+  std::set<uint64_t> unloaded;
   /// Orchestration ordinal -> its orchestrator.
   std::unordered_map<uint64_t, orchestrator_actor> orchestrators;
+
+  // -- retirement (with a store; docs/orchestration.md, "Retirement") --------------
+  /// An orchestrator asked to retire that has not reported back, and the
+  /// counts it reported when it said it was finished (already part of
+  /// `retired_counts`, so counting never misses it while it leaves).
+  struct retiree {
+    orchestrator_actor actor;
+    task_counts counted;
+  };
+  std::unordered_map<uint64_t, retiree> retiring;
+  /// The tasks of the orchestrations that left memory finished, and of
+  /// those leaving now.
+  task_counts retired_counts;
+  /// Orchestrations being loaded from the store.
+  std::set<uint64_t> loading;
+  /// Requests waiting for an orchestration to be in memory.
+  std::unordered_map<
+    uint64_t, std::vector<std::function<void(caf::expected<orchestrator_actor>)>>>
+    awaiting;
+  /// Orchestrations whose creation is being stored: not found until then.
+  std::set<uint64_t> creating;
   /// Orchestrator address -> orchestration ordinal (for down messages).
   std::map<caf::actor_addr, uint64_t> orchestrator_of;
   /// Every executable task of every orchestration, first = claimed next.

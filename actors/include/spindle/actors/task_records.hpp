@@ -67,6 +67,14 @@ sql_statement load_tasks();
 /// The tasks of one orchestration (the reload of one orchestrator).
 sql_statement load_orchestration(const task_id& root);
 
+/// The ID of every stored orchestration (one row each, its root's ID).
+sql_statement list_orchestrations();
+
+/// True when every task of `x` is completed or failed: nothing changes
+/// unless a failed task is requeued, and the orchestration may leave
+/// memory (docs/orchestration.md, "Retirement").
+bool finished(const stored_orchestration& x);
+
 /// Decodes the rows of `load_tasks` or `load_orchestration` into
 /// orchestrations ordered by value. Errors: `storage_failure` for rows this
 /// build cannot read: an ID that does not parse, an unknown state, a task

@@ -58,6 +58,9 @@ CAF_ADD_ATOM(spindle, spindle, claim_wait_atom, "claimwait")
 CAF_ADD_ATOM(spindle, spindle, retry_atom, "retry")
 CAF_ADD_ATOM(spindle, spindle, ready_atom, "ready")
 CAF_ADD_ATOM(spindle, spindle, unready_atom, "unready")
+CAF_ADD_ATOM(spindle, spindle, orch_idle_atom, "orch_idle")
+CAF_ADD_ATOM(spindle, spindle, retire_atom, "retire")
+CAF_ADD_ATOM(spindle, spindle, retired_atom, "retired")
 
 // -- storage and server -------------------------------------------------------------
 CAF_ADD_ATOM(spindle, spindle, flush_atom, "flush")

@@ -79,12 +79,15 @@ struct id_stats {
   uint64_t context = 0;
   uint64_t orchestration = 0;
   uint64_t task = 0;
+  /// Counters in memory now (at most `id_allocator_options::max_counters`
+  /// once idle ones can be forgotten).
+  uint64_t counters = 0;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, id_stats& x) {
   return f(caf::meta::type_name("id_stats"), x.context, x.orchestration,
-           x.task);
+           x.task, x.counters);
 }
 
 /// Renders every ID in the range, in order.

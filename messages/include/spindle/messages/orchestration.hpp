@@ -211,6 +211,9 @@ struct task_counts {
   uint64_t stale = 0;
   /// Orchestrations counted (1 for one orchestrator's answer).
   uint64_t orchestrations = 0;
+  /// Of those, the ones in memory (with a store, finished orchestrations
+  /// leave it: docs/orchestration.md, "Retirement").
+  uint64_t resident = 0;
 
   /// The counter of state `x`.
   uint64_t& of(task_state x) noexcept {
@@ -240,6 +243,20 @@ struct task_counts {
     failed += x.failed;
     stale += x.stale;
     orchestrations += x.orchestrations;
+    resident += x.resident;
+    return *this;
+  }
+
+  /// Takes away counts that were added before (never below 0).
+  task_counts& operator-=(const task_counts& x) noexcept {
+    auto sub = [](uint64_t& a, uint64_t b) { a = a > b ? a - b : 0; };
+    sub(pending, x.pending);
+    sub(running, x.running);
+    sub(completed, x.completed);
+    sub(failed, x.failed);
+    sub(stale, x.stale);
+    sub(orchestrations, x.orchestrations);
+    sub(resident, x.resident);
     return *this;
   }
 };
@@ -247,7 +264,7 @@ struct task_counts {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, task_counts& x) {
   return f(caf::meta::type_name("task_counts"), x.pending, x.running,
-           x.completed, x.failed, x.stale, x.orchestrations);
+           x.completed, x.failed, x.stale, x.orchestrations, x.resident);
 }
 
 /// Task IDs travel between the scheduler and orchestrators already parsed.
@@ -350,7 +367,9 @@ using scheduler_actor = caf::typed_actor<
   caf::reacts_to<ready_atom, std::vector<task_id>>,
   caf::reacts_to<unready_atom, task_id>,
   caf::reacts_to<lease_atom, uint64_t>,
-  caf::reacts_to<claim_wait_atom, uint64_t>>;
+  caf::reacts_to<claim_wait_atom, uint64_t>,
+  caf::reacts_to<orch_idle_atom, uint64_t, task_counts>,
+  caf::reacts_to<retired_atom, uint64_t, task_counts, bool>>;
 
 /// An orchestrator: one per orchestration, spawned by the scheduler. It owns
 /// its subtree: each task's state, payload, outcome, worker, children and
@@ -358,6 +377,13 @@ using scheduler_actor = caf::typed_actor<
 /// the orchestration changes state. It tells the scheduler when a task
 /// becomes executable (`ready`) or stops being so (`unready`) before it
 /// replies, so the index is current by the time the caller hears back.
+///
+/// With a state store, an orchestrator whose tasks are all completed or
+/// failed, and whose changes all committed, tells the scheduler
+/// (`orch_idle`); the scheduler stops routing to it and asks it to
+/// `retire`: it answers what came before, reports its final counts
+/// (`retired`) once its last write committed, and stops. The store holds
+/// it; the scheduler loads it again on its next request.
 ///
 /// - `(spawn, parent, payloads, retry)` -> new child IDs.
 /// - `(claim, id, worker)`: executable -> running, one more attempt;
@@ -383,6 +409,7 @@ using orchestrator_actor = caf::typed_actor<
   caf::replies_to<caf::get_atom>::with<task_tree>,
   caf::replies_to<caf::get_atom, task_atom, task_id>::with<task_info>,
   caf::replies_to<stats_atom>::with<task_counts>,
-  caf::reacts_to<retry_atom, task_id>>;
+  caf::reacts_to<retry_atom, task_id>,
+  caf::reacts_to<retire_atom>>;
 
 } // namespace spindle
