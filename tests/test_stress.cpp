@@ -88,6 +88,43 @@ TEST_CASE("stress: a short pass against the real server finds no violation") {
   }
 }
 
+TEST_CASE("stress: --thread-turns ends conversations: writers move on to "
+          "new threads of about that many turns") {
+  server_process srv;
+  auto url = "http://127.0.0.1:" + std::to_string(srv.port());
+  // 4 clients, messages only, 1 shared slot: 200 messages, 400 turns.
+  auto report = run_stress({"--url", url, "--clients", "4", "--requests",
+                            "200", "--mix", "message=1", "--shared-threads",
+                            "1", "--thread-turns", "10"},
+                           0);
+  CHECK(report["violations"].empty());
+  CHECK(report["errors"] == 0);
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  auto listed = cli.Get("/v1/threads?limit=1000");
+  REQUIRE(listed);
+  REQUIRE(listed->status == 200);
+  auto page = json::parse(listed->body);
+  uint64_t turns = 0, threads = 0, shared = 0;
+  for (auto& t : page["data"]) {
+    auto id = t["thread_id"].get<std::string>();
+    if (id.rfind("stress-", 0) != 0)
+      continue;
+    ++threads;
+    shared += id.find("-shared-0-") != std::string::npos;
+    auto n = t["turns"].get<uint64_t>();
+    turns += n;
+    // 10 turns a thread; a writer that picked the shared thread's name
+    // just before it moved on adds one message more (4 writers: 3 more).
+    INFO(id << ": " << n << " turns");
+    CHECK(n <= 10 + 2 * 3);
+  }
+  CHECK(turns == 400);
+  // 400 turns in threads of at most 16: at least 25 threads, several of
+  // them the shared slot's.
+  CHECK(threads >= 25);
+  CHECK(shared >= 3);
+}
+
 TEST_CASE("stress: an in-process runtime passes the same checks") {
   auto report = run_stress({"--in-process", "--clients", "16", "--duration",
                             "2"},

@@ -101,6 +101,9 @@ void add_stress(CLI::App& app, registry& commands) {
   sub->add_option("--shared-threads", args->opts.shared_threads,
                   "conversation threads all clients write to (default 4); "
                   "each client also has a private one");
+  sub->add_option("--thread-turns", args->opts.thread_turns,
+                  "turns after which a conversation ends and its writers "
+                  "go on in a new thread (default 0: never)");
   sub->add_option("--seed", args->opts.seed, "random seed (default 1)");
   sub->add_flag("--json", args->json, "print the report as JSON");
   sub->add_flag("--no-progress", args->no_progress,

@@ -446,6 +446,17 @@ stress_report run_stress(const stress_options& options, runtime* rt) {
   std::vector<std::string> shared;
   for (size_t i = 0; i < options.shared_threads; ++i)
     shared.push_back("stress-" + run_id + "-shared-" + std::to_string(i));
+  // With thread_turns, the n-th message of a slot goes to the slot's
+  // thread number n / (thread_turns / 2): a message adds two turns. A
+  // writer that picked a name just before the slot moved on adds its
+  // message to the old thread, which ends a few turns longer.
+  uint64_t per_thread = std::max<uint64_t>(1, options.thread_turns / 2);
+  std::vector<std::atomic<uint64_t>> shared_messages(shared.size());
+  auto generation = [&](const std::string& base, uint64_t messages) {
+    if (options.thread_turns == 0)
+      return base;
+    return base + "-" + std::to_string(messages / per_thread);
+  };
 
   std::vector<std::string> ops;
   std::vector<unsigned> weights;
@@ -485,14 +496,25 @@ stress_report run_stress(const stress_options& options, runtime* rt) {
         d = std::make_unique<http_driver>(options.url, options.token);
       std::discrete_distribution<size_t> pick(weights.begin(), weights.end());
       std::vector<std::string> my_tasks; // tasks this client created
+      uint64_t private_messages = 0;
       while (take()) {
         auto op = ops[pick(c.rng)];
-        auto thread = (c.rng() % 2 == 0 || shared.empty())
-                        ? c.private_thread
-                        : shared[c.rng() % shared.size()];
+        std::atomic<uint64_t>* slot = nullptr;
+        std::string thread;
+        if (c.rng() % 2 == 0 || shared.empty()) {
+          thread = generation(c.private_thread, private_messages);
+        } else {
+          auto k = c.rng() % shared.size();
+          slot = &shared_messages[k];
+          thread = generation(shared[k], slot->load());
+        }
         auto t0 = steady_clock::now();
         op_result r;
         if (op == "message") {
+          if (slot != nullptr)
+            slot->fetch_add(1);
+          else
+            ++private_messages;
           r = d->message(thread, "stress message from client "
                                    + std::to_string(i),
                          c.user);
@@ -535,7 +557,10 @@ stress_report run_stress(const stress_options& options, runtime* rt) {
                              id);
           }
         } else { // task: grow a tree, or claim and complete
-          if (c.rng() % 3 == 0) {
+          // A tree has 5 tasks: 1 in 8 task operations grows one, the
+          // rest claim, so the claimers keep up and trees finish (a run
+          // does not pile up pending work).
+          if (c.rng() % 8 == 0) {
             // A new orchestration is executable at once, so another
             // client may claim and complete it (or a child) before this
             // one adds children: a 409 conflict is then the right answer,

@@ -39,6 +39,11 @@ struct stress_options {
   /// Threads every client writes to (shared); each client also has one of
   /// its own (private).
   size_t shared_threads = 4;
+  /// Turns after which a conversation ends and its writers move on to a
+  /// new thread (0: never). Each private thread and each shared slot is
+  /// then a series of threads of about this many turns, as conversations
+  /// are; without it a run grows its few threads without end.
+  uint64_t thread_turns = 0;
   uint64_t seed = 1;
   /// Print a live progress line (only when stderr is a terminal).
   bool progress = true;
