@@ -124,6 +124,8 @@ def draw(samples, path, warmup):
     if gnuplot is None:
         print("soak report: no gnuplot, no chart", file=sys.stderr)
         return False
+    # At most about 600 points a line: the chart stays small to commit.
+    samples = samples[::max(1, len(samples) // 600)]
     data = "\n".join(f"{r['seconds'] / 60:.3f} {mib(r['rss_kib']):.2f} "
                      f"{mib(r['anon_kib']):.2f} {mib(r['file_kib']):.2f} "
                      f"{int(r['fds'])} {int(r['threads'])}" for r in samples)
