@@ -40,6 +40,14 @@ caf::error no_orchestration(uint64_t ordinal) {
                       + " does not exist");
 }
 
+// Stored, not in memory now, and on its way back (retiring, being loaded,
+// or to be loaded after a failed write): a request for it waits.
+bool coming_back(const scheduler_state& st, uint64_t ordinal) {
+  return st.store
+         && (st.retiring.count(ordinal) > 0 || st.loading.count(ordinal) > 0
+             || st.unloaded.count(ordinal) > 0);
+}
+
 // Calls `next` with the orchestrator of `ordinal` once it is in memory: at
 // once, or once it is loaded from the store (an orchestration that retired,
 // or whose orchestrator stopped after a failed write), after one retiring
@@ -269,9 +277,7 @@ void try_claim(scheduler_pointer self, std::string worker,
     auto orch = st.orchestrators.find(id.orchestration);
     if (orch == st.orchestrators.end()) {
       auto o = id.orchestration;
-      if (!st.store
-          || (st.retiring.count(o) == 0 && st.loading.count(o) == 0
-              && st.unloaded.count(o) == 0))
+      if (!coming_back(st, o))
         continue;
       // Its orchestrator is retiring (a requeue made it unfinished again)
       // or being loaded: the claim waits for it.
