@@ -40,7 +40,21 @@ struct sample {
   uint64_t file_kib = 0; // RssFile: mapped files (memory.db's mmap)
   uint64_t fds = 0;
   uint64_t threads = 0;
+  // The allocator's figures from GET /metrics (jemalloc; 0 otherwise).
+  uint64_t allocated_kib = 0;
+  uint64_t active_kib = 0;
+  uint64_t dirty_kib = 0;
 };
+
+// Reads spindle_allocator_bytes{kind="KIND"} from a /metrics page.
+uint64_t allocator_kib(const std::string& page, const std::string& kind) {
+  auto key = "spindle_allocator_bytes{kind=\"" + kind + "\"} ";
+  auto at = page.find(key);
+  if (at == std::string::npos)
+    return 0;
+  return static_cast<uint64_t>(std::stod(page.substr(at + key.size())))
+         / 1024;
+}
 
 std::optional<sample> look(pid_t pid, double at) {
   std::ifstream in{"/proc/" + std::to_string(pid) + "/status"};
@@ -116,19 +130,30 @@ TEST_CASE("soak: mixed load through spindle stress keeps every invariant "
                 "--no-progress"});
   });
   std::vector<sample> samples;
+  httplib::Client scraper{"127.0.0.1", srv.port()};
+  scraper.set_read_timeout(5, 0);
   while (stress.wait_for(seconds{1}) != std::future_status::ready)
-    if (auto s = look(srv.pid(), elapsed()))
+    if (auto s = look(srv.pid(), elapsed())) {
+      if (auto page = scraper.Get("/metrics"); page && page->status == 200) {
+        s->allocated_kib = allocator_kib(page->body, "allocated");
+        s->active_kib = allocator_kib(page->body, "active");
+        s->dirty_kib = allocator_kib(page->body, "dirty");
+      }
       samples.push_back(*s);
+    }
   auto result = stress.get();
 
   // The samples and a summary for .ci/soak, which writes them into
   // docs/reliability.md.
   if (const char* path = std::getenv("SPINDLE_SOAK_SAMPLES")) {
     std::ofstream out{path};
-    out << "seconds\trss_kib\tanon_kib\tfile_kib\tfds\tthreads\n";
+    out << "seconds\trss_kib\tanon_kib\tfile_kib\tfds\tthreads"
+           "\tallocated_kib\tactive_kib\tdirty_kib\n";
     for (auto& s : samples)
       out << s.seconds << '\t' << s.rss_kib << '\t' << s.anon_kib << '\t'
-          << s.file_kib << '\t' << s.fds << '\t' << s.threads << '\n';
+          << s.file_kib << '\t' << s.fds << '\t' << s.threads << '\t'
+          << s.allocated_kib << '\t' << s.active_kib << '\t'
+          << s.dirty_kib << '\n';
   }
 
   INFO(result.err);

@@ -14,6 +14,7 @@
 #include "idempotency.hpp"
 #include "metrics.hpp"
 #include "router.hpp"
+#include "spindle/runtime/allocator.hpp"
 #include "spindle/runtime/io_pool.hpp"
 #include "spindle/messages/clock.hpp"
 #include "spindle/messages/error.hpp"
@@ -115,6 +116,25 @@ void add_gauges(http_metrics& metrics, runtime& rt) {
       }
       return out;
     });
+  // The allocator's own figures (jemalloc only): what the heap in the
+  // process's resident memory is made of (docs/reliability.md, "Soak").
+  if (read_allocator_stats())
+    metrics.add_gauge(
+      "spindle_allocator_bytes",
+      "What the allocator holds: allocated (live objects), active (their "
+      "pages), metadata, resident, dirty (freed, not yet given back)",
+      [] {
+        http_metrics::samples out;
+        if (auto a = read_allocator_stats())
+          for (auto [kind, value] :
+               {std::pair{"allocated", a->allocated},
+                std::pair{"active", a->active},
+                std::pair{"metadata", a->metadata},
+                std::pair{"resident", a->resident},
+                std::pair{"dirty", a->dirty}})
+            out.push_back({{{"kind", kind}}, static_cast<double>(value)});
+        return out;
+      });
   // The event stream (docs/api.md, "Events"), read from its log.
   metrics.add_gauge("spindle_events_published",
                     "Events published since the server started", [&rt] {
