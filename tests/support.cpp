@@ -28,6 +28,11 @@
 #include <httplib.h>
 #include <sqlite3.h>
 
+#include "spindle/messages/error.hpp"
+#include "spindle/runtime/database.hpp"
+#include "spindle/runtime/postgres.hpp"
+#include "spindle/runtime/sql_connection.hpp"
+
 extern char** environ;
 
 namespace spindle::test {
@@ -118,6 +123,103 @@ temp_dir::temp_dir() {
 temp_dir::~temp_dir() {
   std::error_code ec;
   std::filesystem::remove_all(path_, ec);
+}
+
+bool postgres_run() {
+  const char* v = std::getenv("SPINDLE_TEST_PG_DIR");
+  return v != nullptr && *v != 0;
+}
+
+std::string postgres_admin_url() {
+  const char* dir = std::getenv("SPINDLE_TEST_PG_DIR");
+  if (dir == nullptr || *dir == 0)
+    throw std::runtime_error("no SPINDLE_TEST_PG_DIR: the directory of a "
+                             "cluster .ci/postgres started");
+  std::ifstream in{std::filesystem::path{dir} / "url"};
+  std::string url;
+  if (!std::getline(in, url) || url.empty())
+    throw std::runtime_error(std::string{"no PostgreSQL cluster runs in "}
+                             + dir);
+  // .../spindle -> .../postgres
+  auto slash = url.rfind('/');
+  return url.substr(0, slash + 1) + "postgres";
+}
+
+namespace {
+
+std::unique_ptr<sql_connection> connect_or_throw(const std::string& url) {
+  auto conn = open_postgres(url, false);
+  if (!conn)
+    throw std::runtime_error("cannot connect to " + redact_url(url) + ": "
+                             + describe(conn.error()));
+  return std::move(*conn);
+}
+
+} // namespace
+
+test_store::test_store() {
+  if (!postgres_run())
+    return;
+  static std::atomic<uint64_t> next{0};
+  std::random_device rd;
+  name_ = "spindle_test_" + std::to_string(::getpid()) + "_"
+          + std::to_string(next++) + "_" + std::to_string(rd() % 100000);
+  auto admin = postgres_admin_url();
+  auto conn = connect_or_throw(admin);
+  if (auto err = conn->exec("CREATE DATABASE " + name_ + ";"))
+    throw std::runtime_error("CREATE DATABASE " + name_ + ": "
+                             + describe(err));
+  url_ = admin.substr(0, admin.rfind('/') + 1) + name_;
+}
+
+test_store::~test_store() {
+  if (name_.empty())
+    return;
+  try {
+    auto conn = connect_or_throw(postgres_admin_url());
+    // FORCE: connections a killed child left are ended.
+    conn->exec("DROP DATABASE IF EXISTS " + name_ + " WITH (FORCE);");
+  } catch (...) {
+  }
+}
+
+void test_store::exec(const std::string& sql) const {
+  if (on_postgres()) {
+    auto conn = connect_or_throw(url_);
+    if (auto err = conn->exec(sql))
+      throw std::runtime_error(sql + ": " + describe(err));
+    return;
+  }
+  auto db = database::open((dir_.path() / "spindle.db").string(),
+                           sync_mode::normal);
+  if (!db)
+    throw std::runtime_error("spindle.db: " + describe(db.error()));
+  if (auto err = (*db)->exec(sql))
+    throw std::runtime_error(sql + ": " + describe(err));
+}
+
+std::string test_store::query(const std::string& sql) const {
+  std::unique_ptr<sql_connection> conn;
+  if (on_postgres()) {
+    conn = connect_or_throw(url_);
+  } else {
+    auto db = database::open((dir_.path() / "spindle.db").string(),
+                             sync_mode::normal);
+    if (!db)
+      throw std::runtime_error("spindle.db: " + describe(db.error()));
+    conn = sqlite_connection(std::move(*db));
+  }
+  auto q = conn->prepare(sql);
+  if (!q)
+    throw std::runtime_error(sql + ": " + describe(q.error()));
+  auto row = (*q)->step();
+  if (!row)
+    throw std::runtime_error(sql + ": " + describe(row.error()));
+  if (!*row)
+    return {};
+  auto v = (*q)->column(0);
+  return v.type == sql_value::kind::integer ? std::to_string(v.integer)
+                                            : v.text;
 }
 
 process_result run(const std::vector<std::string>& argv,

@@ -43,6 +43,63 @@ private:
   std::filesystem::path path_;
 };
 
+/// Where a test keeps its durable state: a temporary data directory, and
+/// on the PostgreSQL run of the store suites (CTest's tests labelled
+/// `postgres`, which set SPINDLE_TEST_PG_DIR to the directory of the
+/// throwaway cluster CTest's fixture started with .ci/postgres) also a
+/// database of its own there, created empty and dropped on destruction. `apply` points storage options at it.
+class test_store {
+public:
+  test_store();
+  ~test_store();
+  test_store(const test_store&) = delete;
+  test_store& operator=(const test_store&) = delete;
+
+  /// The data directory (memory.db and idempotency.db live there on both
+  /// backends).
+  const temp_dir& dir() const noexcept {
+    return dir_;
+  }
+  std::string str() const {
+    return dir_.str();
+  }
+  const std::filesystem::path& path() const noexcept {
+    return dir_.path();
+  }
+  /// The PostgreSQL database's URL; empty on SQLite.
+  const std::string& url() const noexcept {
+    return url_;
+  }
+  bool on_postgres() const noexcept {
+    return !url_.empty();
+  }
+  /// Sets `data_dir` and, on PostgreSQL, `store`, of any options type
+  /// with those members (storage_options).
+  template <class StorageOptions>
+  void apply(StorageOptions& opts) const {
+    opts.data_dir = dir_.str();
+    opts.store = url_;
+  }
+  /// Runs `sql` on a connection of its own beside the runtime's, as an
+  /// operator would: on spindle.db, or on the PostgreSQL database. Throws
+  /// when it fails.
+  void exec(const std::string& sql) const;
+  /// The first column of the first row of `sql`, as text ("" for none).
+  std::string query(const std::string& sql) const;
+
+private:
+  temp_dir dir_;
+  std::string url_;
+  std::string name_;
+};
+
+/// Whether this run is the PostgreSQL run of the store suites.
+bool postgres_run();
+
+/// The URL of the cluster's maintenance database (`postgres`), from which
+/// test databases are created; throws when no cluster is set up.
+std::string postgres_admin_url();
+
 /// Holds `parties` threads at `arrive_and_wait` until all of them have
 /// arrived, then lets them all go; usable again for the next phase.
 class barrier {

@@ -23,10 +23,10 @@ using namespace std::chrono_literals;
 
 namespace {
 
-runtime_options durable(const test::temp_dir& dir, uint64_t max_resident = 0,
+runtime_options durable(const test::test_store& dir, uint64_t max_resident = 0,
                         std::chrono::milliseconds idle = 0ms) {
   runtime_options opts;
-  opts.storage.data_dir = dir.str();
+  dir.apply(opts.storage);
   opts.storage.sync = sync_mode::normal;
   activation_options a;
   a.max_resident = max_resident;
@@ -59,7 +59,7 @@ std::string name(const char* prefix, size_t i) {
 
 TEST_CASE("storage: threads, turns, clears and forks survive a restart "
           "exactly") {
-  test::temp_dir dir;
+  test::test_store dir;
   thread_snapshot before_a;
   thread_snapshot before_b;
   std::string forked;
@@ -112,7 +112,7 @@ TEST_CASE("storage: threads, turns, clears and forks survive a restart "
 
 TEST_CASE("storage: context windows keep their items, order, bounds and "
           "counters across a restart") {
-  test::temp_dir dir;
+  test::test_store dir;
   std::vector<context_item> before;
   context_stats stats_before;
   {
@@ -170,7 +170,7 @@ TEST_CASE("storage: context windows keep their items, order, bounds and "
 }
 
 TEST_CASE("storage: long-term memories survive a restart and stay scoped") {
-  test::temp_dir dir;
+  test::test_store dir;
   {
     runtime rt{durable(dir)};
     REQUIRE(rt.store_memory("Alice keeps bees in Lyon",
@@ -190,7 +190,7 @@ TEST_CASE("storage: long-term memories survive a restart and stay scoped") {
 
 TEST_CASE("storage: 10k threads with at most 1k resident answer exactly "
           "as if all were in memory") {
-  test::temp_dir dir;
+  test::test_store dir;
   constexpr size_t threads = 10000;
   constexpr size_t cap = 1000;
   runtime rt{durable(dir, cap)};
@@ -245,7 +245,7 @@ TEST_CASE("storage: 10k threads with at most 1k resident answer exactly "
 
 TEST_CASE("storage: context windows are passivated under a cap and "
           "reloaded exactly") {
-  test::temp_dir dir;
+  test::test_store dir;
   constexpr size_t windows = 600;
   runtime rt{durable(dir, 50)};
   for (int round = 0; round < 3; ++round)
@@ -267,7 +267,7 @@ TEST_CASE("storage: context windows are passivated under a cap and "
 }
 
 TEST_CASE("storage: idle threads are passivated after the idle timeout") {
-  test::temp_dir dir;
+  test::test_store dir;
   runtime rt{durable(dir, 0, 50ms)};
   for (size_t i = 0; i < 20; ++i)
     REQUIRE(rt.add_turn(name("idle", i), make_user_turn("x")));
@@ -289,7 +289,7 @@ TEST_CASE("storage: concurrent writers lose nothing and keep per-thread "
           "order across a restart") {
   for (size_t writers : {1, 4, 16}) {
     DYNAMIC_SECTION(writers << " writers") {
-      test::temp_dir dir;
+      test::test_store dir;
       constexpr size_t per_writer = 300;
       constexpr size_t shared_threads = 8;
       {
@@ -335,7 +335,7 @@ TEST_CASE("storage: reads racing the first writes of new threads and "
   // A read of a thread or window that does not exist yet loads it without
   // creating; a write that arrives during that load must still create it
   // (it was answered with no actor at all, and a message failed with 503).
-  test::temp_dir dir;
+  test::test_store dir;
   runtime rt{durable(dir, 64)};
   constexpr size_t threads = 200, readers = 3, writers = 3;
   std::atomic<size_t> failed_writes{0}, wrong_reads{0};
@@ -376,7 +376,7 @@ TEST_CASE("storage: reads racing the first writes of new threads and "
 
 TEST_CASE("storage: exchanges over passivated threads keep the whole "
           "conversation") {
-  test::temp_dir dir;
+  test::test_store dir;
   {
     runtime rt{durable(dir, 2)};
     for (int round = 0; round < 3; ++round)
@@ -412,8 +412,8 @@ TEST_CASE("storage: in-memory mode keeps nothing after the runtime stops") {
 }
 
 TEST_CASE("storage: a corrupt database or one of a newer schema is refused "
-          "at start and left untouched") {
-  test::temp_dir dir;
+          "at start and left untouched", "[sqlite]") {
+  test::test_store dir;
   auto db_path = dir.path() / "spindle.db";
   SECTION("corrupt") {
     {
@@ -441,8 +441,8 @@ TEST_CASE("storage: a corrupt database or one of a newer schema is refused "
 }
 
 TEST_CASE("storage: a data directory is owned by one process: a second "
-          "one is refused at start and the owner's state is untouched") {
-  test::temp_dir dir;
+          "one is refused at start and the owner's state is untouched", "[sqlite]") {
+  test::test_store dir;
   auto data = dir.path().string();
   {
     runtime rt{durable(dir)};
@@ -468,8 +468,8 @@ TEST_CASE("storage: a data directory is owned by one process: a second "
 }
 
 TEST_CASE("storage: the log is checkpointed into the database while the "
-          "store commits, and nothing is lost") {
-  test::temp_dir dir;
+          "store commits, and nothing is lost", "[sqlite]") {
+  test::test_store dir;
   auto db_file = dir.path() / "spindle.db";
   const size_t writers = 4;
   const size_t per_writer = 2000;
@@ -512,31 +512,21 @@ TEST_CASE("storage: the log is checkpointed into the database while the "
 
 namespace {
 
-// Rows of `table` in the database of `dir`, read beside the runtime.
-int64_t rows_in(const test::temp_dir& dir, const char* table) {
-  sqlite3* db = nullptr;
-  auto path = (dir.path() / "spindle.db").string();
-  if (sqlite3_open(path.c_str(), &db) != SQLITE_OK) {
-    sqlite3_close(db);
+// Rows of `table` in the store of `dir`, read beside the runtime.
+int64_t rows_in(const test::test_store& dir, const char* table) {
+  try {
+    return std::stoll(dir.query(std::string{"SELECT count(*) FROM "} + table
+                                + ";"));
+  } catch (const std::exception&) {
     return -1;
   }
-  sqlite3_stmt* stmt = nullptr;
-  int64_t n = -1;
-  auto sql = std::string{"SELECT count(*) FROM "} + table + ";";
-  if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr) == SQLITE_OK
-      && sqlite3_step(stmt) == SQLITE_ROW)
-    n = sqlite3_column_int64(stmt, 0);
-  sqlite3_finalize(stmt);
-  sqlite3_close(db);
-  return n;
 }
 
 // Runs `sql` on a connection of its own beside the runtime's, as an
-// operator (or a failing disk) would, on spindle.db or on the file named.
-bool exec_in(const test::temp_dir& dir, const std::string& sql,
-             const char* file = "spindle.db") {
+// operator (or a failing disk) would, on memory.db.
+bool exec_in_memory_db(const test::test_store& dir, const std::string& sql) {
   sqlite3* db = nullptr;
-  auto path = (dir.path() / file).string();
+  auto path = (dir.path() / "memory.db").string();
   bool ok = sqlite3_open(path.c_str(), &db) == SQLITE_OK
             && sqlite3_busy_timeout(db, 5000) == SQLITE_OK
             && sqlite3_exec(db, sql.c_str(), nullptr, nullptr, nullptr)
@@ -545,23 +535,33 @@ bool exec_in(const test::temp_dir& dir, const std::string& sql,
   return ok;
 }
 
-// Makes the database of `dir` (created first) refuse every insert into
-// `table` that matches `when`, with SQLite's error "disk says no".
-void refuse(const test::temp_dir& dir, const runtime_options& opts,
+// Makes the store of `dir` (created first) refuse every insert into
+// `table` whose new row matches `when` (NEW.column ...), with the error
+// "disk says no": a trigger in SQLite or in PostgreSQL.
+void refuse(const test::test_store& dir, const runtime_options& opts,
             const std::string& table, const std::string& when) {
   { runtime rt{opts}; } // creates the schema
-  // Long-term memory has a file of its own.
-  auto file = table.rfind("memor", 0) == 0 ? "memory.db" : "spindle.db";
-  REQUIRE(exec_in(dir,
-                  "CREATE TRIGGER refuse BEFORE INSERT ON " + table + " WHEN "
-                    + when
-                    + " BEGIN SELECT RAISE(ABORT, 'disk says no'); END;",
-                  file));
+  // Long-term memory has a file of its own (SQLite on both backends).
+  if (table.rfind("memor", 0) == 0) {
+    REQUIRE(exec_in_memory_db(dir, "CREATE TRIGGER refuse BEFORE INSERT ON "
+                                     + table + " WHEN " + when
+                                     + " BEGIN SELECT RAISE(ABORT, 'disk "
+                                       "says no'); END;"));
+  } else if (dir.on_postgres()) {
+    dir.exec("CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS "
+             "$$ BEGIN RAISE EXCEPTION 'disk says no'; END $$;"
+             "CREATE TRIGGER refuse BEFORE INSERT ON "
+             + table + " FOR EACH ROW WHEN (" + when
+             + ") EXECUTE FUNCTION refuse();");
+  } else {
+    dir.exec("CREATE TRIGGER refuse BEFORE INSERT ON " + table + " WHEN "
+             + when + " BEGIN SELECT RAISE(ABORT, 'disk says no'); END;");
+  }
 }
 
 // Durable options without long-term memory, over a database of `dir`
 // that refuses the inserts into `table` matching `when`.
-runtime_options refusing(const test::temp_dir& dir, const std::string& table,
+runtime_options refusing(const test::test_store& dir, const std::string& table,
                          const std::string& when) {
   auto opts = durable(dir);
   opts.conversation.memory = false;
@@ -599,7 +599,7 @@ TEST_CASE("storage: a turn whose write fails is an error, is neither seen "
           "nor stored, and the writes committed beside it are kept") {
   for (size_t clients : {1, 4, 16}) {
     CAPTURE(clients);
-    test::temp_dir dir;
+    test::test_store dir;
     auto opts = refusing(dir, "turn_journal", "NEW.content = 'boom'");
     const size_t turns = 30;
     auto check_all = [&](runtime& rt) {
@@ -645,7 +645,7 @@ TEST_CASE("storage: a turn whose write fails is an error, is neither seen "
 TEST_CASE("storage: a message whose user turn cannot be stored fails with "
           "storage_failure, none of its reply reaches the client, and the "
           "thread takes the next message") {
-  test::temp_dir dir;
+  test::test_store dir;
   auto opts = refusing(dir, "turn_journal", "NEW.content = 'boom'");
   // The provider streams while the user turn commits (its deltas wait for
   // the commit); an instant one and one that takes its time.
@@ -685,7 +685,7 @@ TEST_CASE("storage: a context item whose write fails is an error, its "
           "committed beside it are kept") {
   for (size_t clients : {1, 4, 16}) {
     CAPTURE(clients);
-    test::temp_dir dir;
+    test::test_store dir;
     auto opts = refusing(dir, "context_items", "NEW.item LIKE '%boom%'");
     const size_t items = 20;
     auto contents_of = [](runtime& rt, const std::string& window) {
@@ -731,7 +731,7 @@ TEST_CASE("storage: a context item whose write fails is an error, its "
 
 TEST_CASE("storage: a memory whose write fails is an error and is never "
           "retrieved, and the memories stored beside it are kept") {
-  test::temp_dir dir;
+  test::test_store dir;
   auto opts = durable(dir);
   refuse(dir, opts, "memories", "NEW.content LIKE '%boom%'");
   auto check_all = [](runtime& rt) {
@@ -760,7 +760,7 @@ TEST_CASE("storage: a memory whose write fails is an error and is never "
 TEST_CASE("storage: stores committed together fail one by one: of many "
           "concurrent memory stores, exactly those the database refuses "
           "fail") {
-  test::temp_dir dir;
+  test::test_store dir;
   auto opts = durable(dir);
   refuse(dir, opts, "memories", "NEW.content LIKE '%boom%'");
   runtime rt{opts};
@@ -805,7 +805,7 @@ TEST_CASE("storage: stores committed together fail one by one: of many "
 
 TEST_CASE("storage: turns journaled and not yet folded survive a restart, "
           "clears included, and the next start folds them") {
-  test::temp_dir dir;
+  test::test_store dir;
   auto opts = durable(dir);
   opts.storage.fold_every = 1000000; // nothing folds while it runs
   {
@@ -844,7 +844,7 @@ TEST_CASE("storage: turns journaled and not yet folded survive a restart, "
 
 TEST_CASE("storage: a load folds the journal only when the journal holds "
           "the loaded thread's turns, and every history stays exact") {
-  test::temp_dir dir;
+  test::test_store dir;
   auto opts = durable(dir, 2); // at most 2 threads resident
   opts.conversation.memory = false;
   opts.storage.fold_every = 1000000; // only loads fold
@@ -885,7 +885,7 @@ TEST_CASE("storage: the store counts every committed write once, in fewer "
   for (size_t clients : {1, 4, 16}) {
     for (bool group : {true, false}) {
       CAPTURE(clients, group);
-      test::temp_dir dir;
+      test::test_store dir;
       auto opts = durable(dir);
       opts.conversation.memory = false;
       opts.storage.group_commit = group;
@@ -914,7 +914,7 @@ TEST_CASE("storage: the store counts every committed write once, in fewer "
     }
   }
   // Folds: every 7 writes, each counting the turns it moved.
-  test::temp_dir dir;
+  test::test_store dir;
   auto opts = durable(dir);
   opts.conversation.memory = false;
   opts.storage.fold_every = 7;
@@ -944,7 +944,7 @@ TEST_CASE("storage: after a small commit the store lingers for the next "
   for (auto linger : {std::chrono::microseconds{50000},
                       std::chrono::microseconds{0}}) {
     CAPTURE(linger.count());
-    test::temp_dir dir;
+    test::test_store dir;
     auto opts = durable(dir);
     opts.conversation.memory = false;
     opts.storage.linger = linger;
@@ -984,7 +984,7 @@ TEST_CASE("storage: after a small commit the store lingers for the next "
 
 TEST_CASE("storage: the journal folds every few writes while threads are "
           "written and activated, and every history stays exact") {
-  test::temp_dir dir;
+  test::test_store dir;
   auto opts = durable(dir, 4); // at most 4 resident: loads interleave
   opts.storage.fold_every = 7;
   {
@@ -1030,7 +1030,7 @@ TEST_CASE("storage: appends pipelined into one thread by many clients are "
           "client sent them, around a refused one") {
   for (size_t clients : {1, 4, 16}) {
     CAPTURE(clients);
-    test::temp_dir dir;
+    test::test_store dir;
     auto opts = refusing(dir, "turn_journal", "NEW.content = 'boom'");
     const size_t depth = 64;
     auto sent = [&](size_t c, size_t i) {
@@ -1097,7 +1097,7 @@ TEST_CASE("storage: appends pipelined into one thread by many clients are "
 
 TEST_CASE("storage: a clear and an exchange sent behind appends still in "
           "flight see every one of them") {
-  test::temp_dir dir;
+  test::test_store dir;
   auto opts = durable(dir);
   opts.conversation.memory = false;
   {

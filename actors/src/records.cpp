@@ -139,9 +139,10 @@ namespace {
 // Before a thread's version is replaced: keeps it if a walk's snapshot
 // saw it (docs/threads.md, "Listing").
 sql_statement keep_version(const std::string& thread_id) {
-  return make_sql("INSERT OR IGNORE INTO thread_versions(version, thread_id, "
+  return make_sql("INSERT INTO thread_versions(version, thread_id, "
                   "superseded) SELECT version, thread_id, ?2 FROM threads "
-                  "WHERE thread_id = ?1 AND version <= ?3;",
+                  "WHERE thread_id = ?1 AND version <= ?3 "
+                  "ON CONFLICT DO NOTHING;",
                   thread_id, sql_value::kind::version,
                   sql_value::kind::pinned);
 }
@@ -150,10 +151,15 @@ sql_statement keep_version(const std::string& thread_id) {
 
 sql_write put_summary(const std::string& thread_id, uint64_t epoch,
                       const thread_summary& summary) {
-  return {make_sql("INSERT OR REPLACE INTO thread_summaries(thread_id, "
+  return {make_sql("INSERT INTO thread_summaries(thread_id, "
                    "content, upto, tokens, token_encoding, updated_ms) "
                    "SELECT ?1, ?3, ?4, ?5, ?6, ?7 FROM threads "
-                   "WHERE thread_id = ?1 AND epoch = ?2;",
+                   "WHERE thread_id = ?1 AND epoch = ?2 "
+                   "ON CONFLICT(thread_id) DO UPDATE SET "
+                   "content = excluded.content, upto = excluded.upto, "
+                   "tokens = excluded.tokens, "
+                   "token_encoding = excluded.token_encoding, "
+                   "updated_ms = excluded.updated_ms;",
                    thread_id, epoch, summary.content, summary.upto,
                    static_cast<int64_t>(summary.tokens),
                    static_cast<int64_t>(summary.token_encoding),
@@ -242,7 +248,8 @@ sql_write delete_thread(const std::string& thread_id) {
 
 sql_statement thread_version_floor() {
   return make_sql("SELECT max(v) FROM (SELECT max(version) AS v FROM threads "
-                  "UNION ALL SELECT max(superseded) FROM thread_versions);");
+                  "UNION ALL SELECT max(superseded) FROM thread_versions) "
+                  "AS floors;");
 }
 
 sql_statement prune_thread_versions(uint64_t horizon) {

@@ -17,6 +17,7 @@
 #include "spindle/runtime/io_pool.hpp"
 #include "spindle/runtime/logging.hpp"
 #include "spindle/runtime/openai_provider.hpp"
+#include "spindle/runtime/postgres.hpp"
 #include "spindle/runtime/rewriter.hpp"
 #include "spindle/runtime/runtime.hpp"
 #include "spindle/runtime/server.hpp"
@@ -30,6 +31,7 @@ namespace {
 struct serve_args {
   server_options http;
   std::string data = "./spindle-data";
+  std::string store;
   std::string llm = "offline";
   std::string llm_url;
   std::string llm_model;
@@ -93,6 +95,22 @@ int serve(serve_args args) {
 
   runtime_options opts;
   opts.storage.data_dir = args.data;
+  if (!args.store.empty()) {
+    // A bad or unreachable database is a usage error, told before anything
+    // starts; messages show the URL without its password.
+    if (!is_postgres_url(args.store)) {
+      std::cerr << "spindle serve: --store: '" << redact_url(args.store)
+                << "' is not a PostgreSQL URL (postgres://USER@HOST:PORT/DB)"
+                << "\n";
+      return exit_code::usage;
+    }
+    if (auto probe = open_postgres(args.store, false); !probe) {
+      std::cerr << "spindle serve: --store: " << describe(probe.error())
+                << "\n";
+      return exit_code::usage;
+    }
+    opts.storage.store = args.store;
+  }
   opts.storage.sync = args.sync == "normal" ? sync_mode::normal
                                             : sync_mode::full;
   opts.storage.linger = std::chrono::microseconds(args.linger_us);
@@ -164,6 +182,9 @@ int serve(serve_args args) {
   spdlog::info(log_fields("start", {{"bind", args.http.bind},
                                     {"port", *port},
                                     {"data", args.data},
+                                    {"store", args.store.empty()
+                                                ? std::string{"sqlite"}
+                                                : redact_url(args.store)},
                                     {"llm", args.llm},
                                     {"tokenizer", args.http.tokenizer.empty()
                                                     ? "per model"
@@ -218,6 +239,12 @@ void add_serve(CLI::App& app, registry& commands) {
                   "data directory, or :memory: to keep nothing (default "
                   "./spindle-data); one process owns a directory at a time")
     ->envname("SPINDLE_DATA");
+  sub->add_option("--store", args->store,
+                  "a PostgreSQL database to keep counters, threads, context "
+                  "windows and tasks in, as postgres://USER[:PASSWORD]@HOST:"
+                  "PORT/DB (default: SQLite in --data; docs/storage.md, "
+                  "\"Backends\")")
+    ->envname("SPINDLE_STORE");
   sub->add_option("--llm", args->llm,
                   "LLM provider: offline (default) or openai")
     ->envname("SPINDLE_LLM")

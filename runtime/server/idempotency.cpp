@@ -61,7 +61,7 @@ caf::expected<std::unique_ptr<idempotency_store>>
 idempotency_store::open(const storage_options& storage,
                         std::chrono::seconds retention) {
   std::unique_ptr<database> db;
-  if (!storage.in_memory()) {
+  if (!storage.files_in_memory()) {
     auto opened = database::open(idempotency_database_path(storage),
                                  storage.sync);
     if (!opened)

@@ -236,7 +236,7 @@ connect(const storage_options& options, bool writes,
   auto db = database::open(memory_database_path(options), options.sync);
   if (!db)
     return db.error();
-  if (!options.in_memory()) {
+  if (!options.files_in_memory()) {
     // A reader never writes; mapping the file spares it a read() per page
     // it does not have cached.
     auto settings = writes ? "PRAGMA mmap_size = 268435456;"
@@ -416,13 +416,13 @@ caf::expected<memory_service> spawn_memory(caf::actor_system& sys,
   auto writing = connect(options, true, changes, serving.tokens);
   if (!writing)
     return writing.error();
-  if (!options.in_memory())
+  if (!options.files_in_memory())
     if (auto err = adopt_old_entries(*(*writing)->db, options))
       return err;
   // Entries stored before the index existed (an upgraded database).
   if (auto indexed = (*writing)->writer->catch_up(); !indexed)
     return indexed.error();
-  if (options.in_memory()) {
+  if (options.files_in_memory()) {
     // A private ":memory:" database lives in its one connection: one actor
     // serves stores and retrievals in turn.
     return memory_service{sys.spawn<caf::detached>(memory_server,

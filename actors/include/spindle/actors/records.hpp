@@ -13,7 +13,7 @@
 #include "spindle/messages/threads.hpp"
 
 // How each actor's state maps to the state store's tables (schema in
-// runtime/src/database.cpp, migration 3). Pure functions: each builds the
+// runtime/storage/sqlite/database.cpp, migration 3). Pure functions: each builds the
 // statements of one change, or decodes the rows of one load. Keeping the
 // SQL here keeps it beside the actors whose state it is, and out of the
 // domain-agnostic store.

@@ -11,7 +11,7 @@
 #include "spindle/messages/task_id.hpp"
 
 // How orchestrations and tasks map to the state store's `tasks` table
-// (schema in runtime/src/database.cpp, migration 3): one row per task, the
+// (schema in runtime/storage/sqlite/database.cpp, migration 3): one row per task, the
 // orchestration's own row included (its parent is ''). Pure functions: each
 // builds the statements of one change, or decodes the rows of one load.
 // Only the facts are stored (state, payload, outcome, worker, attempts and

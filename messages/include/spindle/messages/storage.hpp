@@ -20,7 +20,7 @@
 // arrive while a commit runs are committed together (group commit), and a
 // write is answered only after its transaction committed. The SQL of each
 // area lives beside its actor (actors/src/records.cpp); the schema in
-// runtime/src/database.cpp. See docs/storage.md.
+// runtime/storage/sqlite/database.cpp. See docs/storage.md.
 
 namespace spindle {
 

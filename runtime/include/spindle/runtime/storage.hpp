@@ -19,6 +19,10 @@ struct storage_options {
   /// Directory of the database (created if missing). Empty or ":memory:"
   /// keeps everything in memory: nothing survives the process.
   std::string data_dir;
+  /// A PostgreSQL database's URL (`postgres://user@host:port/db`): the
+  /// counters, threads, context windows and tasks live there instead of
+  /// `data_dir`'s spindle.db (docs/storage.md, "Backends"). Empty: SQLite.
+  std::string store;
   /// How hard commits press data to disk.
   sync_mode sync = sync_mode::full;
   /// Commit the writes that arrive while a commit runs together (group
@@ -32,8 +36,20 @@ struct storage_options {
   /// awake (docs/storage.md, "The store lingers"). Zero: never.
   std::chrono::microseconds linger{100};
 
+  /// Nothing durable: no PostgreSQL and no data directory.
   bool in_memory() const noexcept {
+    return !on_postgres() && (data_dir.empty() || data_dir == ":memory:");
+  }
+  /// Whether the files beside the store (memory.db, idempotency.db) are
+  /// in memory: no data directory. Until long-term memory and the
+  /// idempotency keys have their PostgreSQL home, they stay in these
+  /// files also with a PostgreSQL store (docs/storage.md, "Backends").
+  bool files_in_memory() const noexcept {
     return data_dir.empty() || data_dir == ":memory:";
+  }
+  /// Whether the state lives in PostgreSQL.
+  bool on_postgres() const noexcept {
+    return !store.empty();
   }
 };
 

@@ -15,6 +15,8 @@
 #include "spindle/actors/records.hpp"
 #include "spindle/actors/thread_catalog.hpp"
 #include "spindle/messages/error.hpp"
+#include "spindle/runtime/postgres.hpp"
+#include "spindle/runtime/sql_connection.hpp"
 
 namespace spindle {
 
@@ -41,35 +43,46 @@ counter_store_actor::behavior_type memory_counter_store(
   };
 }
 
-struct sqlite_counter_state {
-  static inline const char* name = "spindle.counter_store.sqlite";
-  std::shared_ptr<database> db;
-  statement load;
-  statement store;
+struct durable_counter_state {
+  static inline const char* name = "spindle.counter_store.durable";
+  std::shared_ptr<sql_connection> db;
+  std::unique_ptr<sql_query> load;
+  std::unique_ptr<sql_query> store;
 };
 
-counter_store_actor::behavior_type sqlite_counter_store(
-  counter_store_actor::stateful_pointer<sqlite_counter_state> self,
-  std::shared_ptr<database> db) {
-  auto& st = self->state;
-  st.db = std::move(db);
-  // Statements are prepared once; a failure here surfaces on first use.
-  if (auto s = st.db->prepare("SELECT high_water FROM counters WHERE key=?1;"))
-    st.load = std::move(*s);
-  if (auto s = st.db->prepare(
-        "INSERT INTO counters(key, high_water) VALUES(?1, ?2) "
-        "ON CONFLICT(key) DO UPDATE SET high_water = "
-        "max(high_water, excluded.high_water);"))
-    st.store = std::move(*s);
+// The statements, prepared on first use (SQL both backends run).
+caf::expected<sql_query*> counter_query(durable_counter_state& st,
+                                        std::unique_ptr<sql_query>& slot,
+                                        const char* sql) {
+  if (!slot) {
+    auto q = st.db->prepare(sql);
+    if (!q)
+      return q.error();
+    slot = std::move(*q);
+  }
+  return slot.get();
+}
+
+counter_store_actor::behavior_type durable_counter_store(
+  counter_store_actor::stateful_pointer<durable_counter_state> self,
+  std::shared_ptr<sql_connection> db) {
+  self->state.db = std::move(db);
   return {
     [self](load_atom, counter_atom,
            const std::string& key) -> caf::result<uint64_t> {
-      auto& stmt = self->state.load;
-      stmt.bind(1, key);
+      auto& st = self->state;
+      auto q = counter_query(st, st.load,
+                             "SELECT high_water FROM counters WHERE key = ?1;");
+      if (!q)
+        return q.error();
+      auto& stmt = **q;
+      stmt.bind(1, sql_value::of(key));
       auto row = stmt.step();
       uint64_t mark = 0;
-      if (row && *row)
-        mark = static_cast<uint64_t>(stmt.column_int64(0));
+      if (row && *row) {
+        auto v = stmt.column(0);
+        mark = v.integer > 0 ? static_cast<uint64_t>(v.integer) : 0;
+      }
       stmt.reset();
       if (!row)
         return row.error();
@@ -77,9 +90,19 @@ counter_store_actor::behavior_type sqlite_counter_store(
     },
     [self](store_atom, counter_atom, const std::string& key,
            uint64_t mark) -> caf::result<uint64_t> {
-      auto& stmt = self->state.store;
-      stmt.bind(1, key).bind(2, static_cast<int64_t>(mark));
-      if (auto err = stmt.run())
+      auto& st = self->state;
+      // A mark never goes down: the larger of the stored and the new.
+      auto q = counter_query(
+        st, st.store,
+        "INSERT INTO counters(key, high_water) VALUES(?1, ?2) "
+        "ON CONFLICT(key) DO UPDATE SET high_water = CASE "
+        "WHEN excluded.high_water > counters.high_water "
+        "THEN excluded.high_water ELSE counters.high_water END;");
+      if (!q)
+        return q.error();
+      (*q)->bind(1, sql_value::of(key));
+      (*q)->bind(2, sql_value::of(static_cast<int64_t>(mark)));
+      if (auto err = (*q)->run())
         return err;
       return mark;
     },
@@ -149,11 +172,11 @@ struct state_store_state {
     }
   };
 
-  std::unique_ptr<database> db;
+  std::unique_ptr<sql_connection> db;
   bool group_commit = true;
   /// Prepared statements by SQL text: each area sends a handful of
   /// distinct statements, prepared once.
-  std::unordered_map<std::string, statement> cache;
+  std::unordered_map<std::string, std::unique_ptr<sql_query>> cache;
   std::vector<pending_write> pending;
   bool flush_scheduled = false;
   /// Runs the checkpoints; invalid: SQLite checkpoints after commits.
@@ -195,7 +218,7 @@ using state_store_pointer
   = storage_actor::extend<caf::reacts_to<flush_atom>>::stateful_pointer<
     state_store_state>;
 
-caf::expected<statement*> prepared(state_store_state& st,
+caf::expected<sql_query*> prepared(state_store_state& st,
                                    const std::string& sql) {
   auto i = st.cache.find(sql);
   if (i == st.cache.end()) {
@@ -204,12 +227,12 @@ caf::expected<statement*> prepared(state_store_state& st,
       return stmt.error();
     i = st.cache.emplace(sql, std::move(*stmt)).first;
   }
-  return &i->second;
+  return i->second.get();
 }
 
 // The prepared statement of `x` with its parameters bound, versions
 // included.
-caf::expected<statement*> bound(state_store_state& st, const sql_statement& x) {
+caf::expected<sql_query*> bound(state_store_state& st, const sql_statement& x) {
   auto stmt = prepared(st, x.sql);
   if (!stmt)
     return stmt.error();
@@ -217,13 +240,14 @@ caf::expected<statement*> bound(state_store_state& st, const sql_statement& x) {
     auto index = static_cast<int>(i + 1);
     switch (x.params[i].type) {
       case sql_value::kind::version:
-        (*stmt)->bind(index, static_cast<int64_t>(st.write_version));
+        (*stmt)->bind(index,
+                      sql_value::of(static_cast<int64_t>(st.write_version)));
         break;
       case sql_value::kind::pin:
         st.pin = std::max(st.pin, st.last_version);
         [[fallthrough]];
       case sql_value::kind::pinned:
-        (*stmt)->bind(index, static_cast<int64_t>(st.pin));
+        (*stmt)->bind(index, sql_value::of(static_cast<int64_t>(st.pin)));
         break;
       default:
         (*stmt)->bind(index, x.params[i]);
@@ -328,17 +352,20 @@ uint64_t flush(state_store_state& st) {
       else
         w.answer(err);
   };
-  if (auto err = run(st, "BEGIN IMMEDIATE;")) {
+  if (auto err = st.db->begin()) {
     fail_all(err);
     return writes;
   }
+  // SQLite undoes a failing statement alone; PostgreSQL spoils the whole
+  // transaction with it, so there every write has its savepoint.
+  bool savepoint_each = st.db->failure_spoils_transaction();
   std::vector<caf::expected<uint64_t>> results;
   results.reserve(batch.size());
   uint64_t failed_writes = 0;
   for (auto& w : batch) {
     uint64_t changes = 0;
     assign_version(st, w.write);
-    if (w.write.size() <= 1) {
+    if (w.write.empty() || (w.write.size() == 1 && !savepoint_each)) {
       // One statement is atomic by itself: SQLite undoes a failing
       // statement, not the transaction around it.
       caf::error err;
@@ -368,8 +395,8 @@ uint64_t flush(state_store_state& st) {
       results.emplace_back(changes);
     }
   }
-  if (auto err = run(st, "COMMIT;")) {
-    run(st, "ROLLBACK;");
+  if (auto err = st.db->commit()) {
+    st.db->rollback();
     fail_all(err);
     return writes;
   }
@@ -396,7 +423,7 @@ void fold(state_store_state& st) {
   st.unfolded = 0;
   auto started = std::chrono::steady_clock::now();
   uint64_t moved = 0;
-  caf::error failed = run(st, "BEGIN IMMEDIATE;");
+  caf::error failed = st.db->begin();
   for (auto& x : st.journal.fold) {
     if (failed)
       break;
@@ -404,9 +431,9 @@ void fold(state_store_state& st) {
     failed = run(st, x, &x == &st.journal.fold.front() ? &moved : nullptr);
   }
   if (!failed)
-    failed = run(st, "COMMIT;");
+    failed = st.db->commit();
   if (failed) {
-    run(st, "ROLLBACK;");
+    st.db->rollback();
     spdlog::error("storage: folding the journal failed: {}", describe(failed));
     return;
   }
@@ -463,7 +490,8 @@ void linger(state_store_pointer self, uint64_t committed) {
 
 storage_actor::extend<caf::reacts_to<flush_atom>>::behavior_type
 state_store(state_store_pointer self,
-            std::shared_ptr<std::unique_ptr<database>> db, bool group_commit,
+            std::shared_ptr<std::unique_ptr<sql_connection>> db,
+            bool group_commit,
             caf::actor checkpointer, sql_journal journal, uint64_t fold_every,
             std::chrono::microseconds linger_time,
             std::shared_ptr<storage_counters> counters,
@@ -496,7 +524,8 @@ state_store(state_store_pointer self,
   if (checkpointer) {
     st.checkpointer = checkpointer;
     // Replaces SQLite's autocheckpoint on this connection.
-    sqlite3_wal_hook(st.db->handle(), &on_wal_commit, &st);
+    if (auto* lite = st.db->sqlite())
+      sqlite3_wal_hook(lite->handle(), &on_wal_commit, &st);
     self->attach_functor([checkpointer](const caf::error&) {
       caf::anon_send_exit(checkpointer, caf::exit_reason::user_shutdown);
     });
@@ -550,7 +579,7 @@ state_store(state_store_pointer self,
 } // namespace
 
 caf::error create_data_dir(const storage_options& options) {
-  if (options.in_memory())
+  if (options.files_in_memory())
     return caf::none;
   std::error_code ec;
   std::filesystem::create_directories(options.data_dir, ec);
@@ -564,6 +593,18 @@ caf::error create_data_dir(const storage_options& options) {
 caf::expected<storage_actor>
 spawn_state_store(caf::actor_system& sys, const storage_options& options,
                   std::shared_ptr<storage_counters> counters) {
+  if (options.on_postgres()) {
+    auto conn = open_postgres(options.store);
+    if (!conn)
+      return conn.error();
+    auto shared
+      = std::make_shared<std::unique_ptr<sql_connection>>(std::move(*conn));
+    auto handle = sys.spawn<caf::detached>(
+      state_store, std::move(shared), options.group_commit, caf::actor{},
+      records::turn_journal(), options.fold_every, options.linger,
+      std::move(counters), records::thread_version_floor());
+    return caf::actor_cast<storage_actor>(handle);
+  }
   if (options.in_memory())
     return storage_actor{};
   if (auto err = create_data_dir(options))
@@ -582,7 +623,8 @@ spawn_state_store(caf::actor_system& sys, const storage_options& options,
                  "after commits",
                  describe(cdb.error()));
   }
-  auto shared = std::make_shared<std::unique_ptr<database>>(std::move(*db));
+  auto shared = std::make_shared<std::unique_ptr<sql_connection>>(
+    sqlite_connection(std::move(*db)));
   auto handle = sys.spawn<caf::detached>(state_store, std::move(shared),
                                          options.group_commit,
                                          std::move(checkpoints),
@@ -643,19 +685,19 @@ void storage_counters::lingered(bool hit, double seconds) noexcept {
 }
 
 std::string database_path(const storage_options& options) {
-  if (options.in_memory())
+  if (options.files_in_memory())
     return ":memory:";
   return (std::filesystem::path{options.data_dir} / "spindle.db").string();
 }
 
 std::string memory_database_path(const storage_options& options) {
-  if (options.in_memory())
+  if (options.files_in_memory())
     return ":memory:";
   return (std::filesystem::path{options.data_dir} / "memory.db").string();
 }
 
 std::string idempotency_database_path(const storage_options& options) {
-  if (options.in_memory())
+  if (options.files_in_memory())
     return ":memory:";
   return (std::filesystem::path{options.data_dir} / "idempotency.db")
     .string();
@@ -663,6 +705,13 @@ std::string idempotency_database_path(const storage_options& options) {
 
 caf::expected<counter_store_actor>
 spawn_counter_store(caf::actor_system& sys, const storage_options& options) {
+  if (options.on_postgres()) {
+    auto conn = open_postgres(options.store);
+    if (!conn)
+      return conn.error();
+    std::shared_ptr<sql_connection> shared{std::move(*conn)};
+    return sys.spawn<caf::detached>(durable_counter_store, std::move(shared));
+  }
   if (options.in_memory())
     return sys.spawn(memory_counter_store);
   std::error_code ec;
@@ -674,8 +723,8 @@ spawn_counter_store(caf::actor_system& sys, const storage_options& options) {
   auto db = database::open(database_path(options), options.sync);
   if (!db)
     return db.error();
-  std::shared_ptr<database> shared{std::move(*db)};
-  return sys.spawn<caf::detached>(sqlite_counter_store, std::move(shared));
+  std::shared_ptr<sql_connection> shared{sqlite_connection(std::move(*db))};
+  return sys.spawn<caf::detached>(durable_counter_store, std::move(shared));
 }
 
 } // namespace spindle

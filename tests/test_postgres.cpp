@@ -1,0 +1,292 @@
+// PostgreSQL as the store (docs/storage.md, "Backends"): what only this
+// backend has. Its schema is migrated once however many nodes start at
+// once; a newer schema is refused and left as it is; a bad or unreachable
+// URL stops `spindle serve` with exit code 2 and never shows the password;
+// hostile values are stored as they came; a database restart fails the
+// writes it catches with a clear error, none hangs, and spindle writes
+// again as soon as the database is back, having lost nothing it
+// acknowledged. Runs only on the PostgreSQL run (tests/CMakeLists.txt).
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+#include <catch2/catch.hpp>
+
+#include "spindle/messages/error.hpp"
+#include "spindle/runtime/database.hpp"
+#include "spindle/runtime/postgres.hpp"
+#include "spindle/runtime/runtime.hpp"
+#include "support.hpp"
+
+using namespace spindle;
+using namespace std::chrono_literals;
+
+namespace {
+
+runtime_options on(const test::test_store& store) {
+  runtime_options opts;
+  store.apply(opts.storage);
+  opts.conversation.memory = false;
+  return opts;
+}
+
+// The cluster of a test of its own (.ci/postgres), stopped and removed
+// with it.
+class private_cluster {
+public:
+  private_cluster() {
+    auto r = test::run({script(), "start", dir_.str() + "/pg"});
+    if (r.exit_code != 0)
+      throw std::runtime_error("cannot start a cluster: " + r.err);
+    url_ = test::lines(r.out).at(0);
+  }
+  ~private_cluster() {
+    test::run({script(), "stop", dir_.str() + "/pg"});
+  }
+  const std::string& url() const noexcept {
+    return url_;
+  }
+  /// Restarts the server at once, as a crash would (`-m immediate`).
+  bool restart_immediately() {
+    return test::run({script(), "restart", dir_.str() + "/pg", "immediate"})
+             .exit_code
+           == 0;
+  }
+
+private:
+  static std::string script() {
+    return std::string{SPINDLE_SOURCE_DIR} + "/.ci/postgres";
+  }
+  test::temp_dir dir_;
+  std::string url_;
+};
+
+} // namespace
+
+TEST_CASE("postgres: nodes starting at once on an empty database migrate "
+          "it exactly once") {
+  test::test_store store;
+  REQUIRE(store.on_postgres());
+  const int nodes = 8;
+  std::atomic<int> opened{0};
+  std::vector<std::string> errors;
+  std::mutex mx;
+  test::barrier start{nodes};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < nodes; ++i)
+    threads.emplace_back([&] {
+      start.arrive_and_wait();
+      auto conn = open_postgres(store.url());
+      if (conn) {
+        ++opened;
+      } else {
+        std::lock_guard<std::mutex> guard{mx};
+        errors.push_back(describe(conn.error()));
+      }
+    });
+  for (auto& t : threads)
+    t.join();
+  INFO((errors.empty() ? std::string{} : errors.front()));
+  CHECK(opened == nodes);
+  CHECK(store.query("SELECT count(*) FROM spindle_schema;") == "1");
+  CHECK(store.query("SELECT version FROM spindle_schema;")
+        == std::to_string(database::schema_version));
+  auto version = postgres_schema_version(store.url());
+  REQUIRE(version);
+  CHECK(*version == database::schema_version);
+}
+
+TEST_CASE("postgres: a database of a newer schema is refused at start and "
+          "left untouched") {
+  test::test_store store;
+  {
+    runtime rt{on(store)};
+    REQUIRE(rt.add_turn("kept", make_user_turn("before")));
+  }
+  store.exec("UPDATE spindle_schema SET version = 99;");
+  auto rt = runtime::start(on(store));
+  REQUIRE_FALSE(rt);
+  CHECK(classify(rt.error()) == errc::storage_failure);
+  CHECK(describe(rt.error()).find("newer") != std::string::npos);
+  CHECK(store.query("SELECT version FROM spindle_schema;") == "99");
+  CHECK(store.query("SELECT count(*) FROM turns;")
+          + store.query("SELECT count(*) FROM turn_journal;")
+        != "00");
+  CHECK(store.query("SELECT content FROM turn_journal UNION ALL "
+                    "SELECT content FROM turns;")
+        == "before");
+}
+
+TEST_CASE("postgres: spindle serve with a bad or unreachable --store exits "
+          "2 with a clear error that never shows the password") {
+  test::test_store store;
+  auto serve = [](const std::string& url) {
+    return test::run({"timeout", "30", test::spindle_binary(), "serve",
+                      "--port", "0", "--data", ":memory:", "--store", url});
+  };
+  SECTION("nothing listens there") {
+    auto r = serve("postgres://alice:Sw0rdf1sh@127.0.0.1:1/spindle");
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find("--store") != std::string::npos);
+    CHECK(r.err.find("127.0.0.1") != std::string::npos);
+    CHECK(r.err.find("Sw0rdf1sh") == std::string::npos);
+    CHECK(r.out.find("Sw0rdf1sh") == std::string::npos);
+  }
+  SECTION("a database that does not exist") {
+    auto url = store.url();
+    auto bad = url.substr(0, url.rfind('/') + 1) + "no_such_database";
+    // postgres://postgres@... -> postgres://postgres:Sw0rdf1sh@...
+    bad.insert(bad.find('@'), ":Sw0rdf1sh");
+    auto r = serve(bad);
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find("no_such_database") != std::string::npos);
+    CHECK(r.err.find("Sw0rdf1sh") == std::string::npos);
+  }
+  SECTION("not a PostgreSQL URL") {
+    auto r = serve("mysql://bob:Sw0rdf1sh@127.0.0.1/db");
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find("not a PostgreSQL URL") != std::string::npos);
+    CHECK(r.err.find("Sw0rdf1sh") == std::string::npos);
+  }
+  SECTION("a malformed URL") {
+    auto r = serve("postgres://carol:Sw0rdf1sh@127.0.0.1:notaport/db");
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find("Sw0rdf1sh") == std::string::npos);
+  }
+  SECTION("the same through SPINDLE_STORE") {
+    auto r = test::run({"timeout", "30", test::spindle_binary(), "serve",
+                        "--port", "0", "--data", ":memory:"},
+                       {}, {{"SPINDLE_STORE",
+                             "postgres://dave:Sw0rdf1sh@127.0.0.1:1/x"}});
+    CHECK(r.exit_code == 2);
+    CHECK(r.err.find("Sw0rdf1sh") == std::string::npos);
+  }
+}
+
+TEST_CASE("postgres: hostile values are stored exactly as they came, and a "
+          "NUL character is a clear error that changes nothing") {
+  test::test_store store;
+  const std::vector<std::string> hostile{
+    "'); DROP TABLE turns; --",
+    "\" OR 1=1 --",
+    "$1 $$ ?1 ? \\x00 \\\\",
+    "emoji \xF0\x9F\xA7\xB5 and accents: d\xC3\xA9j\xC3\xA0 vu",
+    std::string(1 << 20, 'm'),
+  };
+  {
+    runtime rt{on(store)};
+    for (auto& text : hostile)
+      REQUIRE(rt.add_turn("hostile", make_user_turn(text)));
+    auto nul = rt.add_turn("hostile", make_user_turn(std::string{"a\0b", 3}));
+    REQUIRE_FALSE(nul);
+    CHECK(describe(nul.error()).find("NUL") != std::string::npos);
+    // The thread goes on; nothing was half stored.
+    REQUIRE(rt.add_turn("hostile", make_user_turn("after")));
+  }
+  runtime rt{on(store)};
+  auto h = rt.history("hostile", 100);
+  REQUIRE(h);
+  REQUIRE(h->size() == hostile.size() + 1);
+  for (size_t i = 0; i < hostile.size(); ++i)
+    CHECK(h->at(i).content == hostile[i]);
+  CHECK(h->back().content == "after");
+  CHECK(store.query("SELECT count(*) FROM threads;") == "1");
+}
+
+TEST_CASE("postgres: a database restart fails the writes it catches with "
+          "a clear error, none hangs, writes succeed again soon after, and "
+          "every acknowledged turn is kept") {
+  private_cluster cluster;
+  runtime_options opts;
+  opts.storage.store = cluster.url();
+  opts.conversation.memory = false;
+  auto rt = std::make_unique<runtime>(opts);
+  const size_t clients = 16;
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> failed{0};
+  std::atomic<int64_t> longest_ms{0};
+  std::atomic<int64_t> last_failure_ms{0};
+  std::mutex mx;
+  std::vector<std::vector<std::string>> acknowledged(clients);
+  std::vector<std::string> unclear;
+  std::string last_error;
+  auto started = std::chrono::steady_clock::now();
+  auto now_ms = [&] {
+    return std::chrono::duration_cast<std::chrono::milliseconds>(
+             std::chrono::steady_clock::now() - started)
+      .count();
+  };
+  std::vector<std::thread> writers;
+  for (size_t c = 0; c < clients; ++c)
+    writers.emplace_back([&, c] {
+      for (size_t i = 0; !stop; ++i) {
+        auto text = "c" + std::to_string(c) + "-" + std::to_string(i);
+        auto t0 = now_ms();
+        auto r = rt->add_turn("restart-" + std::to_string(c),
+                              make_user_turn(text));
+        auto took = now_ms() - t0;
+        int64_t seen = longest_ms;
+        while (took > seen && !longest_ms.compare_exchange_weak(seen, took)) {
+        }
+        if (r) {
+          acknowledged[c].push_back(text);
+          continue;
+        }
+        ++failed;
+        last_failure_ms = now_ms();
+        {
+          std::lock_guard<std::mutex> guard{mx};
+          last_error = describe(r.error());
+        }
+        auto code = classify(r.error());
+        if (code != errc::storage_failure && code != errc::unavailable) {
+          std::lock_guard<std::mutex> guard{mx};
+          unclear.push_back(describe(r.error()));
+        }
+        std::this_thread::sleep_for(20ms);
+      }
+    });
+  std::this_thread::sleep_for(1500ms);
+  auto restart_at = now_ms();
+  REQUIRE(cluster.restart_immediately());
+  auto back_at = now_ms();
+  std::this_thread::sleep_for(6s);
+  stop = true;
+  for (auto& t : writers)
+    t.join();
+  INFO("restart " << restart_at << " ms .. " << back_at << " ms; last failure "
+                  << last_failure_ms << " ms; failed " << failed
+                  << "; the last error: " << last_error);
+  CHECK(failed > 0); // the restart was seen
+  CHECK(unclear.empty());
+  // No call waited past the state store's own bounds.
+  CHECK(longest_ms < 10000);
+  // Writing again within 5 s of the database coming back.
+  CHECK(last_failure_ms - back_at < 5000);
+  // Every acknowledged turn is there, in order, after a restart of spindle.
+  rt.reset();
+  runtime again{opts};
+  for (size_t c = 0; c < clients; ++c) {
+    auto h = again.history("restart-" + std::to_string(c), 1000000);
+    REQUIRE(h);
+    std::vector<std::string> stored;
+    for (auto& t : *h)
+      stored.push_back(t.content);
+    CHECK(stored == acknowledged[c]);
+  }
+}
+
+TEST_CASE("postgres: a store's URL is shown with its password hidden") {
+  CHECK(redact_url("postgres://ann:p@ss:w0rd@db.example:5432/spindle")
+        == "postgres://ann:***@db.example:5432/spindle");
+  CHECK(redact_url("postgresql://db/spindle?user=ann&password=hunter2&"
+                   "sslmode=require")
+        == "postgresql://db/spindle?user=ann&password=***&sslmode=require");
+  CHECK(redact_url("postgres://ann@db/spindle") == "postgres://ann@db/spindle");
+  CHECK(is_postgres_url("postgres://db/x"));
+  CHECK(is_postgres_url("postgresql://db/x"));
+  CHECK_FALSE(is_postgres_url("mysql://db/x"));
+  CHECK_FALSE(is_postgres_url("./spindle-data"));
+}
