@@ -105,13 +105,27 @@ def markdown(samples, s, status, chart):
     for what, figure, ok in verdicts(s):
         out.append(f"| {what} | {figure} | {'yes' if ok else 'no'} |")
     out.append("")
-    out.append("| minute | RSS (MiB) | heap, RssAnon (MiB) | mapped files, "
-               "RssFile (MiB) | open files | threads |")
-    out.append("|---:|---:|---:|---:|---:|---:|")
+    # The allocator's figures, when the samples have them (jemalloc's
+    # stats from /metrics): live objects and the pages holding them.
+    alloc = bool(samples) and "allocated_kib" in samples[0]
+    head = ("| minute | RSS (MiB) | heap, RssAnon (MiB) | mapped files, "
+            "RssFile (MiB) | open files | threads |")
+    rule = "|---:|---:|---:|---:|---:|---:|"
+    if alloc:
+        head += (" live objects, jemalloc allocated (MiB) | their pages, "
+                 "active (MiB) | freed, not returned, dirty (MiB) |")
+        rule += "---:|---:|---:|"
+    out.append(head)
+    out.append(rule)
     for r in curve_rows(samples):
-        out.append(f"| {r['seconds'] / 60:.1f} | {mib(r['rss_kib']):.1f} | "
-                   f"{mib(r['anon_kib']):.1f} | {mib(r['file_kib']):.1f} | "
-                   f"{int(r['fds'])} | {int(r['threads'])} |")
+        row = (f"| {r['seconds'] / 60:.1f} | {mib(r['rss_kib']):.1f} | "
+               f"{mib(r['anon_kib']):.1f} | {mib(r['file_kib']):.1f} | "
+               f"{int(r['fds'])} | {int(r['threads'])} |")
+        if alloc:
+            row += (f" {mib(r['allocated_kib']):.1f} | "
+                    f"{mib(r['active_kib']):.1f} | "
+                    f"{mib(r['dirty_kib']):.1f} |")
+        out.append(row)
     if chart:
         out.append("")
         out.append(f"![The server's memory, open files and threads over the "
