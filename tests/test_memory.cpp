@@ -1,10 +1,13 @@
 // Long-term memory (D8): container tags, scoping (no request ever sees
 // another user's memory), bm25 ranking, and the snippet rules (at most
 // max_chars, best-ranked entries first, cut at sentence or entry
-// boundaries, never a raw dump).
+// boundaries, never a raw dump). On SQLite, and again on PostgreSQL
+// (tests/CMakeLists.txt: those tagged [sqlite] reach into SQLite's files
+// and run on SQLite only).
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <map>
 #include <random>
 #include <set>
@@ -17,7 +20,9 @@
 
 #include "spindle/runtime/config.hpp"
 #include "spindle/runtime/memory.hpp"
+#include "spindle/runtime/postgres.hpp"
 #include "spindle/runtime/runtime.hpp"
+#include "spindle/runtime/sql_connection.hpp"
 #include "support.hpp"
 
 using namespace spindle;
@@ -31,6 +36,42 @@ std::vector<std::string> lines_of(const std::string& text) {
   while (std::getline(in, line))
     out.push_back(line);
   return out;
+}
+
+// A runtime whose memory keeps what it stores: in the data directory of
+// `dir` (memory.db), or on the PostgreSQL run in its database.
+runtime_options durable_memory(const test::test_store& dir,
+                               size_t readers = 0) {
+  runtime_options opts;
+  dir.apply(opts.storage);
+  opts.storage.sync = sync_mode::normal;
+  opts.conversation.memory_serving.readers = readers;
+  return opts;
+}
+
+// A runtime for the tests of memory's rules: in memory on SQLite's run
+// (one actor serves stores and retrievals), in the database of `dir` on
+// PostgreSQL's.
+runtime_options memory_of(const test::test_store& dir) {
+  runtime_options opts;
+  if (dir.on_postgres())
+    dir.apply(opts.storage);
+  return opts;
+}
+
+// A connection of its own to the database memory keeps its entries in:
+// memory.db in `dir`, or the PostgreSQL database (its schema created if
+// missing).
+std::unique_ptr<sql_connection> memory_database(const test::test_store& dir) {
+  if (dir.on_postgres()) {
+    auto conn = open_postgres(dir.url());
+    REQUIRE(conn);
+    return std::move(*conn);
+  }
+  auto db = database::open(memory_database_path(durable_memory(dir).storage),
+                           sync_mode::normal);
+  REQUIRE(db);
+  return sqlite_connection(std::move(*db));
 }
 
 } // namespace
@@ -149,7 +190,8 @@ TEST_CASE("memory tags: one form for storing and retrieving") {
 // -- the memory actor ---------------------------------------------------------
 
 TEST_CASE("memory: retrieval ranks by relevance to the current message") {
-  runtime rt;
+  test::test_store dir;
+  runtime rt{memory_of(dir)};
   REQUIRE(rt.store_memory("The user likes hiking in the Alps.",
                           memory_tags("u", "t1")));
   REQUIRE(rt.store_memory("Donald Trump has five children: Donald Jr., "
@@ -171,7 +213,8 @@ TEST_CASE("memory: retrieval ranks by relevance to the current message") {
 
 TEST_CASE("memory: the snippet never exceeds max_chars and max_chars above "
           "2000 is refused") {
-  runtime rt;
+  test::test_store dir;
+  runtime rt{memory_of(dir)};
   for (int i = 0; i < 60; ++i)
     REQUIRE(rt.store_memory("Fact number " + std::to_string(i)
                               + " about rivers. Rivers flow to the sea. "
@@ -193,7 +236,8 @@ TEST_CASE("memory: the snippet never exceeds max_chars and max_chars above "
 
 TEST_CASE("memory: bad entries are refused naming the problem and nothing "
           "is stored") {
-  runtime rt;
+  test::test_store dir;
+  runtime rt{memory_of(dir)};
   auto expect = [&](const std::string& content,
                     std::vector<std::string> tags, errc code,
                     const std::string& word) {
@@ -214,13 +258,62 @@ TEST_CASE("memory: bad entries are refused naming the problem and nothing "
   REQUIRE(rt.retrieve_memory("", "t", "secret plan")->text.empty());
 }
 
+TEST_CASE("memory: content is stored exactly as it came, never spliced into "
+          "SQL - on PostgreSQL a NUL character or bytes that are not UTF-8 "
+          "are refused naming the problem, and nothing is stored") {
+  test::test_store dir;
+  runtime rt{durable_memory(dir, 1)};
+  const std::vector<std::string> hostile{
+    "Robert'); DROP TABLE memories; -- keeps bees.",
+    "Quotes \" ' and $1 ?1 :name keep bees.", "Ünïcödé bees 🐝 hum."};
+  for (auto& content : hostile)
+    REQUIRE(rt.store_memory(content, memory_tags("h", "")));
+  auto listed = rt.list_memories({"h", "", 100, 0});
+  REQUIRE(listed);
+  REQUIRE(listed->entries.size() == 3);
+  CHECK(listed->entries[0].content == hostile[2]);
+  CHECK(listed->entries[1].content == hostile[1]);
+  CHECK(listed->entries[2].content == hostile[0]);
+  CHECK(rt.retrieve_memory("h", "t", "bees")->matched == 3);
+  const std::string nul = std::string{"Null"} + '\0' + "byte bees.";
+  const std::string latin1 = "Caf\xe9 bees.";
+  auto with_nul = rt.store_memory(nul, memory_tags("h", ""));
+  auto not_utf8 = rt.store_memory(latin1, memory_tags("h", ""));
+  if (dir.on_postgres()) {
+    REQUIRE_FALSE(with_nul);
+    CHECK(classify(with_nul.error()) == errc::invalid_argument);
+    CHECK_THAT(describe(with_nul.error()), Catch::Contains("NUL"));
+    REQUIRE_FALSE(not_utf8);
+    CHECK(classify(not_utf8.error()) == errc::invalid_argument);
+    CHECK_THAT(describe(not_utf8.error()), Catch::Contains("UTF-8"));
+    CHECK(rt.list_memories({"h", "", 100, 0})->entries.size() == 3);
+    // A query in such bytes is no error: those words match nothing.
+    auto q = rt.retrieve_memory("h", "t", "caf\xe9 bees");
+    REQUIRE(q);
+    CHECK(q->matched == 3);
+  } else {
+    REQUIRE(with_nul);
+    REQUIRE(not_utf8);
+    auto all = rt.list_memories({"h", "", 100, 0});
+    REQUIRE(all);
+    REQUIRE(all->entries.size() == 5);
+    CHECK(all->entries[0].content == latin1);
+    CHECK(all->entries[1].content == nul);
+  }
+  // Memory goes on.
+  REQUIRE(rt.store_memory("After them, more bees.", memory_tags("h", "")));
+  CHECK(rt.retrieve_memory("h", "t", "more bees")->text.find("After them")
+        != std::string::npos);
+}
+
 TEST_CASE("memory: no request ever sees another user's memory (many users, "
           "many threads, randomized queries, concurrent clients)") {
   constexpr int users = 8, threads = 12, entries = 400;
   const std::vector<std::string> topics{
     "rivers", "mountains", "children", "taxes",  "music",
     "python", "garden",    "trains",   "coffee", "weather"};
-  runtime rt;
+  test::test_store dir;
+  runtime rt{memory_of(dir)};
   // owner[i]: "u{n}" or "anon{thread}"; every entry starts with its owner.
   struct entry {
     std::string owner;
@@ -291,35 +384,42 @@ TEST_CASE("memory: no request ever sees another user's memory (many users, "
 }
 
 TEST_CASE("memory: entries survive a restart of a durable runtime") {
-  test::temp_dir dir;
+  test::test_store dir;
   runtime_options opts;
-  opts.storage.data_dir = dir.str();
+  dir.apply(opts.storage);
   {
     runtime rt{opts};
     REQUIRE(rt.store_memory("The deploy key lives in the vault.",
                             memory_tags("ops", "t")));
-    REQUIRE(rt.next_context_id()); // the counters share the file
+    REQUIRE(rt.next_context_id()); // the counters share the store
   }
   runtime rt{opts};
   auto s = rt.retrieve_memory("ops", "t2", "where is the deploy key");
   REQUIRE(s);
   REQUIRE_THAT(s->text, Catch::Contains("vault"));
+  REQUIRE(database::schema_version >= 2);
+  if (dir.on_postgres()) {
+    CHECK(dir.query("SELECT version FROM spindle_schema;")
+          == std::to_string(database::schema_version));
+    // Memory is in the database, not in a file beside it.
+    CHECK(dir.query("SELECT count(*) FROM memories;") == "1");
+    CHECK_FALSE(std::filesystem::exists(dir.path() / "memory.db"));
+    return;
+  }
   sqlite3* db = nullptr;
   REQUIRE(sqlite3_open((dir.path() / "spindle.db").c_str(), &db) == SQLITE_OK);
   sqlite3_stmt* stmt = nullptr;
   sqlite3_prepare_v2(db, "PRAGMA user_version;", -1, &stmt, nullptr);
   REQUIRE(sqlite3_step(stmt) == SQLITE_ROW);
   REQUIRE(sqlite3_column_int(stmt, 0) == database::schema_version);
-  REQUIRE(database::schema_version >= 2);
   sqlite3_finalize(stmt);
   sqlite3_close(db);
 }
 
 TEST_CASE("memory: the user and thread columns, not the index, decide what "
           "a request sees") {
-  test::temp_dir dir;
-  runtime_options opts;
-  opts.storage.data_dir = dir.str();
+  test::test_store dir;
+  auto opts = durable_memory(dir);
   {
     runtime rt{opts};
     REQUIRE(rt.store_memory("Alice keeps bees.", memory_tags("alice", "t")));
@@ -330,16 +430,9 @@ TEST_CASE("memory: the user and thread columns, not the index, decide what "
   // The index files two entries under alice's scope and one under thread
   // t's anonymous scope; now the columns of one say it is mallory's, and
   // of another that it is in thread u.
-  sqlite3* db = nullptr;
-  REQUIRE(sqlite3_open((dir.path() / "memory.db").c_str(), &db) == SQLITE_OK);
-  REQUIRE(sqlite3_exec(db,
-                       "UPDATE memories SET user_id = 'mallory' "
-                       "WHERE content LIKE '%swarm%';"
-                       "UPDATE memories SET thread_id = 'u' "
-                       "WHERE content LIKE '%garden%';",
-                       nullptr, nullptr, nullptr)
-          == SQLITE_OK);
-  sqlite3_close(db);
+  REQUIRE_FALSE(memory_database(dir)->exec(
+    "UPDATE memories SET user_id = 'mallory' WHERE content LIKE '%swarm%';"
+    "UPDATE memories SET thread_id = 'u' WHERE content LIKE '%garden%';"));
   runtime rt{opts};
   auto s = rt.retrieve_memory("alice", "t", "where do the bees swarm");
   REQUIRE(s);
@@ -369,14 +462,6 @@ TEST_CASE("memory: switched off, prompts are built without it and the "
 
 namespace {
 
-runtime_options durable_memory(const test::temp_dir& dir, size_t readers = 0) {
-  runtime_options opts;
-  opts.storage.data_dir = dir.str();
-  opts.storage.sync = sync_mode::normal;
-  opts.conversation.memory_serving.readers = readers;
-  return opts;
-}
-
 // A word of a small skewed vocabulary: a few words in many entries, most
 // in few.
 std::string vocabulary_word(std::mt19937& gen) {
@@ -396,11 +481,9 @@ struct owner_of {
 // users (each writing in several threads) and ten threads' anonymous
 // entries, each entry starting with "Owner {owner}." and then words of
 // the vocabulary.
-void seed_owned(const test::temp_dir& dir, size_t n) {
-  auto db = database::open(memory_database_path(durable_memory(dir).storage),
-                           sync_mode::normal);
-  REQUIRE(db);
-  auto writer = memory_writer::open(**db);
+void seed_owned(const test::test_store& dir, size_t n) {
+  auto db = memory_database(dir);
+  auto writer = memory_writer::open(*db);
   REQUIRE(writer);
   std::mt19937 gen{42};
   std::vector<memory_entry> batch;
@@ -422,7 +505,7 @@ void seed_owned(const test::temp_dir& dir, size_t n) {
 
 TEST_CASE("memory: with 100k entries over many users' and threads' scopes, "
           "concurrent retrievals return only the requester's entries") {
-  test::temp_dir dir;
+  test::test_store dir;
   seed_owned(dir, 100000);
   // More readers than cores: retrievals run on several connections at
   // once.
@@ -476,7 +559,8 @@ TEST_CASE("memory: a retrieval considers the 64 newest entries holding each "
   auto shows_old = [](const memory_snippet& s) {
     return s.text.find("Old note") != std::string::npos;
   };
-  runtime rt;
+  test::test_store dir;
+  runtime rt{memory_of(dir)};
   REQUIRE(memory_recent_per_term == 64);
   REQUIRE(rt.store_memory("Old note: the mill by the river.",
                           memory_tags("u", "t")));
@@ -511,17 +595,14 @@ TEST_CASE("memory: a retrieval considers the 64 newest entries holding each "
 TEST_CASE("memory: what a retrieval reads is bounded by constants, not by "
           "the number of stored entries, and what a reader keeps changes "
           "no answer") {
-  test::temp_dir dir;
+  test::test_store dir;
   seed_owned(dir, 100000);
-  auto db = database::open(memory_database_path(durable_memory(dir).storage),
-                           sync_mode::normal);
-  REQUIRE(db);
+  auto db = memory_database(dir);
   // Nothing kept between retrievals: each reads all it uses.
-  auto reader = memory_reader::open(**db, nullptr, 0);
+  auto reader = memory_reader::open(*db, nullptr, 0);
   REQUIRE(reader);
   // Keeping what it read changes a reader's cost, never its answers.
-  auto keeping = memory_reader::open(**db,
-                                     std::make_shared<memory_changes>());
+  auto keeping = memory_reader::open(*db, std::make_shared<memory_changes>());
   REQUIRE(keeping);
   std::mt19937 gen{9};
   uint64_t most_postings = 0;
@@ -570,7 +651,7 @@ TEST_CASE("memory: what a retrieval reads is bounded by constants, not by "
 TEST_CASE("memory: a retrieval right after an acknowledged store sees it, "
           "whichever reader serves it, while other clients store and "
           "retrieve") {
-  test::temp_dir dir;
+  test::test_store dir;
   runtime rt{durable_memory(dir, 3)};
   constexpr size_t clients = 6, rounds = 60;
   std::atomic<size_t> misses{0}, errors{0};
@@ -632,8 +713,9 @@ int64_t count_in(const std::string& path, const std::string& sql) {
 
 TEST_CASE("memory: a database of schema version 4 is upgraded, and its "
           "entries move to memory.db, are indexed and retrieved within "
-          "their scopes") {
-  test::temp_dir dir;
+          "their scopes",
+          "[sqlite]") {
+  test::test_store dir;
   auto path = database_path(durable_memory(dir).storage);
   {
     auto db = database::open(path, sync_mode::normal, 4);
@@ -671,8 +753,9 @@ TEST_CASE("memory: a database of schema version 4 is upgraded, and its "
 }
 
 TEST_CASE("memory: entries an earlier build kept in spindle.db move to "
-          "memory.db once, and the state store's file keeps the rest") {
-  test::temp_dir dir;
+          "memory.db once, and the state store's file keeps the rest",
+          "[sqlite]") {
+  test::test_store dir;
   auto storage = durable_memory(dir).storage;
   {
     // As the previous build left it: schema 5, memories in spindle.db.
@@ -710,7 +793,7 @@ TEST_CASE("memory: entries an earlier build kept in spindle.db move to "
 
 TEST_CASE("memory: stores from many threads at once are committed together "
           "and each answered with its own ID, and all are retrievable") {
-  test::temp_dir dir;
+  test::test_store dir;
   runtime rt{durable_memory(dir, 2)};
   constexpr size_t clients = 16, each = 100;
   std::vector<std::vector<int64_t>> ids(clients);
@@ -756,7 +839,7 @@ TEST_CASE("memory: stores from many threads at once are committed together "
 TEST_CASE("memory: deleting a user's entries removes them from retrieval "
           "and listing for good - other scopes keep theirs - IDs are never "
           "used again") {
-  test::temp_dir dir;
+  test::test_store dir;
   int64_t highest = 0;
   {
     runtime rt{durable_memory(dir, 2)};
@@ -818,7 +901,7 @@ TEST_CASE("memory: deleting a user's entries removes them from retrieval "
 TEST_CASE("memory: deleting one entry takes it out of retrieval and of its "
           "term lists - a store after it is seen and the deleted one never "
           "again") {
-  test::temp_dir dir;
+  test::test_store dir;
   runtime rt{durable_memory(dir, 2)};
   std::vector<int64_t> ids;
   for (auto* text : {"Cats like fish.", "Cats like naps.", "Cats like boxes."})
@@ -876,7 +959,8 @@ TEST_CASE("memory: deleting one entry takes it out of retrieval and of its "
 
 TEST_CASE("memory: listing walks a scope newest first in pages - every "
           "entry exactly once") {
-  runtime rt; // in memory: one actor serves everything
+  test::test_store dir;
+  runtime rt{memory_of(dir)}; // SQLite: in memory, one actor serves all
   for (int i = 0; i < 25; ++i)
     REQUIRE(rt.store_memory("Entry " + std::to_string(i) + " of the walk.",
                             memory_tags("walker", "t" + std::to_string(i % 3))));
@@ -900,7 +984,7 @@ TEST_CASE("memory: listing walks a scope newest first in pages - every "
 TEST_CASE("memory: after an acknowledged deletion no retrieval shows the "
           "entry - whichever reader serves it - while other clients store "
           "delete and retrieve") {
-  test::temp_dir dir;
+  test::test_store dir;
   runtime rt{durable_memory(dir, 3)};
   constexpr size_t clients = 6, rounds = 40;
   std::atomic<size_t> unseen{0}, ghosts{0}, errors{0};
@@ -966,7 +1050,7 @@ caf::expected<Result> call_memory(caf::actor_system& sys,
 TEST_CASE("memory: a retrieval on the caller's thread answers from what a "
           "reader keeps, as the reader would, and leaves to the actors what "
           "changed since") {
-  test::temp_dir dir;
+  test::test_store dir;
   spindle::config cfg;
   caf::actor_system sys{cfg};
   memory_options serving;
@@ -1028,7 +1112,7 @@ TEST_CASE("memory: a retrieval on the caller's thread answers from what a "
 TEST_CASE("memory: builds that retrieve on their own threads see every "
           "acknowledged store and never an acknowledged deletion or another "
           "user's entry, while clients store, delete and build at once") {
-  test::temp_dir dir;
+  test::test_store dir;
   runtime rt{durable_memory(dir, 2)};
   constexpr size_t clients = 6, rounds = 30;
   std::atomic<size_t> unseen{0}, ghosts{0}, strangers{0}, errors{0},

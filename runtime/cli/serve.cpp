@@ -241,9 +241,9 @@ void add_serve(CLI::App& app, registry& commands) {
     ->envname("SPINDLE_DATA");
   sub->add_option("--store", args->store,
                   "a PostgreSQL database to keep counters, threads, context "
-                  "windows and tasks in, as postgres://USER[:PASSWORD]@HOST:"
-                  "PORT/DB (default: SQLite in --data; docs/storage.md, "
-                  "\"Backends\")")
+                  "windows, tasks and long-term memory in, as "
+                  "postgres://USER[:PASSWORD]@HOST:PORT/DB (default: SQLite "
+                  "in --data; docs/storage.md, \"Backends\")")
     ->envname("SPINDLE_STORE");
   sub->add_option("--llm", args->llm,
                   "LLM provider: offline (default) or openai")

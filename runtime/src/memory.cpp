@@ -10,18 +10,21 @@
 #include <caf/all.hpp>
 
 #include "spindle/messages/error.hpp"
+#include "spindle/runtime/postgres.hpp"
 #include "spindle/runtime/storage.hpp"
 
 namespace spindle {
 
 namespace {
 
-// What one memory actor serves with: its own connection, a writer if it
-// serves stores, a reader for retrievals. A reader is shared with the
-// callers that answer retrievals from what it keeps (`kept_retrieval`):
-// `lock` guards it; the actor waits for the lock, callers only try it.
+// What one memory actor serves with: its own connection (to memory.db, or
+// to PostgreSQL), a writer if it serves stores, a reader for retrievals.
+// A reader is shared with the callers that answer retrievals from what it
+// keeps (`kept_retrieval`): `lock` guards it; the actor waits for the
+// lock, callers only try it.
 struct memory_connection {
-  std::unique_ptr<database> db;
+  std::unique_ptr<database> db;       // SQLite
+  std::unique_ptr<sql_connection> pg; // or PostgreSQL
   std::unique_ptr<memory_writer> writer;
   std::unique_ptr<memory_reader> reader;
   std::mutex lock;
@@ -140,7 +143,7 @@ memory_server(memory_pointer self, std::shared_ptr<memory_connection> conn,
       if (!scope)
         return scope.error();
       memory_entry entry{content, std::move(*scope)};
-      if (auto err = memory_writer::check(entry))
+      if (auto err = st.conn->writer->accepts(entry))
         return err;
       auto rp = self->make_response_promise<int64_t>();
       st.batch.push_back(std::move(entry));
@@ -229,31 +232,44 @@ memory_server(memory_pointer self, std::shared_ptr<memory_connection> conn,
   };
 }
 
+// Opens the connection of one memory actor: to memory.db, or with a
+// PostgreSQL store to its database, where the writer's connection brings
+// the schema to this build's first (each reader has a connection of its
+// own there too).
 caf::expected<std::shared_ptr<memory_connection>>
 connect(const storage_options& options, bool writes,
         const std::shared_ptr<memory_changes>& changes,
         const std::shared_ptr<const token_counter>& tokens) {
-  auto db = database::open(memory_database_path(options), options.sync);
-  if (!db)
-    return db.error();
-  if (!options.files_in_memory()) {
-    // A reader never writes; mapping the file spares it a read() per page
-    // it does not have cached.
-    auto settings = writes ? "PRAGMA mmap_size = 268435456;"
-                           : "PRAGMA query_only = 1;"
-                             "PRAGMA mmap_size = 268435456;";
-    if (auto err = (*db)->exec(settings))
-      return err;
-  }
   auto conn = std::make_shared<memory_connection>();
-  conn->db = std::move(*db);
+  if (options.on_postgres()) {
+    auto pg = open_postgres(options.store, writes);
+    if (!pg)
+      return pg.error();
+    conn->pg = std::move(*pg);
+  } else {
+    auto db = database::open(memory_database_path(options), options.sync);
+    if (!db)
+      return db.error();
+    if (!options.files_in_memory()) {
+      // A reader never writes; mapping the file spares it a read() per
+      // page it does not have cached.
+      auto settings = writes ? "PRAGMA mmap_size = 268435456;"
+                             : "PRAGMA query_only = 1;"
+                               "PRAGMA mmap_size = 268435456;";
+      if (auto err = (*db)->exec(settings))
+        return err;
+    }
+    conn->db = std::move(*db);
+  }
   if (writes) {
-    auto writer = memory_writer::open(*conn->db, changes);
+    auto writer = conn->pg ? memory_writer::open(*conn->pg, changes)
+                           : memory_writer::open(*conn->db, changes);
     if (!writer)
       return writer.error();
     conn->writer = std::move(*writer);
   }
-  auto reader = memory_reader::open(*conn->db, changes);
+  auto reader = conn->pg ? memory_reader::open(*conn->pg, changes)
+                         : memory_reader::open(*conn->db, changes);
   if (!reader)
     return reader.error();
   (*reader)->count_tokens(tokens);
@@ -408,21 +424,22 @@ caf::error adopt_old_entries(database& db, const storage_options& options) {
 caf::expected<memory_service> spawn_memory(caf::actor_system& sys,
                                            const storage_options& options,
                                            const memory_options& serving) {
-  if (auto err = create_data_dir(options))
-    return err;
+  if (!options.on_postgres())
+    if (auto err = create_data_dir(options))
+      return err;
   // The writer tells the readers which scopes changed, so they keep what
   // they read of the others.
   auto changes = std::make_shared<memory_changes>();
   auto writing = connect(options, true, changes, serving.tokens);
   if (!writing)
     return writing.error();
-  if (!options.files_in_memory())
+  if (!options.on_postgres() && !options.files_in_memory())
     if (auto err = adopt_old_entries(*(*writing)->db, options))
       return err;
   // Entries stored before the index existed (an upgraded database).
   if (auto indexed = (*writing)->writer->catch_up(); !indexed)
     return indexed.error();
-  if (options.files_in_memory()) {
+  if (!options.on_postgres() && options.files_in_memory()) {
     // A private ":memory:" database lives in its one connection: one actor
     // serves stores and retrievals in turn.
     return memory_service{sys.spawn<caf::detached>(memory_server,

@@ -14,12 +14,12 @@
 #include <tuple>
 #include <unordered_map>
 
-#include <sqlite3.h>
-
 #include "spindle/messages/clock.hpp"
+#include "spindle/messages/context_item.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/ids.hpp"
 #include "spindle/runtime/memory.hpp"
+#include "spindle/runtime/sql_connection.hpp"
 
 namespace spindle {
 
@@ -107,8 +107,135 @@ size_t change_slot(std::string_view user_id, std::string_view thread_id) {
   return (hash(user) * 31 + hash(thread)) % memory_changes::slots;
 }
 
-caf::error prepare_all(database& db,
-                       std::initializer_list<std::pair<statement*,
+// One statement of memory's SQL: SQLite's own, whose columns are read in
+// place (the readers' hot path), or a PostgreSQL one through its
+// sql_connection, whose row is copied out at each step.
+class mem_statement {
+public:
+  mem_statement() = default;
+  explicit mem_statement(statement lite) : lite_(std::move(lite)) {
+  }
+  explicit mem_statement(std::unique_ptr<sql_query> pg) : pg_(std::move(pg)) {
+  }
+
+  mem_statement& bind(int index, int64_t value) {
+    if (pg_)
+      pg_->bind(index, sql_value::of(value));
+    else
+      lite_.bind(index, value);
+    return *this;
+  }
+  mem_statement& bind(int index, std::string_view value) {
+    if (pg_)
+      pg_->bind(index, sql_value::of(std::string{value}));
+    else
+      lite_.bind(index, value);
+    return *this;
+  }
+  // Bytes: a BLOB in SQLite; in PostgreSQL hex text, which the statement
+  // decodes into BYTEA (a text parameter cannot carry a NUL byte, and the
+  // encoded lists hold many).
+  mem_statement& bind_blob(int index, std::string_view bytes) {
+    if (!pg_) {
+      lite_.bind_blob(index, bytes);
+      return *this;
+    }
+    static constexpr char digits[] = "0123456789abcdef";
+    std::string hex;
+    hex.reserve(bytes.size() * 2);
+    for (auto c : bytes) {
+      auto b = static_cast<unsigned char>(c);
+      hex += digits[b >> 4];
+      hex += digits[b & 0xf];
+    }
+    pg_->bind(index, sql_value::of(std::move(hex)));
+    return *this;
+  }
+
+  caf::expected<bool> step() {
+    if (!pg_)
+      return lite_.step();
+    row_.clear();
+    auto row = pg_->step();
+    if (row && *row)
+      for (int i = 0; i < pg_->column_count(); ++i)
+        row_.push_back(pg_->column(i));
+    return row;
+  }
+  caf::error run() {
+    return pg_ ? pg_->run() : lite_.run();
+  }
+  void reset() {
+    if (!pg_) {
+      lite_.reset();
+      return;
+    }
+    pg_->reset();
+    row_.clear();
+  }
+
+  // A NULL column reads as 0 or "" on both.
+  int64_t column_int64(int index) const {
+    if (!pg_)
+      return lite_.column_int64(index);
+    auto* v = at(index);
+    return v != nullptr && v->type == sql_value::kind::integer ? v->integer
+                                                               : 0;
+  }
+  std::string column_text(int index) const {
+    if (!pg_)
+      return lite_.column_text(index);
+    return std::string{column_view(index)};
+  }
+  // Valid until the next step or reset.
+  std::string_view column_view(int index) const {
+    if (!pg_)
+      return lite_.column_view(index);
+    auto* v = at(index);
+    return v != nullptr && v->type == sql_value::kind::text
+             ? std::string_view{v->text}
+             : std::string_view{};
+  }
+
+private:
+  const sql_value* at(int index) const {
+    return index >= 0 && static_cast<size_t>(index) < row_.size()
+             ? &row_[static_cast<size_t>(index)]
+             : nullptr;
+  }
+
+  statement lite_;
+  std::unique_ptr<sql_query> pg_;
+  std::vector<sql_value> row_; // PostgreSQL's current row
+};
+
+// Where memory's statements run: a SQLite database (memory.db, or
+// ":memory:"), or PostgreSQL (docs/memory.md, "On PostgreSQL").
+struct memory_db {
+  database* lite = nullptr;
+  sql_connection* pg = nullptr;
+
+  caf::expected<mem_statement> prepare(std::string_view sql) const {
+    if (pg != nullptr) {
+      auto q = pg->prepare(std::string{sql});
+      if (!q)
+        return q.error();
+      return mem_statement{std::move(*q)};
+    }
+    auto stmt = lite->prepare(sql);
+    if (!stmt)
+      return stmt.error();
+    return mem_statement{std::move(*stmt)};
+  }
+
+  // Rows the last statement changed.
+  int64_t changes() const {
+    return pg != nullptr ? pg->changes() : lite->changes();
+  }
+};
+
+caf::error prepare_all(const memory_db& db,
+                       std::initializer_list<std::pair<mem_statement*,
                                                        std::string_view>>
                          statements) {
   for (auto& [out, sql] : statements) {
@@ -122,7 +249,7 @@ caf::error prepare_all(database& db,
 
 // Resets a statement when a scope ends, however it ends.
 struct resetting {
-  statement& stmt;
+  mem_statement& stmt;
   ~resetting() {
     stmt.reset();
   }
@@ -226,16 +353,16 @@ void memory_changes::changed(std::string_view user_id,
 // -- the writer -------------------------------------------------------------
 
 struct memory_writer::impl {
-  database* db;
+  memory_db db;
   std::shared_ptr<memory_changes> changes;
   // Scopes the current transaction stores into: their counters are
   // raised once it commits.
   std::vector<std::pair<std::string, std::string>> touched;
-  statement begin, commit, rollback;
-  statement insert_entry, find_scope, add_scope, grow_scope;
-  statement read_term, insert_term, update_term, set_indexed, read_indexed,
-    unindexed;
-  statement highest_id, read_row, delete_row, delete_term, shrink_scope,
+  mem_statement begin, commit, rollback; // SQLite's
+  mem_statement insert_entry, find_scope, add_scope, grow_scope;
+  mem_statement read_term, insert_term, update_term, set_indexed,
+    read_indexed, unindexed;
+  mem_statement highest_id, read_row, delete_row, delete_term, shrink_scope,
     clear_scope, delete_scope_terms, delete_user_rows, delete_thread_rows;
   // The next entry's ID: above every ID ever stored, so that a deleted
   // entry's ID is never used again (a reader may still keep its text).
@@ -262,10 +389,15 @@ struct memory_writer::impl {
     auto found = existing_scope(user, thread);
     if (!found || *found != 0)
       return found;
+    resetting r{add_scope};
     add_scope.bind(1, user).bind(2, thread);
-    if (auto err = add_scope.run())
-      return err;
-    return static_cast<int64_t>(sqlite3_last_insert_rowid(db->handle()));
+    auto row = add_scope.step();
+    if (!row)
+      return row.error();
+    if (!*row)
+      return make_error(errc::storage_failure,
+                        "a new memory scope came back without its ID");
+    return add_scope.column_int64(0);
   }
 
   // Adds entries (already in `memories`, in ascending ID order) to the
@@ -352,17 +484,23 @@ struct memory_writer::impl {
   }
 
   // Runs `body` in a write transaction: committed if it succeeds, rolled
-  // back (nothing stored) if it fails.
+  // back (nothing stored) if it fails. PostgreSQL's connection begins and
+  // commits itself: it looks up the outcome of a commit whose answer was
+  // lost (sql_connection::commit).
   template <class F>
   caf::error transaction(F body) {
     touched.clear();
-    if (auto err = begin.run())
+    if (auto err = db.pg != nullptr ? db.pg->begin() : begin.run())
       return err;
     auto err = body();
     if (!err)
-      err = commit.run();
+      err = db.pg != nullptr ? db.pg->commit() : commit.run();
     if (err) {
-      rollback.run(); // undoes everything; its own failure adds nothing
+      // Undoes everything; its own failure adds nothing.
+      if (db.pg != nullptr)
+        db.pg->rollback();
+      else
+        rollback.run();
       written.clear(); // it may hold rows the rollback undid
       return err;
     }
@@ -390,7 +528,7 @@ memory_writer::delete_scope(const std::string& user_id,
     rows.bind(1, user.empty() ? thread : user);
     if (auto failed = rows.run())
       return failed;
-    deleted = static_cast<uint64_t>(p.db->changes());
+    deleted = static_cast<uint64_t>(p.db.changes());
     auto scope = p.existing_scope(user, thread);
     if (!scope)
       return scope.error();
@@ -489,29 +627,59 @@ caf::expected<uint64_t> memory_writer::delete_entry(int64_t id) {
 
 memory_writer::~memory_writer() = default;
 
+// The writer's SQL runs on both databases as it is, but for the bytes of
+// a term's list (mem_statement::bind_blob).
 caf::expected<std::unique_ptr<memory_writer>>
 memory_writer::open(database& db, std::shared_ptr<memory_changes> changes) {
+  return open_on(&db, nullptr, std::move(changes));
+}
+
+caf::expected<std::unique_ptr<memory_writer>>
+memory_writer::open(sql_connection& conn,
+                    std::shared_ptr<memory_changes> changes) {
+  auto* lite = conn.sqlite();
+  return open_on(lite, lite != nullptr ? nullptr : &conn, std::move(changes));
+}
+
+caf::expected<std::unique_ptr<memory_writer>>
+memory_writer::open_on(database* lite, sql_connection* pg,
+                       std::shared_ptr<memory_changes> changes) {
   auto p = std::make_unique<impl>();
-  p->db = &db;
+  memory_db db{lite, pg};
+  p->db = db;
   p->changes = std::move(changes);
+  if (db.pg == nullptr)
+    if (auto err = prepare_all(db, {{&p->begin, "BEGIN IMMEDIATE;"},
+                                    {&p->commit, "COMMIT;"},
+                                    {&p->rollback, "ROLLBACK;"}}))
+      return err;
+  std::string insert_term = db.pg != nullptr
+                              ? "INSERT INTO memory_terms(scope, term, df, "
+                                "recent) VALUES(?1, ?2, ?3, "
+                                "decode(?4, 'hex'));"
+                              : "INSERT INTO memory_terms(scope, term, df, "
+                                "recent) VALUES(?1, ?2, ?3, ?4);";
+  std::string update_term = db.pg != nullptr
+                              ? "UPDATE memory_terms SET df = ?3, "
+                                "recent = decode(?4, 'hex') "
+                                "WHERE scope = ?1 AND term = ?2;"
+                              : "UPDATE memory_terms SET df = ?3, "
+                                "recent = ?4 WHERE scope = ?1 AND term = ?2;";
   auto err = prepare_all(
     db,
-    {{&p->begin, "BEGIN IMMEDIATE;"},
-     {&p->commit, "COMMIT;"},
-     {&p->rollback, "ROLLBACK;"},
-     {&p->insert_entry, "INSERT INTO memories(user_id, thread_id, content, "
+    {{&p->insert_entry, "INSERT INTO memories(user_id, thread_id, content, "
                         "created_ms, id) VALUES(?1, ?2, ?3, ?4, ?5);"},
-     {&p->highest_id, "SELECT max(coalesce((SELECT max(id) FROM memories), "
-                      "0), coalesce((SELECT indexed_through FROM "
-                      "memory_index_state WHERE id = 0), 0));"},
+     {&p->highest_id, "SELECT max(h) FROM (SELECT max(id) AS h FROM "
+                      "memories UNION ALL SELECT indexed_through AS h FROM "
+                      "memory_index_state WHERE id = 0) AS highest;"},
      {&p->read_row, "SELECT user_id, thread_id, content FROM memories "
                     "WHERE id = ?1;"},
      {&p->delete_row, "DELETE FROM memories WHERE id = ?1;"},
      {&p->delete_term, "DELETE FROM memory_terms "
                        "WHERE scope = ?1 AND term = ?2;"},
      {&p->shrink_scope, "UPDATE memory_scopes SET entries = entries - 1, "
-                        "words = max(0, words - ?2), version = version + 1 "
-                        "WHERE id = ?1;"},
+                        "words = CASE WHEN words > ?2 THEN words - ?2 "
+                        "ELSE 0 END, version = version + 1 WHERE id = ?1;"},
      {&p->clear_scope, "UPDATE memory_scopes SET entries = 0, words = 0, "
                        "version = version + 1 WHERE id = ?1;"},
      {&p->delete_scope_terms, "DELETE FROM memory_terms WHERE scope = ?1;"},
@@ -521,18 +689,17 @@ memory_writer::open(database& db, std::shared_ptr<memory_changes> changes) {
      {&p->find_scope, "SELECT id FROM memory_scopes "
                       "WHERE user_id = ?1 AND thread_id = ?2;"},
      {&p->add_scope, "INSERT INTO memory_scopes(user_id, thread_id) "
-                     "VALUES(?1, ?2);"},
+                     "VALUES(?1, ?2) RETURNING id;"},
      {&p->grow_scope, "UPDATE memory_scopes SET entries = entries + ?2, "
                       "words = words + ?3, version = version + 1 "
                       "WHERE id = ?1;"},
      {&p->read_term, "SELECT df, recent FROM memory_terms "
                      "WHERE scope = ?1 AND term = ?2;"},
-     {&p->insert_term, "INSERT INTO memory_terms(scope, term, df, recent) "
-                       "VALUES(?1, ?2, ?3, ?4);"},
-     {&p->update_term, "UPDATE memory_terms SET df = ?3, recent = ?4 "
-                       "WHERE scope = ?1 AND term = ?2;"},
+     {&p->insert_term, insert_term},
+     {&p->update_term, update_term},
      {&p->set_indexed, "UPDATE memory_index_state SET indexed_through = "
-                       "max(indexed_through, ?1) WHERE id = 0;"},
+                       "CASE WHEN indexed_through > ?1 THEN indexed_through "
+                       "ELSE ?1 END WHERE id = 0;"},
      {&p->read_indexed, "SELECT indexed_through FROM memory_index_state "
                         "WHERE id = 0;"},
      {&p->unindexed, "SELECT id, user_id, thread_id, content FROM memories "
@@ -575,10 +742,29 @@ caf::error memory_writer::check(const memory_entry& e) {
   return {};
 }
 
+caf::error memory_writer::accepts(const memory_entry& e) const {
+  if (auto err = check(e))
+    return err;
+  // A PostgreSQL text holds neither a NUL character nor bytes that are
+  // not UTF-8. Refused before the transaction: the database refusing it
+  // there would fail the whole batch it is in.
+  if (impl_->db.pg == nullptr)
+    return {};
+  if (e.content.find('\0') != std::string::npos)
+    return make_error(errc::invalid_argument,
+                      "content has a NUL character, which a memory on "
+                      "PostgreSQL cannot hold");
+  if (!is_valid_utf8(e.content))
+    return make_error(errc::invalid_argument,
+                      "content is not valid UTF-8, which a memory on "
+                      "PostgreSQL needs");
+  return {};
+}
+
 caf::expected<std::vector<int64_t>>
 memory_writer::store_all(const std::vector<memory_entry>& entries) {
   for (auto& e : entries)
-    if (auto err = check(e))
+    if (auto err = accepts(e))
       return err;
   auto& p = *impl_;
   std::vector<int64_t> ids;
@@ -845,7 +1031,8 @@ struct memory_reader::impl {
     : changes(std::move(c)), keep(bytes) {
   }
 
-  statement find_scope, read_term, read_entry, list_user, list_thread;
+  mem_statement find_scope, read_term, read_entry, list_user, list_thread;
+  bool on_postgres = false;
   std::shared_ptr<const memory_changes> changes;
   /// Counts snippets' tokens (null: not counted).
   std::shared_ptr<const token_counter> counter;
@@ -1111,24 +1298,43 @@ caf::expected<std::unique_ptr<memory_reader>>
 memory_reader::open(database& db,
                     std::shared_ptr<const memory_changes> changes,
                     size_t cache_bytes) {
+  return open_on(&db, nullptr, std::move(changes), cache_bytes);
+}
+
+caf::expected<std::unique_ptr<memory_reader>>
+memory_reader::open(sql_connection& conn,
+                    std::shared_ptr<const memory_changes> changes,
+                    size_t cache_bytes) {
+  auto* lite = conn.sqlite();
+  return open_on(lite, lite != nullptr ? nullptr : &conn, std::move(changes),
+                 cache_bytes);
+}
+
+// The reader's SQL runs on both databases as it is.
+caf::expected<std::unique_ptr<memory_reader>>
+memory_reader::open_on(database* lite, sql_connection* pg,
+                       std::shared_ptr<const memory_changes> changes,
+                       size_t cache_bytes) {
   auto p = std::make_unique<impl>(cache_bytes > 0 ? std::move(changes)
                                                   : nullptr,
                                   cache_bytes);
+  p->on_postgres = pg != nullptr;
   auto err = prepare_all(
-    db, {{&p->find_scope, "SELECT id, entries, words, version "
-                          "FROM memory_scopes "
-                          "WHERE user_id = ?1 AND thread_id = ?2;"},
-         {&p->list_user, "SELECT id, user_id, thread_id, content, created_ms "
-                         "FROM memories WHERE user_id = ?1 AND id < ?2 "
-                         "ORDER BY id DESC LIMIT ?3;"},
-         {&p->list_thread, "SELECT id, user_id, thread_id, content, "
-                           "created_ms FROM memories WHERE user_id = '' AND "
-                           "thread_id = ?1 AND id < ?2 "
-                           "ORDER BY id DESC LIMIT ?3;"},
-         {&p->read_term, "SELECT df, recent FROM memory_terms "
-                         "WHERE scope = ?1 AND term = ?2;"},
-         {&p->read_entry, "SELECT user_id, thread_id, content FROM memories "
-                          "WHERE id = ?1;"}});
+    memory_db{lite, pg},
+    {{&p->find_scope, "SELECT id, entries, words, version "
+                      "FROM memory_scopes "
+                      "WHERE user_id = ?1 AND thread_id = ?2;"},
+     {&p->list_user, "SELECT id, user_id, thread_id, content, created_ms "
+                     "FROM memories WHERE user_id = ?1 AND id < ?2 "
+                     "ORDER BY id DESC LIMIT ?3;"},
+     {&p->list_thread, "SELECT id, user_id, thread_id, content, "
+                       "created_ms FROM memories WHERE user_id = '' AND "
+                       "thread_id = ?1 AND id < ?2 "
+                       "ORDER BY id DESC LIMIT ?3;"},
+     {&p->read_term, "SELECT df, recent FROM memory_terms "
+                     "WHERE scope = ?1 AND term = ?2;"},
+     {&p->read_entry, "SELECT user_id, thread_id, content FROM memories "
+                      "WHERE id = ?1;"}});
   if (err)
     return err;
   return std::unique_ptr<memory_reader>{new memory_reader(std::move(p))};
@@ -1142,6 +1348,14 @@ memory_reader::retrieve(const memory_query& q) {
   if (auto err = validate_memory_query(q))
     return err;
   auto terms = memory_query_terms(q.query);
+  // PostgreSQL holds only UTF-8 entries, whose words are UTF-8 too: a term
+  // that is not matches nothing there (and could not be sent as a text).
+  if (p.on_postgres)
+    terms.erase(std::remove_if(terms.begin(), terms.end(),
+                               [](const std::string& t) {
+                                 return !is_valid_utf8(t);
+                               }),
+                terms.end());
   if (terms.empty() || q.max_chars == 0)
     return memory_snippet{};
   // Each statement reads its own snapshot: the scope's count is read

@@ -23,6 +23,8 @@
 
 namespace spindle {
 
+class sql_connection;
+
 /// How many entries of a scope, at most, each term's list keeps: the
 /// newest ones containing the term. A retrieval considers no other entry.
 inline constexpr size_t memory_recent_per_term = 64;
@@ -54,15 +56,18 @@ struct memory_service {
 };
 
 /// Opens the long-term memory (D8) and spawns the actors behind one
-/// `memory_actor` handle (detached: SQLite blocks). A durable
+/// `memory_actor` handle (detached: the databases block). A durable
 /// configuration gets one writer for stores and `serving.readers` readers
-/// for retrievals, each on its own connection to `database_path(options)`,
-/// so stores and retrievals never queue behind each other (WAL lets
+/// for retrievals, each on its own connection to
+/// `memory_database_path(options)`, or with a PostgreSQL store
+/// (`options.on_postgres()`) to that database, so stores and retrievals
+/// never queue behind each other (WAL, or PostgreSQL's snapshots, let
 /// readers read while the writer commits). An in-memory configuration
 /// opens one private ":memory:" database served by one actor (separate
 /// connections could not share it). Entries stored before the index
 /// existed are indexed here, before the handle is returned.
-/// Errors: `storage_failure` naming the file and the cause.
+/// Errors: `storage_failure` naming the file or the redacted URL and the
+/// cause.
 caf::expected<memory_service> spawn_memory(caf::actor_system& sys,
                                            const storage_options& options,
                                            const memory_options& serving
@@ -109,6 +114,12 @@ public:
   static caf::expected<std::unique_ptr<memory_writer>>
   open(database& db, std::shared_ptr<memory_changes> changes = nullptr);
 
+  /// The same on a connection: SQLite's, or PostgreSQL's (open_postgres),
+  /// whose schema holds memory's tables.
+  static caf::expected<std::unique_ptr<memory_writer>>
+  open(sql_connection& conn,
+       std::shared_ptr<memory_changes> changes = nullptr);
+
   /// Stores one entry with its container tags in one transaction and
   /// returns its ID. Errors: `invalid_argument` (empty content, bad tags),
   /// `invalid_id`, `too_large`, `storage_failure` (nothing is stored).
@@ -125,6 +136,10 @@ public:
   /// `invalid_argument` (empty content, no scope), `invalid_id`,
   /// `too_large`; none for an entry it would store.
   static caf::error check(const memory_entry& entry);
+
+  /// `check`, and on PostgreSQL also `invalid_argument` for content with
+  /// a NUL character, which a PostgreSQL text cannot hold.
+  caf::error accepts(const memory_entry& entry) const;
 
   /// Indexes the entries the index does not hold yet (those of a database
   /// upgraded from schema version 4, or inserted by other means), in
@@ -149,6 +164,10 @@ public:
 private:
   struct impl;
   explicit memory_writer(std::unique_ptr<impl> p);
+  // On `lite`, or else on `pg`.
+  static caf::expected<std::unique_ptr<memory_writer>>
+  open_on(database* lite, sql_connection* pg,
+          std::shared_ptr<memory_changes> changes);
   std::unique_ptr<impl> impl_;
 };
 
@@ -188,6 +207,12 @@ public:
   open(database& db, std::shared_ptr<const memory_changes> changes = nullptr,
        size_t cache_bytes = default_cache_bytes);
 
+  /// The same on a connection: SQLite's, or PostgreSQL's (open_postgres).
+  static caf::expected<std::unique_ptr<memory_reader>>
+  open(sql_connection& conn,
+       std::shared_ptr<const memory_changes> changes = nullptr,
+       size_t cache_bytes = default_cache_bytes);
+
   /// Counts every snippet's tokens from now on (`memory_snippet::tokens`),
   /// each entry once while it is kept (null: not counted).
   void count_tokens(std::shared_ptr<const token_counter> counter);
@@ -215,6 +240,10 @@ public:
 private:
   struct impl;
   explicit memory_reader(std::unique_ptr<impl> p);
+  // On `lite`, or else on `pg`.
+  static caf::expected<std::unique_ptr<memory_reader>>
+  open_on(database* lite, sql_connection* pg,
+          std::shared_ptr<const memory_changes> changes, size_t cache_bytes);
   std::unique_ptr<impl> impl_;
 };
 

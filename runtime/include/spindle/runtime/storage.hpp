@@ -20,8 +20,9 @@ struct storage_options {
   /// keeps everything in memory: nothing survives the process.
   std::string data_dir;
   /// A PostgreSQL database's URL (`postgres://user@host:port/db`): the
-  /// counters, threads, context windows and tasks live there instead of
-  /// `data_dir`'s spindle.db (docs/storage.md, "Backends"). Empty: SQLite.
+  /// counters, threads, context windows, tasks and long-term memory live
+  /// there instead of `data_dir`'s spindle.db and memory.db
+  /// (docs/storage.md, "Backends"). Empty: SQLite.
   std::string store;
   /// How hard commits press data to disk.
   sync_mode sync = sync_mode::full;
@@ -41,9 +42,9 @@ struct storage_options {
     return !on_postgres() && (data_dir.empty() || data_dir == ":memory:");
   }
   /// Whether the files beside the store (memory.db, idempotency.db) are
-  /// in memory: no data directory. Until long-term memory and the
-  /// idempotency keys have their PostgreSQL home, they stay in these
-  /// files also with a PostgreSQL store (docs/storage.md, "Backends").
+  /// in memory: no data directory. With a PostgreSQL store long-term
+  /// memory lives there instead; the idempotency keys stay in their file
+  /// until they have their PostgreSQL home (docs/storage.md, "Backends").
   bool files_in_memory() const noexcept {
     return data_dir.empty() || data_dir == ":memory:";
   }
