@@ -19,10 +19,15 @@
 //    beside reading one thread's details, in one run.
 //
 // Usage: bench_threads [--quick] [--json PATH]
-//        [--only throughput|builder|rss|listing]
+//        [--only throughput|builder|rss|listing|memory-pg]
+//
+// memory-pg measures long-term memory's retrieval on PostgreSQL, in the
+// empty database the environment variable SPINDLE_BENCH_PG names (a URL;
+// skipped without it).
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <future>
@@ -44,7 +49,9 @@
 
 #include "report.hpp"
 #include "spindle/runtime/memory.hpp"
+#include "spindle/runtime/postgres.hpp"
 #include "spindle/runtime/runtime.hpp"
+#include "spindle/runtime/sql_connection.hpp"
 
 using namespace spindle;
 using namespace spindle::bench;
@@ -801,8 +808,8 @@ private:
 
 /// Seeds `user`'s scope with entries up to `target` (and one in ten more
 /// for other users), through the memory writer in batches, and the same
-/// entries into the FTS5 baseline.
-void seed_memory(memory_writer& writer, fts5_baseline& fts,
+/// entries into the FTS5 baseline (if given).
+void seed_memory(memory_writer& writer, fts5_baseline* fts,
                  memory_corpus& corpus, const std::string& user, size_t& have,
                  size_t target) {
   constexpr size_t batch = 5000;
@@ -818,11 +825,64 @@ void seed_memory(memory_writer& writer, fts5_baseline& fts,
     }
     if (!writer.store_all(entries))
       std::cerr << "memory: seeding failed\n";
-    fts.begin();
+    if (fts == nullptr)
+      continue;
+    fts->begin();
     for (auto& e : entries)
-      fts.add(e);
-    fts.commit();
+      fts->add(e);
+    fts->commit();
   }
+}
+
+/// Times a baseline's `query` (the rows it finds for a question's terms)
+/// over `questions` in turn: fewer rounds than a retrieval's (at 100,000
+/// entries one bm25 query takes tens of milliseconds), at least 20.
+std::vector<double>
+time_baseline(const std::vector<std::string>& questions, bool quick,
+              const char* what,
+              const std::function<size_t(const std::vector<std::string>&)>&
+                query) {
+  std::vector<double> samples;
+  auto start = clock::now();
+  while (samples.size() < 20
+         || (seconds_since(start) < (quick ? 0.25 : 1.0)
+             && samples.size() < questions.size())) {
+    auto terms = memory_query_terms(
+      questions[samples.size() % questions.size()]);
+    auto began = clock::now();
+    auto rows = query(terms);
+    samples.push_back(seconds_since(began) * 1e6);
+    if (rows == 0)
+      std::cerr << "memory: the " << what << " baseline found nothing\n";
+  }
+  return samples;
+}
+
+/// Retrieves `questions` in turn for `user` through `reader` for `secs`
+/// and returns each retrieval's time in us, adding up what they read in
+/// `sum`.
+std::vector<double> measure_retrievals(memory_reader& reader,
+                                       const std::string& user,
+                                       const std::vector<std::string>&
+                                         questions,
+                                       size_t threads, double secs,
+                                       memory_retrieval_cost& sum) {
+  std::vector<double> samples;
+  auto start = clock::now();
+  while (seconds_since(start) < secs) {
+    memory_query q{user, thread_name(samples.size() % threads),
+                   questions[samples.size() % questions.size()]};
+    auto began = clock::now();
+    auto got = reader.retrieve(q);
+    samples.push_back(seconds_since(began) * 1e6);
+    if (!got || got->text.empty())
+      std::cerr << "memory: a retrieval failed or found nothing\n";
+    auto& c = reader.last_cost();
+    sum.statements += c.statements;
+    sum.postings += c.postings;
+    sum.contents += c.contents;
+  }
+  return samples;
 }
 
 void builder_latency(report& rep, bool quick) {
@@ -901,49 +961,23 @@ void builder_latency(report& rep, bool quick) {
       questions.push_back(asking.question());
     size_t have = 0;
     for (size_t target : {1000, 10000, 100000}) {
-      seed_memory(**writer, fts, corpus, user, have, target);
-      auto measure = [&](memory_reader& reader, memory_retrieval_cost& sum) {
-        std::vector<double> samples;
-        auto secs = quick ? 0.25 : 1.5;
-        auto start = clock::now();
-        while (seconds_since(start) < secs) {
-          memory_query q{user, thread_name(samples.size() % threads),
-                         questions[samples.size() % questions.size()]};
-          auto began = clock::now();
-          auto got = reader.retrieve(q);
-          samples.push_back(seconds_since(began) * 1e6);
-          if (!got || got->text.empty())
-            std::cerr << "memory: a retrieval failed or found nothing\n";
-          auto& c = reader.last_cost();
-          sum.statements += c.statements;
-          sum.postings += c.postings;
-          sum.contents += c.contents;
-        }
-        return samples;
-      };
+      seed_memory(**writer, &fts, corpus, user, have, target);
+      auto secs = quick ? 0.25 : 1.5;
       memory_retrieval_cost bare_cost, kept_cost;
-      auto bare_us = measure(**bare, bare_cost);
-      auto kept_us = measure(**keeping, kept_cost);
-      // The baselines: fewer rounds (at 100,000 entries one bm25 query
-      // takes tens of milliseconds).
-      auto baseline = [&](bool bm25) {
-        std::vector<double> samples;
-        auto start = clock::now();
-        while (samples.size() < 20
-               || (seconds_since(start) < (quick ? 0.25 : 1.0)
-                   && samples.size() < questions.size())) {
-          auto terms = memory_query_terms(
-            questions[samples.size() % questions.size()]);
-          auto began = clock::now();
-          auto rows = bm25 ? fts.bm25(user, terms) : fts.per_term(user, terms);
-          samples.push_back(seconds_since(began) * 1e6);
-          if (rows == 0)
-            std::cerr << "memory: the FTS5 baseline found nothing\n";
-        }
-        return percentile(samples, 50);
-      };
-      auto fts_bm25 = baseline(true);
-      auto fts_newest = baseline(false);
+      auto bare_us = measure_retrievals(**bare, user, questions, threads,
+                                        secs, bare_cost);
+      auto kept_us = measure_retrievals(**keeping, user, questions, threads,
+                                        secs, kept_cost);
+      auto fts_bm25 = time_baseline(
+        questions, quick, "FTS5",
+        [&](const std::vector<std::string>& terms) {
+          return fts.bm25(user, terms);
+        });
+      auto fts_newest = time_baseline(
+        questions, quick, "FTS5",
+        [&](const std::vector<std::string>& terms) {
+          return fts.per_term(user, terms);
+        });
       auto per = [&](uint64_t total) {
         return bench::fmt(static_cast<double>(total)
                             / static_cast<double>(bare_us.size()),
@@ -956,7 +990,8 @@ void builder_latency(report& rep, bool quick) {
                    per(bare_cost.contents),
                    bench::fmt(percentile(kept_us, 50), 1),
                    bench::fmt(percentile(kept_us, 99), 1),
-                   bench::fmt(fts_bm25, 1), bench::fmt(fts_newest, 1));
+                   bench::fmt(percentile(fts_bm25, 50), 1),
+                   bench::fmt(percentile(fts_newest, 50), 1));
     }
   }
   cost.notes = {
@@ -1072,6 +1107,139 @@ void builder_latency(report& rep, bool quick) {
 // per core, see gaps whenever the kernel or the hypervisor takes their CPU.
 // Every in-flight build on a stalled core waits as long, so these gaps bound
 // how low a latency tail can go here, whatever the runtime does.
+// Long-term memory on PostgreSQL: the retrieval table's measurement on
+// the database SPINDLE_BENCH_PG names (an empty one, e.g. from
+// `.ci/postgres start`), beside PostgreSQL's own full-text search asked
+// for the same in the same run: a tsvector column with a GIN index, the
+// newest 64 entries of the scope per term, and the scope's matches ranked
+// by ts_rank (docs/memory.md, "On PostgreSQL"). Skipped without it.
+void memory_on_postgres(report& rep, bool quick) {
+  const char* url = std::getenv("SPINDLE_BENCH_PG");
+  if (url == nullptr || *url == 0) {
+    std::cerr << "memory on PostgreSQL: skipped (no SPINDLE_BENCH_PG)\n";
+    return;
+  }
+  auto wconn = open_postgres(url);
+  auto rconn = open_postgres(url, false);
+  auto fconn = open_postgres(url, false);
+  if (!wconn || !rconn || !fconn) {
+    std::cerr << "memory on PostgreSQL: cannot connect to "
+              << redact_url(url) << "\n";
+    return;
+  }
+  auto& fts = **fconn;
+  if (auto err = fts.exec(
+        "CREATE TABLE memory_fts_baseline ("
+        "  id BIGINT PRIMARY KEY, user_id TEXT COLLATE \"C\" NOT NULL,"
+        "  tsv tsvector NOT NULL);"
+        "CREATE INDEX memory_fts_baseline_tsv "
+        "  ON memory_fts_baseline USING gin (tsv);"
+        "CREATE INDEX memory_fts_baseline_user "
+        "  ON memory_fts_baseline (user_id, id);")) {
+    std::cerr << "memory on PostgreSQL: " << describe(err) << "\n";
+    return;
+  }
+  auto newest = fts.prepare(
+    "SELECT id FROM memory_fts_baseline WHERE user_id = ?1 "
+    "AND tsv @@ plainto_tsquery('simple', ?2) ORDER BY id DESC LIMIT 64;");
+  auto ranked = fts.prepare(
+    "SELECT id FROM memory_fts_baseline, to_tsquery('simple', ?2) AS q "
+    "WHERE user_id = ?1 AND tsv @@ q "
+    "ORDER BY ts_rank(tsv, q) DESC, id DESC LIMIT 64;");
+  auto changes = std::make_shared<memory_changes>();
+  auto writer = memory_writer::open(**wconn, changes);
+  auto bare = memory_reader::open(**rconn, nullptr, 0);
+  auto keeping = memory_reader::open(**rconn, changes);
+  if (!newest || !ranked || !writer || !bare || !keeping) {
+    std::cerr << "memory on PostgreSQL: cannot prepare\n";
+    return;
+  }
+  const std::string user = "user-0";
+  const size_t threads = 1000;
+  table cost;
+  cost.title = "Long-term memory retrieval cost as one user's scope grows, "
+               "on PostgreSQL (one reader)";
+  cost.columns = {"entries in scope", "p50 us, nothing kept",
+                  "p99 us, nothing kept", "statements", "p50 us, kept",
+                  "p99 us, kept", "GIN newest 64 per term p50 us",
+                  "GIN newest 64 per term p99 us", "GIN ts_rank p50 us",
+                  "GIN ts_rank p99 us"};
+  memory_corpus corpus{2024};
+  std::vector<std::string> questions;
+  memory_corpus asking{7};
+  for (int i = 0; i < 256; ++i)
+    questions.push_back(asking.question());
+  auto rows_of = [](sql_query& q) {
+    size_t rows = 0;
+    for (auto row = q.step(); row && *row; row = q.step())
+      ++rows;
+    q.reset();
+    return rows;
+  };
+  auto per_term = [&](const std::vector<std::string>& terms) {
+    size_t rows = 0;
+    for (auto& term : terms) {
+      (*newest)->bind(1, sql_value::of(user));
+      (*newest)->bind(2, sql_value::of(term));
+      rows += rows_of(**newest);
+    }
+    return rows;
+  };
+  auto by_ts_rank = [&](const std::vector<std::string>& terms) {
+    // spindle's query words are letters and digits here: no operator of
+    // to_tsquery's among them.
+    std::string query;
+    for (auto& term : terms)
+      query += (query.empty() ? "" : " | ") + term;
+    (*ranked)->bind(1, sql_value::of(user));
+    (*ranked)->bind(2, sql_value::of(query));
+    return rows_of(**ranked);
+  };
+  size_t have = 0;
+  for (size_t target : {1000, 10000, 100000}) {
+    seed_memory(**writer, nullptr, corpus, user, have, target);
+    if (auto err = fts.exec(
+          "INSERT INTO memory_fts_baseline SELECT id, user_id, "
+          "to_tsvector('simple', content) FROM memories WHERE id > "
+          "(SELECT coalesce(max(id), 0) FROM memory_fts_baseline);"
+          "ANALYZE memory_fts_baseline;")) {
+      std::cerr << "memory on PostgreSQL: " << describe(err) << "\n";
+      return;
+    }
+    auto secs = quick ? 0.25 : 1.5;
+    memory_retrieval_cost bare_cost, kept_cost;
+    auto bare_us = measure_retrievals(**bare, user, questions, threads, secs,
+                                      bare_cost);
+    auto kept_us = measure_retrievals(**keeping, user, questions, threads,
+                                      secs, kept_cost);
+    auto by_term = time_baseline(questions, quick, "GIN", per_term);
+    auto by_rank = time_baseline(questions, quick, "GIN", by_ts_rank);
+    cost.add_row(bench::fmt(static_cast<double>(target)),
+                 bench::fmt(percentile(bare_us, 50), 1),
+                 bench::fmt(percentile(bare_us, 99), 1),
+                 bench::fmt(static_cast<double>(bare_cost.statements)
+                              / static_cast<double>(bare_us.size()),
+                            1),
+                 bench::fmt(percentile(kept_us, 50), 1),
+                 bench::fmt(percentile(kept_us, 99), 1),
+                 bench::fmt(percentile(by_term, 50), 1),
+                 bench::fmt(percentile(by_term, 99), 1),
+                 bench::fmt(percentile(by_rank, 50), 1),
+                 bench::fmt(percentile(by_rank, 99), 1));
+  }
+  cost.notes = {
+    "The corpus, questions and readers of the table before, in the "
+    "PostgreSQL database SPINDLE_BENCH_PG names (on the same machine, "
+    "over loopback): memory's own index, each statement a round trip.",
+    "Baselines on the same entries in the same database: a tsvector "
+    "column (to_tsvector('simple', content)) with a GIN index and an "
+    "index on (user_id, id). GIN newest 64 per term asks, per query term, "
+    "for the 64 newest entries of the scope holding it (ORDER BY id DESC "
+    "LIMIT 64); GIN ts_rank ranks every entry of the scope holding any "
+    "term by ts_rank and keeps 64."};
+  rep.add(std::move(cost));
+}
+
 void machine_noise(report& rep, bool quick) {
   const double secs = quick ? 0.3 : 2.0;
   auto cores = std::max(1u, std::thread::hardware_concurrency());
@@ -1358,6 +1526,8 @@ int main(int argc, char** argv) {
   // no other thread is running.
   if (report::selected(argc, argv, "listing"))
     listing(rep, quick);
+  if (report::selected(argc, argv, "memory-pg"))
+    memory_on_postgres(rep, quick);
   if (report::selected(argc, argv, "rss"))
     resident_memory(rep, quick);
   rep.write(report::json_path(argc, argv, "threads"));
