@@ -198,7 +198,7 @@ void test_store::exec(const std::string& sql) const {
     throw std::runtime_error(sql + ": " + describe(err));
 }
 
-std::string test_store::query(const std::string& sql) const {
+std::vector<std::string> test_store::query_row(const std::string& sql) const {
   std::unique_ptr<sql_connection> conn;
   if (on_postgres()) {
     conn = connect_or_throw(url_);
@@ -215,11 +215,45 @@ std::string test_store::query(const std::string& sql) const {
   auto row = (*q)->step();
   if (!row)
     throw std::runtime_error(sql + ": " + describe(row.error()));
+  std::vector<std::string> out;
   if (!*row)
-    return {};
-  auto v = (*q)->column(0);
-  return v.type == sql_value::kind::integer ? std::to_string(v.integer)
-                                            : v.text;
+    return out;
+  for (int i = 0; i < (*q)->column_count(); ++i) {
+    auto v = (*q)->column(i);
+    out.push_back(v.type == sql_value::kind::integer
+                    ? std::to_string(v.integer)
+                    : v.text);
+  }
+  return out;
+}
+
+std::string test_store::query(const std::string& sql) const {
+  auto row = query_row(sql);
+  return row.empty() ? std::string{} : row.front();
+}
+
+void test_store::refuse(const std::string& name, const std::string& event,
+                        const std::string& table, const std::string& when,
+                        const std::string& message) const {
+  if (on_postgres())
+    exec("CREATE FUNCTION " + name
+         + "() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN RAISE "
+           "EXCEPTION '"
+         + message + "'; END $$; CREATE TRIGGER " + name + " " + event
+         + " ON " + table + " FOR EACH ROW WHEN (" + when
+         + ") EXECUTE FUNCTION " + name + "();");
+  else
+    exec("CREATE TRIGGER " + name + " " + event + " ON " + table + " WHEN "
+         + when + " BEGIN SELECT RAISE(ABORT, '" + message + "'); END;");
+}
+
+void test_store::allow(const std::string& name,
+                       const std::string& table) const {
+  if (on_postgres())
+    exec("DROP TRIGGER " + name + " ON " + table + "; DROP FUNCTION " + name
+         + "();");
+  else
+    exec("DROP TRIGGER " + name + ";");
 }
 
 process_result run(const std::vector<std::string>& argv,

@@ -55,8 +55,8 @@ public:
   test_store(const test_store&) = delete;
   test_store& operator=(const test_store&) = delete;
 
-  /// The data directory (memory.db and idempotency.db live there on both
-  /// backends).
+  /// The data directory (spindle.db, memory.db and idempotency.db on
+  /// SQLite; nothing of the state on PostgreSQL).
   const temp_dir& dir() const noexcept {
     return dir_;
   }
@@ -80,12 +80,32 @@ public:
     opts.data_dir = dir_.str();
     opts.store = url_;
   }
+  /// `spindle serve`'s flags for it: `--data DIR` and, on PostgreSQL,
+  /// `--store URL`.
+  std::vector<std::string> serve_flags() const {
+    std::vector<std::string> out{"--data", dir_.str()};
+    if (on_postgres()) {
+      out.push_back("--store");
+      out.push_back(url_);
+    }
+    return out;
+  }
   /// Runs `sql` on a connection of its own beside the runtime's, as an
   /// operator would: on spindle.db, or on the PostgreSQL database. Throws
   /// when it fails.
   void exec(const std::string& sql) const;
   /// The first column of the first row of `sql`, as text ("" for none).
   std::string query(const std::string& sql) const;
+  /// Every column of the first row of `sql`, as text (empty for no row).
+  std::vector<std::string> query_row(const std::string& sql) const;
+  /// Makes the store refuse the rows `event` ("BEFORE INSERT", "BEFORE
+  /// UPDATE") brings into `table` when `when` holds (an expression on
+  /// NEW.column), with the error `message`, as a failing disk would: a
+  /// trigger `name`, in SQLite or in PostgreSQL. `allow` drops it.
+  void refuse(const std::string& name, const std::string& event,
+              const std::string& table, const std::string& when,
+              const std::string& message) const;
+  void allow(const std::string& name, const std::string& table) const;
 
 private:
   temp_dir dir_;
@@ -95,6 +115,17 @@ private:
 
 /// Whether this run is the PostgreSQL run of the store suites.
 bool postgres_run();
+
+/// `opts` as a store suite's runtime takes them: unchanged (in memory, or
+/// whatever the test chose) on the default run; on the PostgreSQL run
+/// pointed at `store`'s database, so that the same test pins the same
+/// behaviour with every write going through PostgreSQL.
+template <class RuntimeOptions>
+RuntimeOptions on_test_store(RuntimeOptions opts, const test_store& store) {
+  if (store.on_postgres())
+    store.apply(opts.storage);
+  return opts;
+}
 
 /// The URL of the cluster's maintenance database (`postgres`), from which
 /// test databases are created; throws when no cluster is set up.

@@ -72,7 +72,8 @@ context_item explicit_item(const std::string& id, std::string content = "r") {
 
 TEST_CASE("context manager: 50 items evict nothing, the 51st evicts the "
           "first") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   std::vector<std::string> added;
   for (int i = 1; i <= 50; ++i) {
     auto result = add(rt, "t1", "item " + std::to_string(i));
@@ -95,7 +96,8 @@ TEST_CASE("context manager: 50 items evict nothing, the 51st evicts the "
 }
 
 TEST_CASE("context manager: capacity 100 holds 100") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   auto configured = rt.configure_context("big", {100, 0});
   REQUIRE(configured);
   CHECK(configured->ids.empty());
@@ -110,7 +112,8 @@ TEST_CASE("context manager: the default capacity comes from the runtime "
           "options, capacity 0 or negative is refused everywhere") {
   runtime_options opts;
   opts.context.window.capacity = 3;
-  runtime rt{opts};
+  test::test_store store;
+  runtime rt{test::on_test_store(opts, store)};
   for (int i = 0; i < 3; ++i)
     CHECK(add(rt, "small").evicted.empty());
   CHECK(add(rt, "small").evicted.size() == 1);
@@ -151,7 +154,8 @@ TEST_CASE("context manager: concurrent writers never overfill the window, "
     DYNAMIC_SECTION(writers << " writers") {
       constexpr int64_t capacity = 40;
       constexpr size_t per_writer = 250;
-      runtime rt;
+      test::test_store store;
+      runtime rt{test::on_test_store(runtime_options{}, store)};
       REQUIRE(rt.configure_context("shared", {capacity, 0}));
       std::vector<std::vector<context_add_result>> results(writers);
       std::atomic<bool> done{false};
@@ -225,7 +229,8 @@ TEST_CASE("context manager: concurrent writers never overfill the window, "
 
 TEST_CASE("context manager: concurrent writers on separate threads keep "
           "separate windows with runtime-unique IDs") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   constexpr size_t writers = 8, per_writer = 60;
   std::vector<std::vector<std::string>> ids(writers);
   std::vector<std::thread> threads;
@@ -256,7 +261,8 @@ TEST_CASE("context manager: concurrent writers on separate threads keep "
 
 TEST_CASE("context manager: the token budget evicts oldest first, an "
           "oversize item is refused and the window is unchanged") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   REQUIRE(rt.configure_context("tok", {50, 10}));
   auto a = add(rt, "tok", std::string(16, 'a')); // 4 tokens
   auto b = add(rt, "tok", std::string(16, 'b')); // 8
@@ -292,7 +298,8 @@ TEST_CASE("context manager: the token budget evicts oldest first, an "
 
 TEST_CASE("context manager: items(limit) gives the newest, oldest first, and "
           "get, remove and clear work by ID") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   std::vector<std::string> ids;
   for (int i = 0; i < 6; ++i)
     ids.push_back(add(rt, "ops", "n" + std::to_string(i)).item.id());
@@ -331,7 +338,8 @@ TEST_CASE("context manager: items(limit) gives the newest, oldest first, and "
 
 TEST_CASE("context manager: render gives the window as markdown, oldest "
           "first") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   add(rt, "md", "Remember: the cache is per thread.", context_type::text);
   add(rt, "md", "CL-USER> (+ 1 2)\n3", context_type::repl_history,
       {{"package", "agent-q"}});
@@ -352,7 +360,8 @@ TEST_CASE("context manager: render gives the window as markdown, oldest "
 
 TEST_CASE("context manager: an explicit ID advances the counter past it "
           "(D4)") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   auto first = add(rt, "a");
   CHECK(first.item.id() == "ctx-1");
   auto restored = rt.restore_context("a", explicit_item("ctx-1000"));
@@ -371,7 +380,8 @@ TEST_CASE("context manager: an explicit ID advances the counter past it "
 
 TEST_CASE("context manager: a duplicate explicit ID is refused in any "
           "window, a removed or evicted ID may come back (D4)") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   auto live = add(rt, "one");
   REQUIRE(rt.restore_context("one", explicit_item("ctx-77")));
   for (auto* thread : {"one", "two"}) {
@@ -401,7 +411,8 @@ TEST_CASE("context manager: racing restores of one explicit ID: exactly one "
           "wins") {
   for (size_t racers : {2, 4, 8}) {
     DYNAMIC_SECTION(racers << " racers") {
-      runtime rt;
+      test::test_store store;
+      runtime rt{test::on_test_store(runtime_options{}, store)};
       for (int round = 0; round < 10; ++round) {
         auto id = "ctx-" + std::to_string(5000 + round);
         std::atomic<int> won{0}, refused{0}, other{0};
@@ -435,7 +446,8 @@ TEST_CASE("context manager: racing restores of one explicit ID: exactly one "
 
 TEST_CASE("context manager: restores racing allocations never produce a "
           "duplicate live ID") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   REQUIRE(rt.configure_context("alloc", {1000, 0}));
   REQUIRE(rt.configure_context("restore", {1000, 0}));
   std::atomic<bool> stop{false};
@@ -473,7 +485,8 @@ TEST_CASE("context manager: restores racing allocations never produce a "
 
 TEST_CASE("context manager: bad input is refused with the field named and "
           "nothing changes") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   add(rt, "in");
   auto before = items(rt, "in");
   auto bad_meta = rt.add_context("in", context_type::code, "x",
@@ -508,7 +521,8 @@ TEST_CASE("context manager: bad input is refused with the field named and "
 
 TEST_CASE("context directory: thread IDs are validated and reads never create "
           "a window") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   for (const std::string& bad :
        std::vector<std::string>{"", "..", ".", "../x", "a/b", "sp ace",
                                 std::string(129, 'a')}) {
@@ -552,7 +566,8 @@ TEST_CASE("context directory: thread IDs are validated and reads never create "
 
 TEST_CASE("context manager: asynchronous calls deliver once with the same "
           "results as blocking ones") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   auto draft = make_context_draft(context_type::code, "(+ 1 2)",
                                   {{"filename", "a.lisp"}});
   REQUIRE(draft);
@@ -612,7 +627,8 @@ TEST_CASE("context manager: evictions are logged") {
   logger->sinks().push_back(sink);
   logger->set_level(spdlog::level::debug);
   {
-    runtime rt;
+    test::test_store store;
+    runtime rt{test::on_test_store(runtime_options{}, store)};
     REQUIRE(rt.configure_context("logged", {2, 0}));
     auto a = add(rt, "logged");
     add(rt, "logged");
@@ -630,7 +646,8 @@ TEST_CASE("context manager: evictions are logged") {
 }
 
 TEST_CASE("context manager: after stop, calls fail with unavailable") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   add(rt, "s");
   rt.stop();
   auto after = rt.add_context("s", context_type::code, "x");

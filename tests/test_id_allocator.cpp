@@ -23,9 +23,9 @@ using namespace spindle;
 
 namespace {
 
-runtime_options durable(const test::temp_dir& dir) {
+runtime_options durable(const test::test_store& dir) {
   runtime_options opts;
-  opts.storage.data_dir = dir.str();
+  dir.apply(opts.storage);
   return opts;
 }
 
@@ -113,7 +113,7 @@ TEST_CASE("id allocator: concurrent task IDs under shared and private "
 TEST_CASE("id allocator: idle counters beyond the cap are forgotten and "
           "continue above their durable mark: never a repeat, each caller "
           "increasing, also across a restart") {
-  test::temp_dir dir;
+  test::test_store dir;
   auto opts = durable(dir);
   opts.ids.max_counters = 8;
   constexpr size_t threads = 8, per_thread = 400, parents = 64;
@@ -212,7 +212,7 @@ TEST_CASE("id allocator: k consecutive IDs at once, contiguous and in "
 
 TEST_CASE("id allocator: after a restart every new ID is above every ID "
           "handed out before") {
-  test::temp_dir dir;
+  test::test_store dir;
   uint64_t last_ctx = 0, last_orch = 0, last_task = 0;
   {
     runtime rt{durable(dir)};
@@ -242,7 +242,7 @@ TEST_CASE("id allocator: after a restart every new ID is above every ID "
 
 TEST_CASE("id allocator: reservations are written once per block, not once "
           "per ID") {
-  test::temp_dir dir;
+  test::test_store dir;
   auto opts = durable(dir);
   opts.ids.context_block = 1000;
   {
@@ -250,15 +250,8 @@ TEST_CASE("id allocator: reservations are written once per block, not once "
     for (int i = 0; i < 2500; ++i)
       REQUIRE(rt.next_context_id());
   }
-  sqlite3* db = nullptr;
-  REQUIRE(sqlite3_open((dir.path() / "spindle.db").c_str(), &db) == SQLITE_OK);
-  sqlite3_stmt* stmt = nullptr;
-  sqlite3_prepare_v2(db, "SELECT high_water FROM counters WHERE key='ctx'", -1,
-                     &stmt, nullptr);
-  REQUIRE(sqlite3_step(stmt) == SQLITE_ROW);
-  auto mark = sqlite3_column_int64(stmt, 0);
-  sqlite3_finalize(stmt);
-  sqlite3_close(db);
+  auto mark
+    = std::stoll(dir.query("SELECT high_water FROM counters WHERE key='ctx'"));
   // The mark covers everything handed out and runs at most two blocks ahead.
   CHECK(mark >= 2500);
   CHECK(mark <= 2500 + 2 * 1000);
@@ -288,7 +281,7 @@ TEST_CASE("id allocator: orchestration IDs cross every tier and stop at "
 
 TEST_CASE("id allocator: with durable counters ZZZZ is handed out once and "
           "every request after it is refused - also after a restart") {
-  test::temp_dir dir;
+  test::test_store dir;
   auto advance_to = [](runtime& rt, const std::string& key, uint64_t value) {
     REQUIRE(rt.call<uint64_t>(rt.id_allocator(), std::chrono::seconds(5),
                               advance_atom::value, key, value));
@@ -429,8 +422,14 @@ TEST_CASE("runtime: many runtimes start and stop from many threads without "
   CHECK(ok == 40);
 }
 
-TEST_CASE("runtime: storage that cannot be opened is a clear error at start") {
+TEST_CASE("runtime: storage that cannot be opened is a clear error at start",
+          "[sqlite]") {
   test::temp_dir dir;
+  auto in_dir = [&] {
+    runtime_options opts;
+    opts.storage.data_dir = dir.str();
+    return opts;
+  };
   SECTION("a data directory below a regular file") {
     std::ofstream{dir.path() / "file"} << "x";
     runtime_options opts;
@@ -445,7 +444,7 @@ TEST_CASE("runtime: storage that cannot be opened is a clear error at start") {
   SECTION("a corrupt database file") {
     std::ofstream{dir.path() / "spindle.db"}
       << std::string(8192, 'x') << "not a database";
-    auto rt = runtime::start(durable(dir));
+    auto rt = runtime::start(in_dir());
     REQUIRE_FALSE(rt);
     CHECK(describe(rt.error()).find("spindle.db") != std::string::npos);
   }
@@ -455,7 +454,7 @@ TEST_CASE("runtime: storage that cannot be opened is a clear error at start") {
             == SQLITE_OK);
     sqlite3_exec(db, "PRAGMA user_version = 99;", nullptr, nullptr, nullptr);
     sqlite3_close(db);
-    auto rt = runtime::start(durable(dir));
+    auto rt = runtime::start(in_dir());
     REQUIRE_FALSE(rt);
     CHECK(describe(rt.error()).find("newer") != std::string::npos);
     REQUIRE(sqlite3_open((dir.path() / "spindle.db").c_str(), &db)

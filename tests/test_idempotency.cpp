@@ -14,7 +14,7 @@
 
 using json = nlohmann::json;
 using spindle::test::server_process;
-using spindle::test::temp_dir;
+using spindle::test::test_store;
 
 namespace {
 
@@ -234,10 +234,11 @@ TEST_CASE("idempotency: a streamed reply is replayed whole - items memories "
 }
 
 TEST_CASE("idempotency: answers survive a restart and expire after the "
-          "retention time") {
-  temp_dir dir;
-  std::vector<std::string> args{"--data", dir.str(),
-                                "--idempotency-retention", "2"};
+          "retention time",
+          "[store]") {
+  test_store dir;
+  auto args = dir.serve_flags();
+  args.insert(args.end(), {"--idempotency-retention", "2"});
   std::string first;
   {
     server_process srv{args};

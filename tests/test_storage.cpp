@@ -441,7 +441,8 @@ TEST_CASE("storage: a corrupt database or one of a newer schema is refused "
 }
 
 TEST_CASE("storage: a data directory is owned by one process: a second "
-          "one is refused at start and the owner's state is untouched", "[sqlite]") {
+          "one is refused at start and the owner's state is untouched",
+          "[sqlite]") {
   test::test_store dir;
   auto data = dir.path().string();
   {
@@ -547,15 +548,8 @@ void refuse(const test::test_store& dir, const runtime_options& opts,
                                      + table + " WHEN " + when
                                      + " BEGIN SELECT RAISE(ABORT, 'disk "
                                        "says no'); END;"));
-  } else if (dir.on_postgres()) {
-    dir.exec("CREATE FUNCTION refuse() RETURNS trigger LANGUAGE plpgsql AS "
-             "$$ BEGIN RAISE EXCEPTION 'disk says no'; END $$;"
-             "CREATE TRIGGER refuse BEFORE INSERT ON "
-             + table + " FOR EACH ROW WHEN (" + when
-             + ") EXECUTE FUNCTION refuse();");
   } else {
-    dir.exec("CREATE TRIGGER refuse BEFORE INSERT ON " + table + " WHEN "
-             + when + " BEGIN SELECT RAISE(ABORT, 'disk says no'); END;");
+    dir.refuse("refuse", "BEFORE INSERT", table, when, "disk says no");
   }
 }
 

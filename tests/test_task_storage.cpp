@@ -21,7 +21,6 @@
 #include <catch2/catch.hpp>
 #include <spdlog/sinks/ringbuffer_sink.h>
 #include <spdlog/spdlog.h>
-#include <sqlite3.h>
 
 #include "spindle/actors/task_records.hpp"
 #include "spindle/messages/hybrid36.hpp"
@@ -32,9 +31,9 @@ using namespace spindle;
 
 namespace {
 
-runtime_options durable(const test::temp_dir& dir) {
+runtime_options durable(const test::test_store& dir) {
   runtime_options opts;
-  opts.storage.data_dir = dir.str();
+  dir.apply(opts.storage);
   return opts;
 }
 
@@ -85,47 +84,37 @@ bool eventually(Pred pred) {
   return pred();
 }
 
-// A second connection to the runtime's database, as an operator (or a
+// A second connection to the runtime's store, as an operator (or a
 // failing disk) would have it.
 class side_connection {
 public:
-  explicit side_connection(const test::temp_dir& dir) {
-    auto path = (dir.path() / "spindle.db").string();
-    REQUIRE(sqlite3_open(path.c_str(), &db_) == SQLITE_OK);
-    sqlite3_busy_timeout(db_, 5000);
-  }
-  ~side_connection() {
-    sqlite3_close(db_);
+  explicit side_connection(const test::test_store& dir) : dir_(dir) {
   }
   void exec(const std::string& sql) {
-    char* msg = nullptr;
-    auto rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &msg);
-    INFO(sql << ": " << (msg != nullptr ? msg : ""));
-    sqlite3_free(msg);
-    REQUIRE(rc == SQLITE_OK);
+    INFO(sql);
+    REQUIRE_NOTHROW(dir_.exec(sql));
   }
   // "state|outcome|worker" of one stored task, or "" if it is not stored.
+  // (IDs are of the task grammar: no quotes to escape.)
   std::string row(const std::string& id) {
-    sqlite3_stmt* stmt = nullptr;
-    REQUIRE(sqlite3_prepare_v2(db_,
-                               "SELECT state, outcome, worker FROM tasks "
-                               "WHERE id = ?1;",
-                               -1, &stmt, nullptr)
-            == SQLITE_OK);
-    sqlite3_bind_text(stmt, 1, id.c_str(), -1, SQLITE_TRANSIENT);
-    std::string out;
-    if (sqlite3_step(stmt) == SQLITE_ROW) {
-      auto state = static_cast<task_state>(sqlite3_column_int(stmt, 0));
-      out = to_string(state) + "|"
-            + reinterpret_cast<const char*>(sqlite3_column_text(stmt, 1)) + "|"
-            + reinterpret_cast<const char*>(sqlite3_column_text(stmt, 2));
-    }
-    sqlite3_finalize(stmt);
-    return out;
+    auto r = dir_.query_row("SELECT state, outcome, worker FROM tasks "
+                            "WHERE id = '"
+                            + id + "';");
+    if (r.empty())
+      return {};
+    auto state = static_cast<task_state>(std::stoi(r.at(0)));
+    return to_string(state) + "|" + r.at(1) + "|" + r.at(2);
+  }
+  void refuse(const std::string& name, const std::string& event,
+              const std::string& when, const std::string& message) {
+    dir_.refuse(name, event, "tasks", when, message);
+  }
+  void allow(const std::string& name) {
+    dir_.allow(name, "tasks");
   }
 
 private:
-  sqlite3* db_ = nullptr;
+  const test::test_store& dir_;
 };
 
 // Captures spdlog's default logger while alive.
@@ -159,7 +148,7 @@ private:
 
 TEST_CASE("task storage: pending, completed and failed tasks and the whole "
           "tree survive a restart exactly") {
-  test::temp_dir dir;
+  test::test_store dir;
   std::vector<std::string> tree1, tree2;
   std::vector<std::string> executable;
   {
@@ -199,7 +188,7 @@ TEST_CASE("task storage: pending, completed and failed tasks and the whole "
 
 TEST_CASE("task storage: a task running at shutdown comes back stale with "
           "its worker, is reported, and can be requeued and run") {
-  test::temp_dir dir;
+  test::test_store dir;
   {
     runtime rt{durable(dir)};
     build_seed_tree(rt);
@@ -233,7 +222,7 @@ TEST_CASE("task storage: a task running at shutdown comes back stale with "
 
 TEST_CASE("task storage: the stale change is stored too - a second restart "
           "reports nothing new") {
-  test::temp_dir dir;
+  test::test_store dir;
   {
     runtime rt{durable(dir)};
     build_seed_tree(rt);
@@ -253,7 +242,7 @@ TEST_CASE("task storage: the stale change is stored too - a second restart "
 
 TEST_CASE("task storage: claims after a restart follow D1 and never return "
           "a completed task") {
-  test::temp_dir dir;
+  test::test_store dir;
   {
     runtime rt{durable(dir)};
     build_seed_tree(rt);
@@ -296,7 +285,7 @@ TEST_CASE("task storage: claims after a restart follow D1 and never return "
 
 TEST_CASE("task storage: IDs after a restart are above every ID handed out "
           "before, for orchestrations and for subtasks") {
-  test::temp_dir dir;
+  test::test_store dir;
   {
     runtime rt{durable(dir)};
     build_seed_tree(rt);
@@ -323,7 +312,7 @@ TEST_CASE("task storage: IDs after a restart are above every ID handed out "
 }
 
 TEST_CASE("task storage: every change is committed when its reply arrives") {
-  test::temp_dir dir;
+  test::test_store dir;
   runtime rt{durable(dir)};
   side_connection db{dir};
   REQUIRE(rt.create_orchestration("o").value() == "0001");
@@ -348,7 +337,7 @@ TEST_CASE("task storage: every change is committed when its reply arrives") {
 
 TEST_CASE("task storage: concurrent claimers and completers - every "
           "acknowledged completion survives a restart") {
-  test::temp_dir dir;
+  test::test_store dir;
   constexpr int tasks = 200;
   std::vector<std::string> done;
   {
@@ -396,7 +385,7 @@ TEST_CASE("task storage: property: on random trees with random restarts "
   for (unsigned seed = 1; seed <= 4; ++seed) {
     DYNAMIC_SECTION("seed " << seed) {
       std::mt19937 rng{seed};
-      test::temp_dir dir;
+      test::test_store dir;
       auto opts = durable(dir);
       opts.storage.sync = sync_mode::normal;
       auto rt = std::make_unique<runtime>(opts);
@@ -527,7 +516,7 @@ bool resident_at_most(runtime& rt, uint64_t most) {
 
 TEST_CASE("task storage: finished orchestrations leave memory once stored, "
           "are counted and listed still, and come back for any request") {
-  test::temp_dir dir;
+  test::test_store dir;
   constexpr int orchestrations = 30;
   {
     runtime rt{durable(dir)};
@@ -600,7 +589,7 @@ TEST_CASE("task storage: finished orchestrations leave memory once stored, "
 TEST_CASE("task storage: while orchestrations retire and come back, 8 "
           "threads claim, complete, fail, requeue and read them: no request "
           "fails and every tree ends completed") {
-  test::temp_dir dir;
+  test::test_store dir;
   runtime rt{durable(dir)};
   constexpr int threads = 8, per_thread = 12;
   std::atomic<int> failures{0}, failed_roots{0}, reads{0};
@@ -688,7 +677,7 @@ TEST_CASE("task storage: while orchestrations retire and come back, 8 "
 
 TEST_CASE("task storage: a write the store refuses is an error, nothing of "
           "it is kept, and the orchestration goes on from what committed") {
-  test::temp_dir dir;
+  test::test_store dir;
   { runtime rt{durable(dir)}; } // creates the schema
   side_connection db{dir};
   runtime rt{durable(dir)};
@@ -697,9 +686,8 @@ TEST_CASE("task storage: a write the store refuses is an error, nothing of "
   auto before = show(rt.orchestration_tree("0001").value());
 
   SECTION("a completion") {
-    db.exec("CREATE TRIGGER refuse_completion BEFORE UPDATE ON tasks "
-            "WHEN NEW.state = 2 BEGIN SELECT RAISE(ABORT, 'disk says no'); "
-            "END;");
+    db.refuse("refuse_completion", "BEFORE UPDATE", "NEW.state = 2",
+              "disk says no");
     auto done = rt.complete_task("0001_t1.2", "lost");
     REQUIRE_FALSE(done);
     CHECK(classify(done.error()) == errc::storage_failure);
@@ -709,16 +697,15 @@ TEST_CASE("task storage: a write the store refuses is an error, nothing of "
       auto tree = rt.orchestration_tree("0001");
       return tree && show(*tree) == before;
     }));
-    db.exec("DROP TRIGGER refuse_completion;");
+    db.allow("refuse_completion");
     REQUIRE(rt.complete_task("0001_t1.2", "kept").value().state
             == task_state::completed);
     CHECK(db.row("0001_t1.2") == "completed|kept|alice");
     CHECK(claim_id(rt) == "0001_t1.1");
   }
   SECTION("a spawn") {
-    db.exec("CREATE TRIGGER refuse_spawn BEFORE INSERT ON tasks "
-            "WHEN NEW.parent = '0001_t2' BEGIN SELECT RAISE(ABORT, 'full'); "
-            "END;");
+    db.refuse("refuse_spawn", "BEFORE INSERT", "NEW.parent = '0001_t2'",
+              "full");
     auto kids = rt.spawn_subtasks("0001_t2", {"x", "y"});
     REQUIRE_FALSE(kids);
     CHECK(classify(kids.error()) == errc::storage_failure);
@@ -729,14 +716,13 @@ TEST_CASE("task storage: a write the store refuses is an error, nothing of "
     // 0001_t2 is executable again (it has no children after all).
     CHECK(rt.executable_tasks("0001").value()
           == std::vector<std::string>{"0001_t1.1", "0001_t2"});
-    db.exec("DROP TRIGGER refuse_spawn;");
+    db.allow("refuse_spawn");
     auto again = rt.spawn_subtasks("0001_t2", {"x"});
     REQUIRE(again);
     CHECK(task_id::parse(again->front())->sequence() > 2); // never reused
   }
   SECTION("a claim") {
-    db.exec("CREATE TRIGGER refuse_claim BEFORE UPDATE ON tasks "
-            "WHEN NEW.state = 1 BEGIN SELECT RAISE(ABORT, 'busy'); END;");
+    db.refuse("refuse_claim", "BEFORE UPDATE", "NEW.state = 1", "busy");
     auto got = rt.claim_task("bob");
     REQUIRE_FALSE(got);
     CHECK(classify(got.error()) == errc::storage_failure);
@@ -744,25 +730,25 @@ TEST_CASE("task storage: a write the store refuses is an error, nothing of "
       auto tree = rt.orchestration_tree("0001");
       return tree && show(*tree) == before;
     }));
-    db.exec("DROP TRIGGER refuse_claim;");
+    db.allow("refuse_claim");
     // The refused task is claimable again, in D1 order.
     CHECK(claim_id(rt, "bob") == "0001_t1.1");
   }
   SECTION("a new orchestration") {
-    db.exec("CREATE TRIGGER refuse_orchestration BEFORE INSERT ON tasks "
-            "WHEN NEW.parent = '' BEGIN SELECT RAISE(ABORT, 'nope'); END;");
+    db.refuse("refuse_orchestration", "BEFORE INSERT", "NEW.parent = ''",
+              "nope");
     auto orch = rt.create_orchestration("x");
     REQUIRE_FALSE(orch);
     CHECK(classify(orch.error()) == errc::storage_failure);
     CHECK(classify(rt.orchestration_tree("0003").error()) == errc::not_found);
-    db.exec("DROP TRIGGER refuse_orchestration;");
+    db.allow("refuse_orchestration");
     CHECK(*hybrid36::parse(rt.create_orchestration("y").value()) > 3);
   }
 }
 
 TEST_CASE("task storage: stored rows this build cannot read stop the start "
           "with a clear error") {
-  test::temp_dir dir;
+  test::test_store dir;
   {
     runtime rt{durable(dir)};
     build_seed_tree(rt);

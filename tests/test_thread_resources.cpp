@@ -22,9 +22,9 @@ using json = nlohmann::json;
 
 namespace {
 
-runtime_options durable(const test::temp_dir& dir) {
+runtime_options durable(const test::test_store& dir) {
   runtime_options opts;
-  opts.storage.data_dir = dir.str();
+  dir.apply(opts.storage);
   opts.storage.sync = sync_mode::normal;
   // Threads go in and out of memory while they are written and listed.
   activation_options a;
@@ -149,14 +149,14 @@ TEST_CASE("thread resources: a walk lists every thread exactly once while "
 
 TEST_CASE("thread resources: a walk lists every thread exactly once while "
           "16 writers change them - on a store with threads passivated") {
-  test::temp_dir dir;
+  test::test_store dir;
   runtime rt{durable(dir)};
   walk_under_writers(rt);
 }
 
 TEST_CASE("thread resources: threads are listed newest change first with "
           "their turn counts and metadata - in memory and on a store") {
-  test::temp_dir dir;
+  test::test_store dir;
   for (bool stored : {false, true}) {
     INFO("stored " << stored);
     runtime rt{stored ? durable(dir) : runtime_options{}};
@@ -225,7 +225,7 @@ TEST_CASE("thread resources: threads are listed newest change first with "
 
 TEST_CASE("thread resources: metadata turn counts and a walk's cursor "
           "survive a restart") {
-  test::temp_dir dir;
+  test::test_store dir;
   std::vector<std::string> first;
   thread_list_request lr;
   lr.limit = 4;
@@ -275,7 +275,7 @@ TEST_CASE("thread resources: metadata turn counts and a walk's cursor "
 
 TEST_CASE("thread resources: deleting a thread removes its turns items "
           "window and anonymous memories for good and frees its ID") {
-  test::temp_dir dir;
+  test::test_store dir;
   {
     runtime rt{durable(dir)};
     auto sent = rt.send_message("doomed", "remember the blue door", "",
@@ -548,7 +548,7 @@ std::vector<std::string> contents(runtime& rt, const std::string& id) {
 
 TEST_CASE("thread resources: a copy at turn N holds the first N turns and "
           "the metadata and the original is unchanged across a restart") {
-  test::temp_dir dir;
+  test::test_store dir;
   std::vector<std::string> original;
   std::string at4, whole, empty;
   {

@@ -12,6 +12,7 @@
 #include <catch2/catch.hpp>
 
 #include "spindle/runtime/runtime.hpp"
+#include "support.hpp"
 
 using namespace spindle;
 
@@ -50,7 +51,8 @@ std::vector<turn> turns_of(std::initializer_list<turn_role> roles) {
 // -- the seed's seven thread store tests --------------------------------------
 
 TEST_CASE("threads store: a thread persists across multiple requests") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   REQUIRE(rt.add_turn("t1", make_user_turn("Q1")) == 1u);
   REQUIRE(rt.add_turn("t1", make_assistant_turn("A1")) == 2u);
   // A later "request": a fresh read sees both turns.
@@ -63,7 +65,8 @@ TEST_CASE("threads store: a thread persists across multiple requests") {
 }
 
 TEST_CASE("threads store: get_or_create reuses the existing thread actor") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   auto reg = rt.thread_registry();
   auto first = rt.call<thread_ref>(reg, timeout, caf::put_atom::value,
                                    std::string{"same"});
@@ -89,7 +92,8 @@ TEST_CASE("threads store: get_or_create reuses the existing thread actor") {
 
 TEST_CASE("threads store: add_turn appends exactly one turn and never "
           "replaces the list") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   for (uint64_t i = 1; i <= 50; ++i) {
     auto count = rt.add_turn(
       "append", i % 2 ? make_user_turn("u" + std::to_string(i))
@@ -104,7 +108,8 @@ TEST_CASE("threads store: add_turn appends exactly one turn and never "
 
 TEST_CASE("threads store: turns keep chronological order - the last turn is "
           "the newest") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   rt.add_turn("order", make_user_turn("Who is Donald Trump?"));
   rt.add_turn("order", make_assistant_turn("Donald Trump is..."));
   rt.add_turn("order", make_user_turn("who are his children"));
@@ -128,7 +133,8 @@ TEST_CASE("threads store: turns keep chronological order - the last turn is "
 }
 
 TEST_CASE("threads store: get_thread and get_history never create a thread") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   auto reg = rt.thread_registry();
   auto ref = rt.call<thread_ref>(reg, timeout, caf::get_atom::value,
                                  std::string{"ghost"});
@@ -154,7 +160,8 @@ TEST_CASE("threads store: get_thread and get_history never create a thread") {
 
 TEST_CASE("threads store: windowing returns the newest turns and never "
           "mutates the thread") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   for (int i = 0; i < 30; ++i)
     rt.add_turn("window", i % 2 == 0
                             ? make_user_turn("u" + std::to_string(i))
@@ -177,7 +184,8 @@ TEST_CASE("threads store: windowing returns the newest turns and never "
 }
 
 TEST_CASE("threads store: only clear removes turns, and it says how many") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   rt.add_turn("c", make_user_turn("q"));
   rt.add_turn("c", make_assistant_turn("a"));
   rt.history("c", 2);
@@ -206,7 +214,8 @@ TEST_CASE("history window: never starts with an orphan assistant turn") {
   REQUIRE(history_window_start(turns, 6) == 0);
   REQUIRE(history_window_start(turns, 100) == 0);
   // Through the thread actor.
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   for (auto& t : turns)
     rt.add_turn("orphans", t);
   auto w = rt.history("orphans", 3);
@@ -264,7 +273,8 @@ TEST_CASE("history window: a system turn is a valid start") {
 
 TEST_CASE("history window: max_turns below 2 is invalid_argument and "
           "changes nothing") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   rt.add_turn("small", make_user_turn("q"));
   for (uint64_t bad : {0, 1}) {
     auto w = rt.history("small", bad);
@@ -281,7 +291,8 @@ TEST_CASE("history window: max_turns below 2 is invalid_argument and "
 }
 
 TEST_CASE("history window: the thread's total and epoch come with it") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   for (int i = 0; i < 7; ++i)
     rt.add_turn("w", make_user_turn("m" + std::to_string(i)));
   auto w = rt.read_history("w", 2);
@@ -299,7 +310,8 @@ TEST_CASE("history window: the thread's total and epoch come with it") {
 
 TEST_CASE("threads store: a snapshot is the reader's own copy - changing it "
           "changes nothing stored") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   rt.add_turn("snap", make_user_turn("original"));
   auto snap = rt.snapshot("snap");
   REQUIRE(snap);
@@ -315,7 +327,8 @@ TEST_CASE("threads store: a snapshot is the reader's own copy - changing it "
 
 TEST_CASE("threads store: hostile or malformed thread IDs are refused and "
           "nothing is created") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   using namespace std::string_literals;
   for (std::string bad : {""s, "../x"s, "."s, ".."s, "a/b"s, "with space"s,
                           std::string(129, 'a'), "nul\0x"s}) {
@@ -334,7 +347,8 @@ TEST_CASE("threads store: hostile or malformed thread IDs are refused and "
 
 TEST_CASE("threads store: invalid turns are refused naming the field, and "
           "create no thread") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   auto expect = [&](turn t, errc code, const std::string& field) {
     auto r = rt.add_turn("v", std::move(t));
     REQUIRE_FALSE(r);
@@ -357,7 +371,8 @@ TEST_CASE("threads store: invalid turns are refused naming the field, and "
 }
 
 TEST_CASE("threads store: list and count see every thread") {
-  runtime rt;
+  test::test_store store;
+  runtime rt{test::on_test_store(runtime_options{}, store)};
   for (auto id : {"b", "a", "c:1", "d-2", "e.3"})
     rt.add_turn(id, make_user_turn("x"));
   REQUIRE(rt.count_threads() == 5u);
@@ -374,7 +389,8 @@ TEST_CASE("threads store: under concurrent writers and readers no reader "
     DYNAMIC_SECTION(clients << " writers + " << clients << " readers") {
       constexpr size_t conversations = 8;
       constexpr size_t per_writer = 240;
-      runtime rt;
+      test::test_store store;
+      runtime rt{test::on_test_store(runtime_options{}, store)};
       auto id_of = [](size_t c) { return "conv-" + std::to_string(c); };
       std::atomic<size_t> writers_done{0};
       std::atomic<size_t> errors{0};
@@ -462,7 +478,8 @@ TEST_CASE("threads store: concurrent get_or_create of one new ID creates one "
           "thread that receives every turn") {
   for (size_t clients : {2, 4, 8, 16}) {
     DYNAMIC_SECTION(clients << " clients") {
-      runtime rt;
+      test::test_store store;
+      runtime rt{test::on_test_store(runtime_options{}, store)};
       std::vector<std::thread> pool;
       std::atomic<size_t> errors{0};
       for (size_t c = 0; c < clients; ++c)
@@ -485,7 +502,8 @@ TEST_CASE("facade: a blocking call waits at most its timeout, then reports "
   runtime_options opts;
   opts.conversation.memory = false;
   opts.conversation.queue_timeout = std::chrono::milliseconds{300};
-  runtime rt{opts};
+  test::test_store store;
+  runtime rt{test::on_test_store(opts, store)};
   REQUIRE(rt.add_turn("held", make_user_turn("first")));
   // Hold the thread with an exchange lease: the next add_turn queues (D9).
   caf::scoped_actor self{rt.system()};

@@ -11,7 +11,7 @@ namespace spindle {
 
 namespace {
 
-constexpr std::array<std::pair<errc, const char*>, 16> names{{
+constexpr std::array<std::pair<errc, const char*>, 17> names{{
   {errc::invalid_argument, "invalid_argument"},
   {errc::invalid_id, "invalid_id"},
   {errc::exhausted, "exhausted"},
@@ -28,6 +28,7 @@ constexpr std::array<std::pair<errc, const char*>, 16> names{{
   {errc::malformed, "malformed"},
   {errc::lease_lost, "lease_lost"},
   {errc::storage_full, "storage_full"},
+  {errc::storage_unavailable, "storage_unavailable"},
 }};
 
 } // namespace
@@ -53,15 +54,18 @@ caf::error make_error(errc code, std::string context) {
 }
 
 caf::error make_storage_error(const caf::error& cause, std::string context) {
-  return make_error(classify(cause) == errc::storage_full
-                      ? errc::storage_full
+  auto code = classify(cause);
+  return make_error(code == errc::storage_full
+                        || code == errc::storage_unavailable
+                      ? code
                       : errc::storage_failure,
                     std::move(context));
 }
 
 bool is_storage_error(const caf::error& err) {
   auto code = classify(err);
-  return code == errc::storage_failure || code == errc::storage_full;
+  return code == errc::storage_failure || code == errc::storage_full
+         || code == errc::storage_unavailable;
 }
 
 errc classify(const caf::error& err) {

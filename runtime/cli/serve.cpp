@@ -241,7 +241,8 @@ void add_serve(CLI::App& app, registry& commands) {
     ->envname("SPINDLE_DATA");
   sub->add_option("--store", args->store,
                   "a PostgreSQL database to keep counters, threads, context "
-                  "windows, tasks and long-term memory in, as "
+                  "windows, tasks, long-term memory and idempotency keys in, "
+                  "as "
                   "postgres://USER[:PASSWORD]@HOST:PORT/DB (default: SQLite "
                   "in --data; docs/storage.md, \"Backends\")")
     ->envname("SPINDLE_STORE");

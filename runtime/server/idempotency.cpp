@@ -7,6 +7,8 @@
 
 #include "spindle/messages/error.hpp"
 #include "spindle/runtime/database.hpp"
+#include "spindle/runtime/postgres.hpp"
+#include "spindle/runtime/sql_connection.hpp"
 
 namespace spindle::http {
 
@@ -50,7 +52,7 @@ constexpr uint64_t prune_every = 1024;
 
 } // namespace
 
-idempotency_store::idempotency_store(std::unique_ptr<database> db,
+idempotency_store::idempotency_store(std::unique_ptr<sql_connection> db,
                                      std::chrono::seconds retention)
   : db_(std::move(db)), retention_(retention) {
 }
@@ -60,13 +62,18 @@ idempotency_store::~idempotency_store() = default;
 caf::expected<std::unique_ptr<idempotency_store>>
 idempotency_store::open(const storage_options& storage,
                         std::chrono::seconds retention) {
-  std::unique_ptr<database> db;
-  if (!storage.files_in_memory()) {
+  std::unique_ptr<sql_connection> db;
+  if (storage.on_postgres()) {
+    auto opened = open_postgres(storage.store);
+    if (!opened)
+      return opened.error();
+    db = std::move(*opened);
+  } else if (!storage.files_in_memory()) {
     auto opened = database::open(idempotency_database_path(storage),
                                  storage.sync);
     if (!opened)
       return opened.error();
-    db = std::move(*opened);
+    db = sqlite_connection(std::move(*opened));
   }
   std::unique_ptr<idempotency_store> out{
     new idempotency_store(std::move(db), retention)};
@@ -108,26 +115,44 @@ std::string idempotency_store::fingerprint(std::string_view method,
   return out;
 }
 
+sql_query* idempotency_store::query(std::unique_ptr<sql_query>& slot,
+                                    const char* sql) {
+  if (!slot) {
+    auto q = db_->prepare(sql);
+    if (!q) {
+      spdlog::warn("idempotency: {}", describe(q.error()));
+      return nullptr;
+    }
+    slot = std::move(*q);
+  }
+  return slot.get();
+}
+
 std::optional<std::pair<std::string, stored_reply>>
 idempotency_store::read(const std::string& key) {
-  auto stmt = db_->prepare(
-    "SELECT fingerprint, status, content_type, headers, body "
-    "FROM idempotency_keys WHERE key = ?1 AND created_ms >= ?2;");
-  if (!stmt) {
-    spdlog::warn("idempotency: cannot read keys: {}", describe(stmt.error()));
+  auto* stmt = query(
+    read_, "SELECT fingerprint, status, content_type, headers, body "
+           "FROM idempotency_keys WHERE key = ?1 AND created_ms >= ?2;");
+  if (stmt == nullptr)
+    return std::nullopt;
+  stmt->bind(1, sql_value::of(key));
+  stmt->bind(2, sql_value::of(now_ms() - retention_.count() * 1000));
+  auto row = stmt->step();
+  if (!row || !*row) {
+    if (!row)
+      spdlog::warn("idempotency: cannot read keys: {}",
+                   describe(row.error()));
+    stmt->reset();
     return std::nullopt;
   }
-  stmt->bind(1, std::string_view{key});
-  stmt->bind(2, now_ms() - retention_.count() * 1000);
-  auto row = stmt->step();
-  if (!row || !*row)
-    return std::nullopt;
   stored_reply reply;
-  reply.status = static_cast<int>(stmt->column_int64(1));
-  reply.content_type = stmt->column_text(2);
-  reply.headers = headers_of(stmt->column_view(3));
-  reply.body = std::string{stmt->column_view(4)};
-  return std::make_pair(stmt->column_text(0), std::move(reply));
+  reply.status = static_cast<int>(stmt->column(1).integer);
+  reply.content_type = stmt->column(2).text;
+  reply.headers = headers_of(stmt->column(3).text);
+  reply.body = stmt->column(4).text;
+  auto fingerprint = stmt->column(0).text;
+  stmt->reset();
+  return std::make_pair(std::move(fingerprint), std::move(reply));
 }
 
 idempotency_store::claim_result
@@ -175,22 +200,30 @@ caf::error idempotency_store::finish(const std::string& key,
     if (i == keys_.end())
       return caf::none;
     if (success(reply.status) && db_) {
-      auto stmt = db_->prepare(
-        "INSERT OR REPLACE INTO idempotency_keys(key, fingerprint, status, "
-        "content_type, headers, body, created_ms) "
-        "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7);");
-      if (stmt) {
-        stmt->bind(1, std::string_view{key})
-          .bind(2, std::string_view{i->second.fingerprint})
-          .bind(3, static_cast<int64_t>(reply.status))
-          .bind(4, std::string_view{reply.content_type});
-        auto headers = headers_text(reply.headers);
-        stmt->bind(5, std::string_view{headers})
-          .bind_blob(6, reply.body)
-          .bind(7, now_ms());
+      // The body is text (JSON, or a stream's events): a TEXT value in
+      // both databases (SQLite's column is declared BLOB, which takes it).
+      auto* stmt = query(
+        write_, "INSERT INTO idempotency_keys(key, fingerprint, status, "
+                "content_type, headers, body, created_ms) "
+                "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) "
+                "ON CONFLICT(key) DO UPDATE SET "
+                "fingerprint = excluded.fingerprint, "
+                "status = excluded.status, "
+                "content_type = excluded.content_type, "
+                "headers = excluded.headers, body = excluded.body, "
+                "created_ms = excluded.created_ms;");
+      if (stmt != nullptr) {
+        stmt->bind(1, sql_value::of(key));
+        stmt->bind(2, sql_value::of(i->second.fingerprint));
+        stmt->bind(3, sql_value::of(static_cast<int64_t>(reply.status)));
+        stmt->bind(4, sql_value::of(reply.content_type));
+        stmt->bind(5, sql_value::of(headers_text(reply.headers)));
+        stmt->bind(6, sql_value::of(reply.body));
+        stmt->bind(7, sql_value::of(now_ms()));
         err = stmt->run();
       } else {
-        err = stmt.error();
+        err = make_error(errc::storage_failure,
+                         "idempotency keys cannot be written");
       }
     }
     waiting = std::move(i->second.waiting);
@@ -223,23 +256,24 @@ void idempotency_store::prune_locked() {
     else
       ++i;
   if (db_)
-    if (auto err = db_->exec(
-          "DELETE FROM idempotency_keys WHERE created_ms < "
-          + std::to_string(now_ms() - retention_.count() * 1000) + ";"))
-      spdlog::warn("idempotency: cannot prune keys: {}", describe(err));
+    if (auto* stmt = query(
+          prune_, "DELETE FROM idempotency_keys WHERE created_ms < ?1;")) {
+      stmt->bind(1, sql_value::of(now_ms() - retention_.count() * 1000));
+      if (auto err = stmt->run())
+        spdlog::warn("idempotency: cannot prune keys: {}", describe(err));
+    }
 }
 
 uint64_t idempotency_store::size() {
   std::lock_guard<std::mutex> guard{mx_};
   uint64_t n = keys_.size();
-  if (db_) {
-    auto stmt = db_->prepare("SELECT count(*) FROM idempotency_keys;");
-    if (stmt) {
+  if (db_)
+    if (auto* stmt = query(count_, "SELECT count(*) FROM idempotency_keys;")) {
       auto row = stmt->step();
       if (row && *row)
-        n += static_cast<uint64_t>(stmt->column_int64(0));
+        n += static_cast<uint64_t>(stmt->column(0).integer);
+      stmt->reset();
     }
-  }
   return n;
 }
 

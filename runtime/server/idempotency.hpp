@@ -6,8 +6,8 @@
 //
 // A key is claimed before its request runs. While it runs, retries with the
 // same key wait for its answer; once it answered with a success, the answer
-// is kept (in `idempotency.db` beside the data directory's other files, or
-// in memory with `--data :memory:`) for the retention time and replayed to
+// is kept (in `idempotency.db` beside the data directory's other files, in
+// PostgreSQL with a `--store`, or in memory with `--data :memory:`) for the retention time and replayed to
 // every retry. An error answer is handed to the retries that waited for it
 // and then forgotten, so a later retry runs again. The same key with a
 // different request (method, path or body) is refused.
@@ -29,8 +29,8 @@
 
 namespace spindle {
 
-class database;
-class statement;
+class sql_connection;
+class sql_query;
 
 namespace http {
 
@@ -103,15 +103,18 @@ private:
     std::chrono::steady_clock::time_point stored_at;
   };
 
-  idempotency_store(std::unique_ptr<database> db,
+  idempotency_store(std::unique_ptr<sql_connection> db,
                     std::chrono::seconds retention);
 
   std::optional<std::pair<std::string, stored_reply>>
   read(const std::string& key);
   void prune_locked();
+  // The statement `slot` holds, prepared with `sql` on first use.
+  sql_query* query(std::unique_ptr<sql_query>& slot, const char* sql);
 
   std::mutex mx_;
-  std::unique_ptr<database> db_; // null: in memory
+  std::unique_ptr<sql_connection> db_; // null: in memory
+  std::unique_ptr<sql_query> read_, write_, prune_, count_;
   std::chrono::seconds retention_;
   std::unordered_map<std::string, entry> keys_;
   uint64_t claims_ = 0;

@@ -36,6 +36,7 @@ int status_of(errc code) {
     case errc::upstream_failure:
       return 502;
     case errc::unavailable:
+    case errc::storage_unavailable:
       return 503;
     case errc::timeout:
       return 504;

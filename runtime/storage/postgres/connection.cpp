@@ -222,7 +222,7 @@ public:
       return make_error(errc::storage_failure,
                         "cannot connect to " + where_ + ": out of memory");
     if (PQstatus(conn_) != CONNECTION_OK)
-      return make_error(errc::storage_failure,
+      return make_error(errc::storage_unavailable,
                         "cannot connect to " + where_ + ": "
                           + last_message());
     return setup();
@@ -314,14 +314,14 @@ public:
     if (conn_ != nullptr && PQstatus(conn_) == CONNECTION_OK)
       return caf::none;
     if (in_transaction_)
-      return make_error(errc::storage_failure,
+      return make_error(errc::storage_unavailable,
                         where_ + ": the connection was lost during the "
                                  "transaction");
     if (conn_ == nullptr)
       return connect();
     PQreset(conn_);
     if (PQstatus(conn_) != CONNECTION_OK)
-      return make_error(errc::storage_failure,
+      return make_error(errc::storage_unavailable,
                         where_ + " is unreachable: " + last_message());
     spdlog::info("storage: reconnected to {}", where_);
     return setup();
@@ -353,11 +353,22 @@ public:
       msg.pop_back();
     const char* state = r != nullptr ? PQresultErrorField(r, PG_DIAG_SQLSTATE)
                                      : nullptr;
-    // 53100: disk_full; 53xxx: insufficient resources.
-    auto code = state != nullptr && std::string_view{state} == "53100"
-                  ? errc::storage_full
-                  : errc::storage_failure;
-    return make_error(code, where_ + ": " + msg);
+    return make_error(code_of(state), where_ + ": " + msg);
+  }
+
+  /// The code of a failure with SQLSTATE `state` (null: none came): a
+  /// full disk, a database that cannot be reached now (the connection
+  /// lost, class 08; the server shutting down or starting up, 57P01..03),
+  /// or any other failure.
+  errc code_of(const char* state) const {
+    std::string_view s = state != nullptr ? state : "";
+    if (s == "53100")
+      return errc::storage_full;
+    if (conn_ == nullptr || PQstatus(conn_) != CONNECTION_OK
+        || s.rfind("08", 0) == 0 || s == "57P01" || s == "57P02"
+        || s == "57P03")
+      return errc::storage_unavailable;
+    return errc::storage_failure;
   }
 
   void note_changes(PGresult* r) {
@@ -395,7 +406,7 @@ private:
   // none if it committed.
   caf::error outcome_of(int64_t txid, const std::string& lost) {
     auto unknown = [&](const std::string& why) {
-      return make_error(errc::storage_failure,
+      return make_error(errc::storage_unavailable,
                         where_ + ": the connection was lost at commit ("
                           + lost + ") and its outcome is unknown: " + why);
     };
@@ -415,7 +426,7 @@ private:
       if (status == "committed")
         return caf::none;
       if (status == "aborted")
-        return make_error(errc::storage_failure,
+        return make_error(errc::storage_unavailable,
                           where_ + ": the connection was lost at commit ("
                             + lost + "); the transaction was rolled back");
       // "in progress": the server has not finished with it yet.

@@ -126,7 +126,7 @@ constexpr migration migrations[] = {
    "  status BIGINT NOT NULL,"
    "  content_type TEXT NOT NULL,"
    "  headers TEXT NOT NULL,"
-   "  body BYTEA NOT NULL,"
+   "  body TEXT NOT NULL,"
    "  created_ms BIGINT NOT NULL);"
    "CREATE INDEX idempotency_keys_by_age ON idempotency_keys(created_ms);"
 

@@ -50,6 +50,11 @@ enum class errc : uint8_t {
   /// full: nothing of the write was stored; it succeeds again once space
   /// is freed (HTTP 507).
   storage_full,
+  /// The durable store cannot be reached now (PostgreSQL down or
+  /// restarting, the connection lost): nothing of the write was stored, or
+  /// its outcome could not be learnt; it succeeds again once the database
+  /// answers (HTTP 503).
+  storage_unavailable,
 };
 
 /// Returns the stable snake_case name of `x`, e.g. "invalid_id".
@@ -64,12 +69,14 @@ bool from_string(const std::string& name, errc& out);
 caf::error make_error(errc code, std::string context);
 
 /// A store's error for a write or read that failed because of `cause`:
-/// `storage_full` when the cause is, else `storage_failure`, so that a
-/// full disk keeps its code through every layer that adds what it was
-/// doing. This function is thread-safe.
+/// `storage_full` or `storage_unavailable` when the cause is, else
+/// `storage_failure`, so that a full disk or an unreachable database keeps
+/// its code through every layer that adds what it was doing. This
+/// function is thread-safe.
 caf::error make_storage_error(const caf::error& cause, std::string context);
 
-/// True for `storage_failure` and `storage_full`. Thread-safe.
+/// True for `storage_failure`, `storage_full` and `storage_unavailable`.
+/// Thread-safe.
 bool is_storage_error(const caf::error& err);
 
 /// Maps any non-empty error to the spindle code a caller should act on:
