@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# .ci/postgres: starts a throwaway PostgreSQL that answers on its URL, and
-# stops it without leaving a server or its directory behind.
+# .ci/postgres: starts a throwaway PostgreSQL that answers on its URL,
+# restarts it as a crash would with its data kept, and stops it without
+# leaving a server or its directory behind.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 dir="$(mktemp -d /tmp/spindle-pg-test.XXXXXX)"
@@ -14,6 +15,10 @@ url="$("$root/.ci/postgres" start "$dir")"
   || { echo "url does not repeat start's URL"; exit 1; }
 got="$(psql "$url" -tAc "CREATE TABLE t(x int); INSERT INTO t VALUES (41); SELECT x + 1 FROM t;")"
 [[ "$got" == *42 ]] || { echo "the server answered '$got'"; exit 1; }
+# A restart as by a crash keeps the port and the data.
+"$root/.ci/postgres" restart "$dir" immediate 0.2
+got="$(psql "$url" -tAc "SELECT x FROM t;")"
+[[ "$got" == *41 ]] || { echo "after a restart the server answered '$got'"; exit 1; }
 # A second start in the same directory is refused.
 if "$root/.ci/postgres" start "$dir" 2>/dev/null; then
   echo "a second start in $dir was accepted"; exit 1

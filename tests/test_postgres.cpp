@@ -51,9 +51,11 @@ public:
   const std::string& url() const noexcept {
     return url_;
   }
-  /// Restarts the server at once, as a crash would (`-m immediate`).
+  /// Restarts the server as a crash would (`-m immediate`), down for a
+  /// second: long enough that writes are sure to find it down.
   bool restart_immediately() {
-    return test::run({script(), "restart", dir_.str() + "/pg", "immediate"})
+    return test::run({script(), "restart", dir_.str() + "/pg", "immediate",
+                      "1"})
              .exit_code
            == 0;
   }
@@ -265,7 +267,8 @@ TEST_CASE("postgres: spindle serve with a bad or unreachable --store exits "
 }
 
 TEST_CASE("postgres: hostile values are stored exactly as they came, and a "
-          "NUL character is a clear error that changes nothing") {
+          "NUL character or bytes that are not UTF-8 are a clear error "
+          "that changes nothing") {
   test::test_store store;
   const std::vector<std::string> hostile{
     "'); DROP TABLE turns; --",
@@ -278,9 +281,16 @@ TEST_CASE("postgres: hostile values are stored exactly as they came, and a "
     runtime rt{on(store)};
     for (auto& text : hostile)
       REQUIRE(rt.add_turn("hostile", make_user_turn(text)));
+    // Values PostgreSQL's text cannot hold are the caller's error, clear
+    // and stored nowhere.
     auto nul = rt.add_turn("hostile", make_user_turn(std::string{"a\0b", 3}));
     REQUIRE_FALSE(nul);
+    CHECK(classify(nul.error()) == errc::invalid_argument);
     CHECK(describe(nul.error()).find("NUL") != std::string::npos);
+    auto bytes = rt.add_turn("hostile", make_user_turn("caf\xE9 \xFF\xFE"));
+    REQUIRE_FALSE(bytes);
+    CHECK(classify(bytes.error()) == errc::invalid_argument);
+    CHECK(describe(bytes.error()).find("UTF8") != std::string::npos);
     // The thread goes on; nothing was half stored.
     REQUIRE(rt.add_turn("hostile", make_user_turn("after")));
   }
@@ -391,4 +401,31 @@ TEST_CASE("postgres: while PostgreSQL restarts spindle serve answers 503 "
                    << " acknowledged, " << users.size() << " stored");
     CHECK(in_order(d.acknowledged[c], users));
   }
+}
+
+TEST_CASE("postgres: over HTTP a NUL character is 400 invalid_argument, "
+          "nothing of it is stored and the thread goes on") {
+  test::test_store store;
+  test::server_process srv{store.serve_flags()};
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  auto post = [&](const std::string& content) {
+    return cli.Post("/v1/threads/nul/messages",
+                    nlohmann::json{{"content", content}}.dump(),
+                    "application/json");
+  };
+  auto bad = post(std::string{"a\0b", 3});
+  REQUIRE(bad);
+  CHECK(bad->status == 400);
+  auto body = nlohmann::json::parse(bad->body, nullptr, false);
+  REQUIRE(body.is_object());
+  CHECK(body["error"]["code"] == "invalid_argument");
+  auto good = post("fine");
+  REQUIRE(good);
+  CHECK(good->status == 200);
+  auto h = cli.Get("/v1/threads/nul/history");
+  REQUIRE(h);
+  REQUIRE(h->status == 200);
+  auto history = nlohmann::json::parse(h->body);
+  REQUIRE(history["turns"].size() == 2);
+  CHECK(history["turns"][0]["content"] == "fine");
 }

@@ -57,6 +57,7 @@ caf::error make_storage_error(const caf::error& cause, std::string context) {
   auto code = classify(cause);
   return make_error(code == errc::storage_full
                         || code == errc::storage_unavailable
+                        || code == errc::invalid_argument
                       ? code
                       : errc::storage_failure,
                     std::move(context));

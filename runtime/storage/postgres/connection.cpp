@@ -364,6 +364,10 @@ public:
     std::string_view s = state != nullptr ? state : "";
     if (s == "53100")
       return errc::storage_full;
+    // A value the database cannot hold (bytes that are not UTF-8, a
+    // character its encoding lacks): the caller's to fix.
+    if (s == "22021" || s == "22P05")
+      return errc::invalid_argument;
     if (conn_ == nullptr || PQstatus(conn_) != CONNECTION_OK
         || s.rfind("08", 0) == 0 || s == "57P01" || s == "57P02"
         || s == "57P03")
@@ -468,7 +472,7 @@ caf::expected<bool> pg_query::step() {
       case sql_value::kind::text:
         // Parameters travel as C strings: a NUL would cut the text short.
         if (p.text.find('\0') != std::string::npos)
-          return make_error(errc::storage_failure,
+          return make_error(errc::invalid_argument,
                             conn_->where()
                               + ": a text with a NUL character cannot be "
                                 "stored in PostgreSQL");

@@ -69,10 +69,11 @@ bool from_string(const std::string& name, errc& out);
 caf::error make_error(errc code, std::string context);
 
 /// A store's error for a write or read that failed because of `cause`:
-/// `storage_full` or `storage_unavailable` when the cause is, else
-/// `storage_failure`, so that a full disk or an unreachable database keeps
-/// its code through every layer that adds what it was doing. This
-/// function is thread-safe.
+/// `storage_full`, `storage_unavailable` or `invalid_argument` (a value
+/// the database cannot hold, such as a NUL character in PostgreSQL's
+/// text) when the cause is, else `storage_failure`, so that a full disk,
+/// an unreachable database or a bad value keeps its code through every
+/// layer that adds what it was doing. This function is thread-safe.
 caf::error make_storage_error(const caf::error& cause, std::string context);
 
 /// True for `storage_failure`, `storage_full` and `storage_unavailable`.
