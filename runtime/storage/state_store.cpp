@@ -714,12 +714,8 @@ spawn_counter_store(caf::actor_system& sys, const storage_options& options) {
   }
   if (options.in_memory())
     return sys.spawn(memory_counter_store);
-  std::error_code ec;
-  std::filesystem::create_directories(options.data_dir, ec);
-  if (ec)
-    return make_error(errc::storage_failure,
-                      "cannot create data directory '" + options.data_dir
-                        + "': " + ec.message());
+  if (auto err = create_data_dir(options))
+    return err;
   auto db = database::open(database_path(options), options.sync);
   if (!db)
     return db.error();
