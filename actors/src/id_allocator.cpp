@@ -20,14 +20,17 @@ uint64_t block_of(const state& st, const counter& c) {
   return std::max<uint64_t>(block, 1);
 }
 
-void fail_all(counter& c, const caf::error& err) {
-  for (auto& w : c.waiting) {
+// Answers the first `n` requests with `err`; they leave the front.
+void fail_front(counter& c, size_t n, const caf::error& err) {
+  for (size_t i = 0; i < n; ++i) {
+    auto& w = c.waiting[i];
     if (w.what == waiter::op::next)
       w.range.deliver(err);
     else
       w.value.deliver(err);
   }
-  c.waiting.clear();
+  c.waiting.erase(c.waiting.begin(),
+                  c.waiting.begin() + static_cast<std::ptrdiff_t>(n));
 }
 
 void count_issued(id_allocator_state& st, counter_kind kind, uint64_t n) {
@@ -47,10 +50,17 @@ void count_issued(id_allocator_state& st, counter_kind kind, uint64_t n) {
 void ensure_reserved(id_allocator_pointer self, const std::string& key,
                      counter& c, uint64_t needed);
 
+void ask_store(id_allocator_pointer self, const std::string& key, counter& c,
+               bool one_at_a_time = false);
+
 // Serves waiters in arrival order while their counter can answer them; stops
 // at the first that needs a larger reservation, so each caller sees its own
 // values increase.
 void drain(id_allocator_pointer self, const std::string& key, counter& c) {
+  if (self->state.options.cluster) {
+    ask_store(self, key, c);
+    return;
+  }
   if (!c.loaded)
     return;
   auto limit = max_sequence(c.kind);
@@ -69,11 +79,7 @@ void drain(id_allocator_pointer self, const std::string& key, counter& c) {
     switch (w.what) {
       case waiter::op::next: {
         if (w.amount > limit || c.next > limit - w.amount + 1) {
-          w.range.deliver(make_error(
-            errc::exhausted, "counter '" + key + "' cannot hand out "
-                               + std::to_string(w.amount)
-                               + " more value(s); its last is "
-                               + std::to_string(limit)));
+          w.range.deliver(counter_exhausted(key, w.amount, limit));
           break;
         }
         auto last = c.next + w.amount - 1;
@@ -132,9 +138,117 @@ void ensure_reserved(id_allocator_pointer self, const std::string& key,
       [self, key](caf::error& err) {
         auto& ctr = self->state.counters[key];
         ctr.storing = 0;
-        fail_all(ctr, make_storage_error(err, "cannot reserve IDs of counter '"
-                                                + key + "': "
-                                                + describe(err)));
+        fail_front(ctr, ctr.waiting.size(),
+                   make_storage_error(err, "cannot reserve IDs of counter '"
+                                             + key + "': " + describe(err)));
+      });
+}
+
+// -- cluster mode ---------------------------------------------------------------
+
+// The counter store answered the requests in flight (`c.asking`, at the
+// front): they leave, and the next ones go.
+void answered(id_allocator_pointer self, const std::string& key, counter& c) {
+  c.waiting.erase(c.waiting.begin(),
+                  c.waiting.begin() + static_cast<std::ptrdiff_t>(c.asking));
+  c.asking = 0;
+  ask_store(self, key, c);
+}
+
+// The counter store could not answer the requests in flight: each gets the
+// error, and the next ones go.
+void not_answered(id_allocator_pointer self, const std::string& key,
+                  counter& c, const caf::error& err) {
+  auto failure = classify(err) == errc::exhausted
+                   ? err
+                   : make_storage_error(err, "cannot reach counter '" + key
+                                               + "': " + describe(err));
+  fail_front(c, c.asking, failure);
+  c.asking = 0;
+  ask_store(self, key, c);
+}
+
+// The requests at the front of `c.waiting` go to the counter store in one
+// round trip and are answered once it committed: every `next` there (one
+// step by the sum of their counts, handed out in arrival order), or else
+// the one `advance` or `peek` at the front. One round trip per counter at
+// a time; what arrives meanwhile goes in the next. `one_at_a_time`: only
+// the first request, to tell which of a batch the counter's end refuses.
+void ask_store(id_allocator_pointer self, const std::string& key, counter& c,
+               bool one_at_a_time) {
+  if (c.asking > 0)
+    return;
+  auto limit = max_sequence(c.kind);
+  while (!c.waiting.empty() && c.waiting.front().what == waiter::op::next
+         && c.waiting.front().amount > limit)
+    fail_front(c, 1, counter_exhausted(key, c.waiting.front().amount, limit));
+  if (c.waiting.empty())
+    return;
+  auto& st = self->state;
+  auto& front = c.waiting.front();
+  auto failed = [self, key](caf::error& err) {
+    not_answered(self, key, self->state.counters[key], err);
+  };
+  // `peek` reads the mark, `advance` raises it to its value; both answer
+  // with the value after it.
+  auto next_value = [self, key](uint64_t mark) {
+    auto& ctr = self->state.counters[key];
+    ctr.waiting.front().value.deliver(mark + 1);
+    answered(self, key, ctr);
+  };
+  c.asking = 1;
+  if (front.what == waiter::op::peek) {
+    self
+      ->request(st.store, st.options.store_timeout, load_atom::value,
+                counter_atom::value, key)
+      .then(next_value, failed);
+    return;
+  }
+  if (front.what == waiter::op::advance) {
+    self
+      ->request(st.store, st.options.store_timeout, next_atom::value,
+                counter_atom::value, key, uint64_t{0}, front.amount, limit)
+      .then(next_value, failed);
+    return;
+  }
+  // The batch: the `next` requests at the front, as many as the counter
+  // can hold together.
+  uint64_t sum = front.amount;
+  size_t n = 1;
+  for (; n < c.waiting.size() && !one_at_a_time; ++n) {
+    auto& w = c.waiting[n];
+    if (w.what != waiter::op::next || w.amount > limit - sum)
+      break;
+    sum += w.amount;
+  }
+  c.asking = n;
+  self
+    ->request(st.store, st.options.store_timeout, next_atom::value,
+              counter_atom::value, key, sum, uint64_t{0}, limit)
+    .then(
+      [self, key, sum](uint64_t mark) {
+        auto& ctr = self->state.counters[key];
+        auto first = mark - sum + 1;
+        for (size_t i = 0; i < ctr.asking; ++i) {
+          auto& w = ctr.waiting[i];
+          w.range.deliver(id_range{key, first, w.amount});
+          first += w.amount;
+        }
+        count_issued(self->state, ctr.kind, sum);
+        answered(self, key, ctr);
+      },
+      [self, key](caf::error& err) {
+        auto& ctr = self->state.counters[key];
+        if (classify(err) == errc::exhausted && ctr.asking > 1) {
+          // The end refuses the batch, perhaps not each of it: the first
+          // alone, then the rest.
+          ctr.asking = 0;
+          ask_store(self, key, ctr, true);
+          return;
+        }
+        // A storage error fails the whole batch. The step may still have
+        // committed: its values are then a gap, never handed out.
+        not_answered(self, key, ctr, err);
       });
 }
 
@@ -178,9 +292,14 @@ counter* lookup(id_allocator_pointer self, const std::string& key,
   forget_idle(self);
   auto& c = st.counters[key];
   c.kind = *kind;
-  c.loading = true;
   st.recent.push_front(key);
   c.place = st.recent.begin();
+  if (st.options.cluster) {
+    // Nothing to load: every request asks the counter store.
+    c.loaded = true;
+    return &c;
+  }
+  c.loading = true;
   self
     ->request(self->state.store, self->state.options.store_timeout,
               load_atom::value, counter_atom::value, key)
@@ -199,10 +318,10 @@ counter* lookup(id_allocator_pointer self, const std::string& key,
         auto found = self->state.counters.find(key);
         if (found == self->state.counters.end())
           return;
-        fail_all(found->second,
-                 make_storage_error(load_err, "cannot load counter '" + key
-                                                + "': "
-                                                + describe(load_err)));
+        fail_front(found->second, found->second.waiting.size(),
+                   make_storage_error(load_err, "cannot load counter '" + key
+                                                  + "': "
+                                                  + describe(load_err)));
         self->state.recent.erase(found->second.place);
         self->state.counters.erase(found);
       });
@@ -234,8 +353,9 @@ id_allocator_actor::behavior_type id_allocator(id_allocator_pointer self,
       auto* c = lookup(self, key, err);
       if (c == nullptr)
         return err;
-      // Fast path: loaded, nobody waiting, reservation covers the range.
-      if (c->loaded && c->waiting.empty()
+      // Fast path: loaded, nobody waiting, reservation covers the range
+      // (never in cluster mode, which holds no reservation).
+      if (!self->state.options.cluster && c->loaded && c->waiting.empty()
           && count <= max_sequence(c->kind) - c->next + 1
           && c->next + count - 1 <= c->durable) {
         id_range result{key, c->next, count};
@@ -272,7 +392,7 @@ id_allocator_actor::behavior_type id_allocator(id_allocator_pointer self,
       auto* c = lookup(self, key, err);
       if (c == nullptr)
         return err;
-      if (c->loaded && c->waiting.empty())
+      if (!self->state.options.cluster && c->loaded && c->waiting.empty())
         return c->next;
       auto rp = self->make_response_promise<uint64_t>();
       return enqueue(self, key, *c, waiter{waiter::op::peek, 0, {}, rp}, rp);

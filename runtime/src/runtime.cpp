@@ -47,8 +47,9 @@ caf::error runtime::start_core() {
   if (!state_store)
     return state_store.error();
   state_store_ = *state_store;
-  id_allocator_ = system_->spawn(spindle::id_allocator, counter_store_,
-                                 options_.ids);
+  id_allocator_ = system_->spawn(
+    spindle::id_allocator, counter_store_,
+    options_.ids.for_store(options_.storage.on_postgres()));
   // -- context items (spawn here) --
   if (auto err = validate(options_.context.window))
     return err; // "capacity must be at least 1, got 0"

@@ -40,6 +40,15 @@ counter_store_actor::behavior_type memory_counter_store(
       stored = std::max(stored, mark);
       return stored;
     },
+    [self](next_atom, counter_atom, const std::string& key, uint64_t k,
+           uint64_t floor, uint64_t limit) -> caf::result<uint64_t> {
+      auto& stored = self->state.marks[key];
+      auto base = std::max(stored, floor);
+      if (k > limit || base > limit - k)
+        return counter_exhausted(key, k, limit);
+      stored = base + k;
+      return stored;
+    },
   };
 }
 
@@ -48,6 +57,7 @@ struct durable_counter_state {
   std::shared_ptr<sql_connection> db;
   std::unique_ptr<sql_query> load;
   std::unique_ptr<sql_query> store;
+  std::unique_ptr<sql_query> next;
 };
 
 // The statements, prepared on first use (SQL both backends run).
@@ -105,6 +115,46 @@ counter_store_actor::behavior_type durable_counter_store(
       if (auto err = (*q)->run())
         return err;
       return mark;
+    },
+    [self](next_atom, counter_atom, const std::string& key, uint64_t k,
+           uint64_t floor, uint64_t limit) -> caf::result<uint64_t> {
+      auto& st = self->state;
+      if (k > limit || floor > limit - k)
+        return counter_exhausted(key, k, limit);
+      // One statement in its own transaction: the row's lock orders the
+      // nodes, and the new mark comes back only once it is committed.
+      // Without a row the counter starts at floor + k (at most `limit`,
+      // checked above); with one, the row is left alone when the step
+      // would pass `limit`, and no row comes back.
+      auto q = counter_query(
+        st, st.next,
+        "INSERT INTO counters(key, high_water) VALUES(?1, ?2 + ?3) "
+        "ON CONFLICT(key) DO UPDATE SET high_water = CASE "
+        "WHEN counters.high_water > ?2 THEN counters.high_water ELSE ?2 END "
+        "+ ?3 "
+        "WHERE CASE WHEN counters.high_water > ?2 THEN counters.high_water "
+        "ELSE ?2 END <= ?4 - ?3 "
+        "RETURNING high_water;");
+      if (!q)
+        return q.error();
+      auto& stmt = **q;
+      stmt.bind(1, sql_value::of(key));
+      stmt.bind(2, sql_value::of(static_cast<int64_t>(floor)));
+      stmt.bind(3, sql_value::of(static_cast<int64_t>(k)));
+      stmt.bind(4, sql_value::of(static_cast<int64_t>(limit)));
+      auto row = stmt.step();
+      int64_t mark = -1;
+      if (row && *row) {
+        mark = stmt.column(0).integer;
+        // Run to the end: SQLite commits the statement there.
+        row = stmt.step();
+      }
+      stmt.reset();
+      if (!row)
+        return row.error();
+      if (mark < 0)
+        return counter_exhausted(key, k, limit);
+      return static_cast<uint64_t>(mark);
     },
   };
 }

@@ -30,6 +30,24 @@ struct id_allocator_options {
   /// reuse). Every task with children has a counter, so without a cap
   /// memory grows with the tasks ever created. 0: no cap.
   uint64_t max_counters = 10000;
+  /// Cluster mode, for a counter store that several nodes share
+  /// (PostgreSQL): no block is held, every `next`, `advance` and `peek`
+  /// reaches the counter store, and an ID is answered only after the
+  /// increment that made it is committed, so an ID handed out after
+  /// another's request was answered, on any node, is larger. Requests for
+  /// one counter that arrive while its round trip is in flight go
+  /// together in the next one. The blocks above are then unused. Off: the
+  /// block reservation of one process per store (SQLite, in memory). The
+  /// runtime turns it on for PostgreSQL (`for_store`).
+  bool cluster = false;
+
+  /// These options, in cluster mode when the counter store is shared by
+  /// nodes (`shared_store`), else as they are.
+  id_allocator_options for_store(bool shared_store) const {
+    auto out = *this;
+    out.cluster = out.cluster || shared_store;
+    return out;
+  }
 };
 
 /// State of the ID allocator (see messages/id_allocator.hpp for its
@@ -38,7 +56,8 @@ struct id_allocator_options {
 /// store has confirmed, so a restart resumes above everything handed out.
 /// Reservations are made ahead (a block at a time, renewed when half of it
 /// is used), so the common `next` is answered at once and the store sees
-/// one write per block.
+/// one write per block. In cluster mode it keeps no reservation: only the
+/// requests waiting for the counter store (docs/ids.md, "Clusters").
 struct id_allocator_state {
   static inline const char* name = "spindle.id_allocator";
 
@@ -60,6 +79,9 @@ struct id_allocator_state {
     uint64_t durable = 0;
     /// The mark being stored right now, 0 when no store is in flight.
     uint64_t storing = 0;
+    /// Cluster mode: how many requests at the front of `waiting` the
+    /// counter store is answering now (0: none).
+    size_t asking = 0;
     /// Requests in arrival order (a vector: most counters never wait, and
     /// an empty vector allocates nothing).
     std::vector<waiter> waiting;
