@@ -1,11 +1,14 @@
 // IDs per second: the ID allocator beside the framework's ceiling (a no-op
 // CAF echo actor driven the same way) and the hardware's (a std::mutex
-// counter, a std::atomic); then `spindle id next` processes beside the
-// seed's bash protocol.
+// counter, a std::atomic); with SPINDLE_BENCH_PG (the URL of a PostgreSQL
+// database, e.g. from `.ci/postgres start`) the allocator's cluster mode
+// there beside its block reservation on SQLite, in the same run; then
+// `spindle id next` processes beside the seed's bash protocol.
 //
-// Usage: bench_ids [--quick] [--json PATH]
+// Usage: [SPINDLE_BENCH_PG=URL] bench_ids [--quick] [--json PATH]
 
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -112,6 +115,87 @@ std::pair<double, size_t> run_processes(const std::string& loop_body,
   return {static_cast<double>(ids.size()) / elapsed, ids.size() - unique.size()};
 }
 
+// The allocator on the durable stores, in one run: SQLite's block
+// reservation (IDs from memory, one write per 4096) beside PostgreSQL's
+// cluster mode (every request a committed increment, the requests that
+// arrive meanwhile batched), on one node and on two nodes sharing the
+// database (docs/ids.md, "Clusters"). Skipped without SPINDLE_BENCH_PG.
+void durable_stores(report& rep, bool quick) {
+  const char* url = std::getenv("SPINDLE_BENCH_PG");
+  if (url == nullptr || *url == 0) {
+    std::cerr << "ids on PostgreSQL: skipped (no SPINDLE_BENCH_PG)\n";
+    return;
+  }
+  auto dir = fs::temp_directory_path()
+             / ("spindle-bench-ids-pg-" + std::to_string(::getpid()));
+  auto options = [&](const std::string& name, const std::string& store) {
+    runtime_options opts;
+    opts.storage.data_dir = (dir / name).string();
+    opts.storage.store = store;
+    opts.conversation.memory = false;
+    return opts;
+  };
+  {
+    runtime sqlite{options("sqlite", "")};
+    runtime node_a{options("pg-a", url)};
+    runtime node_b{options("pg-b", url)};
+    size_t sqlite_ops = quick ? 20000 : 200000;
+    size_t pg_ops = quick ? 2000 : 20000;
+    table t;
+    t.title = "IDs per second on the durable stores: SQLite's blocks beside "
+              "PostgreSQL's cluster mode";
+    t.columns = {"clients", "SQLite, blocks", "PostgreSQL, 1 node",
+                 "1 node / SQLite", "PostgreSQL, 2 nodes",
+                 "2 nodes / SQLite", "PostgreSQL mean latency (us)"};
+    auto on_sqlite = persistent_client(sqlite.system(),
+                                       sqlite.id_allocator());
+    auto on_a = persistent_client(node_a.system(), node_a.id_allocator());
+    auto on_b = persistent_client(node_b.system(), node_b.id_allocator());
+    // The median of three rounds, the three stores taking turns, so that
+    // a moment of a busy machine does not decide a ratio.
+    auto median = [](std::vector<double> rounds) {
+      return percentile(rounds, 50);
+    };
+    for (size_t threads : {1, 2, 4, 8}) {
+      std::vector<double> blocks, one, two;
+      for (int round = 0; round < 3; ++round) {
+        blocks.push_back(run_clients(threads, sqlite_ops / threads,
+                                     on_sqlite));
+        one.push_back(run_clients(threads, pg_ops / threads, on_a));
+        // Clients alternate between the nodes.
+        std::atomic<size_t> next_client{0};
+        two.push_back(run_clients(threads, pg_ops / threads, [&] {
+          return next_client++ % 2 == 0 ? on_a() : on_b();
+        }));
+      }
+      auto median_blocks = median(blocks);
+      auto median_one = median(one);
+      auto median_two = median(two);
+      t.add_row(threads, median_blocks, median_one,
+                fmt(median_one / median_blocks, 3) + "x", median_two,
+                fmt(median_two / median_blocks, 3) + "x",
+                fmt(1e6 * static_cast<double>(threads) / median_one, 0));
+    }
+    t.notes = {
+      "Measured in one run: a runtime on SQLite in a temporary directory "
+      "and two runtimes on the PostgreSQL database SPINDLE_BENCH_PG names "
+      "(on the same machine, over loopback), each client thread with one "
+      "scoped_actor doing request(...).receive(...) for one ctx ID in a "
+      "loop; each figure the median of three rounds, the stores taking "
+      "turns.",
+      "SQLite, blocks: IDs come from memory, the store is written once per "
+      "4096. PostgreSQL: every request waits for a committed UPDATE ... "
+      "RETURNING of the counter's row; requests arriving while one is in "
+      "flight go together in the next, so more clients share a round trip. "
+      "2 nodes: the clients split between two runtimes whose increments "
+      "queue on the same row lock. Mean latency: clients / IDs per second "
+      "on one node."};
+    rep.add(std::move(t));
+  }
+  std::error_code ec;
+  fs::remove_all(dir, ec);
+}
+
 } // namespace
 
 int main(int argc, char** argv) {
@@ -165,6 +249,8 @@ int main(int argc, char** argv) {
     caf::anon_send_exit(echo_handle, caf::exit_reason::user_shutdown);
     rep.add(std::move(t));
   }
+
+  durable_stores(rep, quick);
 
   {
     size_t procs = 4;
