@@ -2,12 +2,19 @@
 
 #include <atomic>
 #include <chrono>
+#include <charconv>
 #include <filesystem>
 #include <limits>
 #include <mutex>
 #include <thread>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <unistd.h>
+
 #include <caf/all.hpp>
+#include <libpq-fe.h>
+#include <spdlog/spdlog.h>
 
 #include "spindle/messages/error.hpp"
 #include "spindle/runtime/postgres.hpp"
@@ -16,6 +23,214 @@
 namespace spindle {
 
 namespace {
+
+// Hears, on a connection of its own, the notes the memory writers of other
+// processes on the same PostgreSQL database send as they commit (the slots
+// of the scopes they changed), and raises this process's counters of those
+// slots, so that its readers read those scopes again (docs/memory.md, "On
+// PostgreSQL"). While it does not listen (its connection lost, until it
+// listens again) the counters are not complete and the readers trust no
+// kept scope row. Its thread stops when the last holder lets it go.
+class memory_listener {
+public:
+  // Connects and listens before it returns. Errors: `storage_failure`
+  // naming the redacted URL.
+  static caf::expected<std::shared_ptr<memory_listener>>
+  start(const std::string& url, std::shared_ptr<memory_changes> changes) {
+    std::shared_ptr<memory_listener> out{
+      new memory_listener(url, std::move(changes))};
+    if (::pipe(out->wake_) != 0)
+      return make_error(errc::storage_failure,
+                        "cannot make the memory listener's pipe");
+    ::fcntl(out->wake_[0], F_SETFL, O_NONBLOCK);
+    if (auto err = out->listen())
+      return err;
+    out->changes_->set_complete(true);
+    out->thread_ = std::thread{[p = out.get()] { p->run(); }};
+    return out;
+  }
+
+  ~memory_listener() {
+    if (thread_.joinable()) {
+      char c = 0;
+      [[maybe_unused]] auto n = ::write(wake_[1], &c, 1);
+      thread_.join();
+    }
+    drop();
+    for (auto fd : wake_)
+      if (fd >= 0)
+        ::close(fd);
+  }
+
+  memory_listener(const memory_listener&) = delete;
+  memory_listener& operator=(const memory_listener&) = delete;
+
+private:
+  // How often an idle connection is asked whether it still answers, and
+  // how long an answer may take before it counts as lost: a connection
+  // that dies silently stops being trusted within about 3 s.
+  static constexpr std::chrono::milliseconds heartbeat{1000};
+  static constexpr std::chrono::milliseconds answer_within{2000};
+
+  memory_listener(std::string url, std::shared_ptr<memory_changes> changes)
+    : url_(std::move(url)), changes_(std::move(changes)) {
+  }
+
+  caf::error listen() {
+    // The URL's own settings win over these (it comes last, expanded).
+    const char* keys[] = {"connect_timeout",     "keepalives",
+                          "keepalives_idle",     "keepalives_interval",
+                          "keepalives_count",    "dbname",
+                          nullptr};
+    const char* values[] = {"5", "1", "5", "1", "3", url_.c_str(), nullptr};
+    conn_ = PQconnectdbParams(keys, values, 1);
+    auto fail = [this](const std::string& what) {
+      std::string msg = conn_ != nullptr ? PQerrorMessage(conn_) : "";
+      while (!msg.empty() && (msg.back() == '\n' || msg.back() == ' '))
+        msg.pop_back();
+      drop();
+      return make_error(errc::storage_failure,
+                        redact_url(url_) + ": memory cannot " + what + ": "
+                          + msg);
+    };
+    if (conn_ == nullptr || PQstatus(conn_) != CONNECTION_OK)
+      return fail("listen for other processes' changes");
+    auto* r = PQexec(conn_, "LISTEN spindle_memory;");
+    bool ok = PQresultStatus(r) == PGRES_COMMAND_OK;
+    PQclear(r);
+    if (!ok || PQsetnonblocking(conn_, 1) != 0)
+      return fail("listen for other processes' changes");
+    return caf::none;
+  }
+
+  void drop() {
+    if (conn_ != nullptr)
+      PQfinish(conn_);
+    conn_ = nullptr;
+    asked_ = false;
+  }
+
+  // The connection is lost: changes may go unheard from now until it
+  // listens again.
+  void lost() {
+    changes_->set_complete(false);
+    drop();
+    spdlog::warn("memory: lost the connection that hears other processes' "
+                 "changes to {}; reading every scope again until it is back",
+                 redact_url(url_));
+  }
+
+  // Waits for the connection's socket (if any) or the stop pipe, at most
+  // `timeout`; false when asked to stop.
+  bool wait(std::chrono::milliseconds timeout, bool& readable) {
+    pollfd fds[2] = {{wake_[0], POLLIN, 0},
+                     {conn_ != nullptr ? PQsocket(conn_) : -1, POLLIN, 0}};
+    auto n = ::poll(fds, conn_ != nullptr ? 2 : 1,
+                    static_cast<int>(timeout.count()));
+    readable = n > 0 && conn_ != nullptr && (fds[1].revents != 0);
+    return !(n > 0 && fds[0].revents != 0);
+  }
+
+  void take(const char* note) {
+    // "ORIGIN SLOT SLOT ...": a process's own notes are skipped, its
+    // writer raised its counters already.
+    std::string_view text{note};
+    auto next = [&text](uint64_t& v) {
+      while (!text.empty() && text.front() == ' ')
+        text.remove_prefix(1);
+      if (text.empty())
+        return false;
+      auto [end, ec] = std::from_chars(text.data(),
+                                       text.data() + text.size(), v);
+      if (ec != std::errc{})
+        return false;
+      text.remove_prefix(static_cast<size_t>(end - text.data()));
+      return true;
+    };
+    uint64_t origin = 0;
+    if (!next(origin)) {
+      changes_->changed_all();
+      return;
+    }
+    if (origin == changes_->origin())
+      return;
+    for (uint64_t slot = 0; next(slot);)
+      changes_->changed_slot(static_cast<size_t>(slot));
+    if (!text.empty())
+      changes_->changed_all(); // a note this build does not read
+  }
+
+  void run() {
+    auto backoff = std::chrono::milliseconds{100};
+    auto since = std::chrono::steady_clock::now(); // last sign of life
+    for (;;) {
+      if (conn_ == nullptr) {
+        bool readable = false;
+        if (!wait(backoff, readable))
+          return;
+        if (listen()) {
+          backoff = std::min(backoff * 2, std::chrono::milliseconds{2000});
+          continue;
+        }
+        // Changes committed while it did not listen were not heard.
+        changes_->changed_all();
+        changes_->set_complete(true);
+        backoff = std::chrono::milliseconds{100};
+        since = std::chrono::steady_clock::now();
+        spdlog::info("memory: hears other processes' changes to {} again",
+                     redact_url(url_));
+      }
+      bool readable = false;
+      if (!wait(heartbeat, readable))
+        return;
+      auto now = std::chrono::steady_clock::now();
+      if (readable) {
+        if (PQconsumeInput(conn_) == 0) {
+          lost();
+          continue;
+        }
+        since = now;
+        while (PQisBusy(conn_) == 0) {
+          auto* r = PQgetResult(conn_);
+          if (r == nullptr) {
+            asked_ = false; // the heartbeat answered
+            break;
+          }
+          PQclear(r);
+        }
+        while (auto* n = PQnotifies(conn_)) {
+          take(n->extra);
+          PQfreemem(n);
+        }
+      }
+      if (PQstatus(conn_) != CONNECTION_OK) {
+        lost();
+        continue;
+      }
+      if (asked_ && now - asked_at_ > answer_within) {
+        lost();
+        continue;
+      }
+      if (!asked_ && now - since >= heartbeat) {
+        if (PQsendQuery(conn_, "SELECT 1;") == 0) {
+          lost();
+          continue;
+        }
+        PQflush(conn_);
+        asked_ = true;
+        asked_at_ = now;
+      }
+    }
+  }
+
+  std::string url_;
+  std::shared_ptr<memory_changes> changes_;
+  PGconn* conn_ = nullptr;
+  int wake_[2] = {-1, -1};
+  bool asked_ = false; // a heartbeat awaits its answer
+  std::chrono::steady_clock::time_point asked_at_;
+  std::thread thread_;
+};
 
 // What one memory actor serves with: its own connection (to memory.db, or
 // to PostgreSQL), a writer if it serves stores, a reader for retrievals.
@@ -28,6 +243,10 @@ struct memory_connection {
   std::unique_ptr<memory_writer> writer;
   std::unique_ptr<memory_reader> reader;
   std::mutex lock;
+  // On PostgreSQL: what tells the readers of other processes' changes,
+  // held by every connection of the memory so that it lives as long as
+  // any of them.
+  std::shared_ptr<memory_listener> listener;
 };
 
 // How many retrievals each reader has been handed and not yet answered,
@@ -433,6 +652,17 @@ caf::expected<memory_service> spawn_memory(caf::actor_system& sys,
   auto writing = connect(options, true, changes, serving.tokens);
   if (!writing)
     return writing.error();
+  // On PostgreSQL other processes may store into the same database: their
+  // writers' notes raise this process's counters too. It listens before
+  // any reader reads.
+  std::shared_ptr<memory_listener> listener;
+  if (options.on_postgres()) {
+    auto started = memory_listener::start(options.store, changes);
+    if (!started)
+      return started.error();
+    listener = std::move(*started);
+    (*writing)->listener = listener;
+  }
   if (!options.on_postgres() && !options.files_in_memory())
     if (auto err = adopt_old_entries(*(*writing)->db, options))
       return err;
@@ -456,6 +686,7 @@ caf::expected<memory_service> spawn_memory(caf::actor_system& sys,
     auto conn = connect(options, false, changes, serving.tokens);
     if (!conn)
       return conn.error();
+    (*conn)->listener = listener;
     reading.push_back(std::move(*conn));
   }
   // The writer does not linger: stores come one per exchange.

@@ -4,6 +4,7 @@
 // such list per query term and ranks the entries in them with BM25.
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -11,6 +12,7 @@
 #include <limits>
 #include <list>
 #include <map>
+#include <random>
 #include <tuple>
 #include <unordered_map>
 
@@ -101,10 +103,33 @@ scope_key(std::string_view user_id, std::string_view thread_id) {
   return {std::string_view{}, thread_id};
 }
 
+// FNV-1a over the scope's user, a NUL, and its thread: the same in every
+// process and build, since a slot's number names a change to the other
+// processes on one PostgreSQL database.
 size_t change_slot(std::string_view user_id, std::string_view thread_id) {
   auto [user, thread] = scope_key(user_id, thread_id);
-  std::hash<std::string_view> hash;
-  return (hash(user) * 31 + hash(thread)) % memory_changes::slots;
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&h](std::string_view text) {
+    for (auto c : text) {
+      h ^= static_cast<unsigned char>(c);
+      h *= 0x100000001b3ull;
+    }
+  };
+  mix(user);
+  h *= 0x100000001b3ull; // the NUL between them
+  mix(thread);
+  return static_cast<size_t>(h % memory_changes::slots);
+}
+
+// Whether a failed transaction lost a race with another one (PostgreSQL's
+// deadlock and serialization failures, SQLSTATE 40P01 and 40001, whose
+// messages these are) and may succeed when run again.
+bool lost_a_race(const caf::error& err) {
+  if (err.code() != static_cast<uint8_t>(errc::storage_failure))
+    return false;
+  auto text = describe(err);
+  return text.find("deadlock detected") != std::string::npos
+         || text.find("could not serialize access") != std::string::npos;
 }
 
 // One statement of memory's SQL: SQLite's own, whose columns are read in
@@ -309,13 +334,16 @@ private:
   std::unordered_map<Key, typename node_list::iterator> index_;
 };
 
-// A term's row as the writer last wrote it: the writer is the only one
-// that changes the index (one process owns a database), so what it wrote
-// is what the row holds until it writes again, unless the transaction
-// rolled back (then it forgets everything it kept).
+// A term's row as the writer last wrote it: what the row holds while its
+// scope's version is still `version`, the scope's version after that
+// write (every change to a scope's lists raises its version, under the
+// scope row's lock on PostgreSQL, so another process's change shows as a
+// different version), unless the transaction rolled back (then the
+// writer forgets everything it kept).
 struct written_term {
   int64_t df = 0;
   std::string recent; // encoded
+  int64_t version = 0;
 };
 
 size_t cost(const written_term& t) {
@@ -334,9 +362,52 @@ struct entry_row {
   std::string content;
 };
 
+// A scope's row as the writer found it (and, on PostgreSQL, locked it).
+struct scope_row {
+  int64_t id = 0; // 0: none
+  int64_t version = 0;
+};
+
+// How many times a transaction that lost a race is run again.
+constexpr int race_attempts = 5;
+
+// The channel a writer on PostgreSQL notifies, after each commit, of the
+// scopes it changed; every process's listener listens on it.
+constexpr std::string_view notify_sql
+  = "SELECT pg_notify('spindle_memory', ?1);";
+
 } // namespace
 
 // -- change counters ------------------------------------------------------------
+
+memory_changes::memory_changes()
+  : origin_((static_cast<uint64_t>(std::random_device{}()) << 32)
+            ^ std::random_device{}()
+            ^ static_cast<uint64_t>(
+              std::chrono::steady_clock::now().time_since_epoch().count())) {
+}
+
+size_t memory_changes::slot(std::string_view user_id,
+                            std::string_view thread_id) noexcept {
+  return change_slot(user_id, thread_id);
+}
+
+void memory_changes::changed_slot(size_t slot) noexcept {
+  counters_[slot % slots].fetch_add(1, std::memory_order_release);
+}
+
+void memory_changes::changed_all() noexcept {
+  for (auto& c : counters_)
+    c.fetch_add(1, std::memory_order_release);
+}
+
+bool memory_changes::complete() const noexcept {
+  return complete_.load(std::memory_order_acquire);
+}
+
+void memory_changes::set_complete(bool value) noexcept {
+  complete_.store(value, std::memory_order_release);
+}
 
 uint64_t memory_changes::seen(std::string_view user_id,
                               std::string_view thread_id) const noexcept {
@@ -364,6 +435,9 @@ struct memory_writer::impl {
     read_indexed, unindexed;
   mem_statement highest_id, read_row, delete_row, delete_term, shrink_scope,
     clear_scope, delete_scope_terms, delete_user_rows, delete_thread_rows;
+  // PostgreSQL's: a batch's IDs taken from memory_index_state under its
+  // row lock, and the note of a commit to the other processes.
+  mem_statement allocate_ids, notify;
   // The next entry's ID: above every ID ever stored, so that a deleted
   // entry's ID is never used again (a reader may still keep its text).
   // 0 until the first store reads it.
@@ -371,24 +445,30 @@ struct memory_writer::impl {
   lru_cache<std::string, written_term> written{writer_cache_bytes};
   std::string cache_key;
 
-  // The ID of a scope (as scope_key names it), or 0 if it has none.
-  caf::expected<int64_t> existing_scope(std::string_view user,
-                                        std::string_view thread) {
+  // The row of a scope (as scope_key names it), id 0 if it has none. On
+  // PostgreSQL the row is locked until the transaction ends: every change
+  // to a scope's entries, counts and lists is made under it, so two
+  // processes never change one scope at once.
+  caf::expected<scope_row> existing_scope(std::string_view user,
+                                          std::string_view thread) {
     resetting r{find_scope};
     find_scope.bind(1, user).bind(2, thread);
     auto row = find_scope.step();
     if (!row)
       return row.error();
-    return *row ? find_scope.column_int64(0) : 0;
+    if (!*row)
+      return scope_row{};
+    return scope_row{find_scope.column_int64(0), find_scope.column_int64(1)};
   }
 
-  // The scope's ID, created if missing.
-  caf::expected<int64_t> scope_id(const std::string& user_id,
-                                  const std::string& thread_id) {
-    auto [user, thread] = scope_key(user_id, thread_id);
+  // The scope's row, created if missing (and locked, as existing_scope).
+  caf::expected<scope_row> scope_of(std::string_view user,
+                                    std::string_view thread) {
     auto found = existing_scope(user, thread);
-    if (!found || *found != 0)
+    if (!found || found->id != 0)
       return found;
+    // On PostgreSQL another process may create it at the same time: then
+    // this waits for it and locks its row.
     resetting r{add_scope};
     add_scope.bind(1, user).bind(2, thread);
     auto row = add_scope.step();
@@ -397,31 +477,44 @@ struct memory_writer::impl {
     if (!*row)
       return make_error(errc::storage_failure,
                         "a new memory scope came back without its ID");
-    return add_scope.column_int64(0);
+    return scope_row{add_scope.column_int64(0), add_scope.column_int64(1)};
   }
 
   // Adds entries (already in `memories`, in ascending ID order) to the
   // index: each scope's counts, and each term's frequency and list, read
   // and written once for all of them. Runs inside the caller's
   // transaction.
-  caf::error index(const std::vector<entry_row>& rows) {
+  // `mark_indexed`: raises indexed_through to the highest of them (the
+  // IDs a batch took on PostgreSQL raised it already).
+  caf::error index(const std::vector<entry_row>& rows,
+                   bool mark_indexed = true) {
     std::map<std::pair<int64_t, std::string>, std::vector<posting>> lists;
     std::map<int64_t, std::pair<int64_t, int64_t>> grown; // entries, words
-    std::map<std::pair<std::string, std::string>, int64_t> scopes;
+    std::map<std::pair<std::string, std::string>, scope_row> scopes;
+    std::unordered_map<int64_t, int64_t> versions; // scope ID -> version
     int64_t highest = 0;
     for (auto& row : rows) {
       auto key = scope_key(row.user_id, row.thread_id);
-      auto [it, added] = scopes.emplace(std::pair<std::string, std::string>{
-                                          key.first, key.second},
-                                        0);
-      if (added) {
-        auto id = scope_id(row.user_id, row.thread_id);
-        if (!id)
-          return id.error();
-        it->second = *id;
-        touched.emplace_back(key.first, key.second);
-      }
-      auto scope = it->second;
+      scopes.emplace(std::pair<std::string, std::string>{key.first,
+                                                         key.second},
+                     scope_row{});
+    }
+    // Locked in one order (by user, then thread) in every transaction, so
+    // that two processes storing into the same scopes never deadlock.
+    for (auto& [key, scope] : scopes) {
+      auto found = scope_of(key.first, key.second);
+      if (!found)
+        return found.error();
+      scope = *found;
+      versions[scope.id] = scope.version;
+      touched.emplace_back(key.first, key.second);
+    }
+    for (auto& row : rows) {
+      auto key = scope_key(row.user_id, row.thread_id);
+      auto scope = scopes
+                     .find(std::pair<std::string, std::string>{key.first,
+                                                               key.second})
+                     ->second.id;
       auto words = memory_words(row.content);
       std::unordered_map<std::string, uint64_t> tf;
       for (auto& w : words)
@@ -446,7 +539,9 @@ struct memory_writer::impl {
       cache_key.assign(reinterpret_cast<const char*>(&key.first),
                        sizeof key.first);
       cache_key += key.second;
-      if (auto* kept = written.find(cache_key)) {
+      auto version = versions[key.first];
+      auto* kept = written.find(cache_key);
+      if (kept != nullptr && kept->version == version) {
         df = kept->df;
         exists = true;
         decode(kept->recent, list);
@@ -464,7 +559,9 @@ struct memory_writer::impl {
       }
       if (list.size() > memory_recent_per_term)
         list.resize(memory_recent_per_term);
-      written_term now{df + static_cast<int64_t>(added.size()), encode(list)};
+      // The scope's version once this transaction raises it (below).
+      written_term now{df + static_cast<int64_t>(added.size()), encode(list),
+                       version + 1};
       auto& write = exists ? update_term : insert_term;
       write.bind(1, key.first)
         .bind(2, std::string_view{key.second})
@@ -479,6 +576,8 @@ struct memory_writer::impl {
       if (auto err = grow_scope.run())
         return err;
     }
+    if (!mark_indexed)
+      return caf::none;
     set_indexed.bind(1, highest);
     return set_indexed.run();
   }
@@ -487,12 +586,50 @@ struct memory_writer::impl {
   // back (nothing stored) if it fails. PostgreSQL's connection begins and
   // commits itself: it looks up the outcome of a commit whose answer was
   // lost (sql_connection::commit).
+  //
+  // On PostgreSQL the other processes' listeners are notified of the
+  // scopes it changed, by a note that PostgreSQL delivers when (and only
+  // if) it commits; and a transaction that lost a race (a deadlock, which
+  // the lock order rules out between memory's own transactions, or a
+  // serialization failure) is run again, up to race_attempts times.
   template <class F>
   caf::error transaction(F body) {
+    for (int attempt = 1;; ++attempt) {
+      auto err = transaction_once(body);
+      if (!err || db.pg == nullptr || attempt == race_attempts
+          || !lost_a_race(err))
+        return err;
+    }
+  }
+
+  // The note of a commit: the writer's origin, then the slots of the
+  // scopes it changed.
+  caf::error notify_touched() {
+    if (db.pg == nullptr || touched.empty())
+      return caf::none;
+    std::string note = std::to_string(changes ? changes->origin() : 0);
+    std::vector<size_t> slots;
+    for (auto& [user, thread] : touched)
+      slots.push_back(memory_changes::slot(user, thread));
+    std::sort(slots.begin(), slots.end());
+    slots.erase(std::unique(slots.begin(), slots.end()), slots.end());
+    for (auto slot : slots) {
+      note += ' ';
+      note += std::to_string(slot);
+    }
+    resetting r{notify};
+    notify.bind(1, std::string_view{note});
+    return notify.run();
+  }
+
+  template <class F>
+  caf::error transaction_once(F& body) {
     touched.clear();
     if (auto err = db.pg != nullptr ? db.pg->begin() : begin.run())
       return err;
     auto err = body();
+    if (!err)
+      err = notify_touched();
     if (!err)
       err = db.pg != nullptr ? db.pg->commit() : commit.run();
     if (err) {
@@ -524,20 +661,25 @@ memory_writer::delete_scope(const std::string& user_id,
   auto thread = key.second;
   uint64_t deleted = 0;
   auto err = p.transaction([&]() -> caf::error {
+    deleted = 0;
+    // The scope's row first, locked on PostgreSQL (created there if
+    // missing, so that a store another process commits meanwhile waits
+    // for this deletion instead of slipping between its statements).
+    auto scope = p.db.pg != nullptr ? p.scope_of(user, thread)
+                                    : p.existing_scope(user, thread);
+    if (!scope)
+      return scope.error();
     auto& rows = user.empty() ? p.delete_thread_rows : p.delete_user_rows;
     rows.bind(1, user.empty() ? thread : user);
     if (auto failed = rows.run())
       return failed;
     deleted = static_cast<uint64_t>(p.db.changes());
-    auto scope = p.existing_scope(user, thread);
-    if (!scope)
-      return scope.error();
-    if (*scope == 0)
+    if (scope->id == 0)
       return caf::none; // never stored into
-    p.delete_scope_terms.bind(1, *scope);
+    p.delete_scope_terms.bind(1, scope->id);
     if (auto failed = p.delete_scope_terms.run())
       return failed;
-    p.clear_scope.bind(1, *scope);
+    p.clear_scope.bind(1, scope->id);
     if (auto failed = p.clear_scope.run())
       return failed;
     p.touched.emplace_back(std::string{user}, std::string{thread});
@@ -553,6 +695,7 @@ caf::expected<uint64_t> memory_writer::delete_entry(int64_t id) {
   auto& p = *impl_;
   uint64_t deleted = 0;
   auto err = p.transaction([&]() -> caf::error {
+    deleted = 0;
     std::string user_id, thread_id, content;
     {
       resetting r{p.read_row};
@@ -566,17 +709,21 @@ caf::expected<uint64_t> memory_writer::delete_entry(int64_t id) {
       thread_id = p.read_row.column_text(1);
       content = p.read_row.column_text(2);
     }
-    p.delete_row.bind(1, id);
-    if (auto failed = p.delete_row.run())
-      return failed;
-    deleted = 1;
+    // The scope's row first (locked on PostgreSQL, see existing_scope),
+    // then the entry: another process may have deleted it meanwhile.
     auto [user, thread] = scope_key(user_id, thread_id);
     auto found = p.existing_scope(user, thread);
     if (!found)
       return found.error();
-    if (*found == 0)
+    p.delete_row.bind(1, id);
+    if (auto failed = p.delete_row.run())
+      return failed;
+    if (p.db.changes() == 0)
+      return caf::none;
+    deleted = 1;
+    if (found->id == 0)
       return caf::none; // not indexed yet (catch_up indexes the rest)
-    auto scope = *found;
+    auto scope = found->id;
     auto words = memory_words(content);
     std::map<std::string, uint64_t> tf;
     for (auto& w : words)
@@ -659,6 +806,41 @@ memory_writer::open_on(database* lite, sql_connection* pg,
                                 "decode(?4, 'hex'));"
                               : "INSERT INTO memory_terms(scope, term, df, "
                                 "recent) VALUES(?1, ?2, ?3, ?4);";
+  bool on_pg = db.pg != nullptr;
+  // On PostgreSQL a scope's row is locked by the writer that reads it, and
+  // created by one statement that waits for another process creating it
+  // too; the index's state row is locked by catch_up, whose stores take
+  // their IDs from it.
+  std::string find_scope = on_pg ? "SELECT id, version FROM memory_scopes "
+                                "WHERE user_id = ?1 AND thread_id = ?2 "
+                                "FOR UPDATE;"
+                              : "SELECT id, version FROM memory_scopes "
+                                "WHERE user_id = ?1 AND thread_id = ?2;";
+  std::string add_scope = on_pg ? "INSERT INTO memory_scopes(user_id, "
+                               "thread_id) VALUES(?1, ?2) ON CONFLICT "
+                               "(user_id, thread_id) DO UPDATE SET version "
+                               "= memory_scopes.version RETURNING id, "
+                               "version;"
+                             : "INSERT INTO memory_scopes(user_id, "
+                               "thread_id) VALUES(?1, ?2) RETURNING id, "
+                               "version;";
+  std::string read_indexed = on_pg ? "SELECT indexed_through FROM "
+                                  "memory_index_state WHERE id = 0 "
+                                  "FOR UPDATE;"
+                                : "SELECT indexed_through FROM "
+                                  "memory_index_state WHERE id = 0;";
+  if (on_pg)
+    if (auto err = prepare_all(
+          db,
+          {{&p->allocate_ids,
+            // Above every ID ever stored or indexed, under the row's lock
+            // until the batch commits: IDs are unique across processes
+            // and increase in commit order.
+            "UPDATE memory_index_state SET indexed_through = "
+            "GREATEST(indexed_through, (SELECT COALESCE(max(id), 0) FROM "
+            "memories)) + ?1 WHERE id = 0 RETURNING indexed_through;"},
+           {&p->notify, notify_sql}}))
+      return err;
   std::string update_term = db.pg != nullptr
                               ? "UPDATE memory_terms SET df = ?3, "
                                 "recent = decode(?4, 'hex') "
@@ -686,10 +868,8 @@ memory_writer::open_on(database* lite, sql_connection* pg,
      {&p->delete_user_rows, "DELETE FROM memories WHERE user_id = ?1;"},
      {&p->delete_thread_rows, "DELETE FROM memories "
                               "WHERE user_id = '' AND thread_id = ?1;"},
-     {&p->find_scope, "SELECT id FROM memory_scopes "
-                      "WHERE user_id = ?1 AND thread_id = ?2;"},
-     {&p->add_scope, "INSERT INTO memory_scopes(user_id, thread_id) "
-                     "VALUES(?1, ?2) RETURNING id;"},
+     {&p->find_scope, find_scope},
+     {&p->add_scope, add_scope},
      {&p->grow_scope, "UPDATE memory_scopes SET entries = entries + ?2, "
                       "words = words + ?3, version = version + 1 "
                       "WHERE id = ?1;"},
@@ -700,8 +880,7 @@ memory_writer::open_on(database* lite, sql_connection* pg,
      {&p->set_indexed, "UPDATE memory_index_state SET indexed_through = "
                        "CASE WHEN indexed_through > ?1 THEN indexed_through "
                        "ELSE ?1 END WHERE id = 0;"},
-     {&p->read_indexed, "SELECT indexed_through FROM memory_index_state "
-                        "WHERE id = 0;"},
+     {&p->read_indexed, read_indexed},
      {&p->unindexed, "SELECT id, user_id, thread_id, content FROM memories "
                      "WHERE id > ?1 ORDER BY id LIMIT ?2;"}});
   if (err)
@@ -769,10 +948,25 @@ memory_writer::store_all(const std::vector<memory_entry>& entries) {
   auto& p = *impl_;
   std::vector<int64_t> ids;
   auto err = p.transaction([&]() -> caf::error {
+    ids.clear();
     std::vector<entry_row> rows;
     rows.reserve(entries.size());
     auto now = unix_time_ms();
-    if (p.next_id == 0) {
+    bool on_pg = p.db.pg != nullptr;
+    if (on_pg) {
+      // Other processes store into the same database: the batch's IDs come
+      // from it, the lock on their row held until the batch commits.
+      resetting r{p.allocate_ids};
+      p.allocate_ids.bind(1, static_cast<int64_t>(entries.size()));
+      auto row = p.allocate_ids.step();
+      if (!row)
+        return row.error();
+      if (!*row)
+        return make_error(errc::storage_failure,
+                          "memory_index_state has no row to take IDs from");
+      p.next_id = p.allocate_ids.column_int64(0)
+                  - static_cast<int64_t>(entries.size()) + 1;
+    } else if (p.next_id == 0) {
       resetting r{p.highest_id};
       auto row = p.highest_id.step();
       if (!row)
@@ -792,7 +986,7 @@ memory_writer::store_all(const std::vector<memory_entry>& entries) {
       rows.push_back(entry_row{id, e.scope.user_id, e.scope.thread_id,
                                e.content});
     }
-    return p.index(rows);
+    return p.index(rows, !on_pg);
   });
   if (err)
     return err;
@@ -1010,8 +1204,8 @@ size_t cost(const cached_scope&) {
 }
 
 // What a reader keeps. An entry never changes once stored (spindle never
-// updates one, never gives a deleted entry's ID to another, and one process
-// owns a database), so a kept entry is never stale; a kept list is checked
+// updates one, and never gives a deleted entry's ID to another, in any
+// process on the database), so a kept entry is never stale; a kept list is checked
 // against its scope's version (raised by every store and deletion), and a
 // kept scope against its change counter, on every use. Retrievals only ever read the newest entries of each term, which
 // keeps the set they need small.
@@ -1064,7 +1258,10 @@ struct memory_reader::impl {
       key += '\0';
       key += thread;
       seen = changes->seen(user, thread);
-      if (auto kept = keep.scopes.find(key); kept && kept->seen == seen)
+      // While another process's changes may go uncounted (its notes are
+      // not heard), no kept row is trusted.
+      if (auto kept = keep.scopes.find(key);
+          kept && kept->seen == seen && changes->complete())
         return *kept;
     }
     if (kept_only) {

@@ -65,7 +65,11 @@ struct memory_service {
 /// readers read while the writer commits). An in-memory configuration
 /// opens one private ":memory:" database served by one actor (separate
 /// connections could not share it). Entries stored before the index
-/// existed are indexed here, before the handle is returned.
+/// existed are indexed here, before the handle is returned. On PostgreSQL
+/// it also listens, on a connection of its own, for the changes other
+/// processes' memories commit to the same database, so that its readers
+/// never keep serving what those changed (docs/memory.md, "On
+/// PostgreSQL").
 /// Errors: `storage_failure` naming the file or the redacted URL and the
 /// cause.
 caf::expected<memory_service> spawn_memory(caf::actor_system& sys,
@@ -80,18 +84,27 @@ struct memory_entry {
   memory_scope scope;
 };
 
-/// How the memory writer tells the readers of its process that a scope
-/// gained entries: one counter per slot of scopes (a scope's slot is a
-/// hash of its user and thread IDs), raised after every commit that
-/// stored into the scope. A reader keeps what it read of a scope while
-/// the scope's counter stands still (docs/memory.md, "Readers and the
-/// writer"). This class is thread-safe.
+/// How the readers of a process learn that a scope's entries changed: one
+/// counter per slot of scopes (a scope's slot is a hash of its user and
+/// thread IDs, the same in every process), raised after every commit that
+/// stored into the scope or deleted from it, by the process's own writer
+/// and, on PostgreSQL, by the process's listener for the commits of other
+/// processes (docs/memory.md, "On PostgreSQL"). A reader keeps what it
+/// read of a scope while the scope's counter stands still and the
+/// counters are complete. This class is thread-safe.
 class memory_changes {
 public:
   static constexpr size_t slots = 1024;
 
-  /// The counter of a scope (as `memory_scope` names it); a read after it
-  /// sees every commit it counts.
+  memory_changes();
+
+  /// The slot of a scope (as `memory_scope` names it): a hash that every
+  /// process computes alike, so that a slot number can name a change to
+  /// another process.
+  static size_t slot(std::string_view user_id,
+                     std::string_view thread_id) noexcept;
+
+  /// The counter of a scope; a read after it sees every commit it counts.
   uint64_t seen(std::string_view user_id,
                 std::string_view thread_id) const noexcept;
 
@@ -99,8 +112,32 @@ public:
   /// deleted from it.
   void changed(std::string_view user_id, std::string_view thread_id) noexcept;
 
+  /// Raises the counter of a slot (a change another process committed).
+  void changed_slot(size_t slot) noexcept;
+
+  /// Raises every counter: changes may have been missed.
+  void changed_all() noexcept;
+
+  /// Whether the counters count every change that concerns this process's
+  /// readers: true on its own (one process), and on PostgreSQL while the
+  /// listener hears the other processes' commits. While false a reader
+  /// reads each scope row again on every retrieval.
+  bool complete() const noexcept;
+
+  /// Sets `complete`; the listener's to call (false when its connection
+  /// is lost, true once it listens again and has raised every counter).
+  void set_complete(bool value) noexcept;
+
+  /// A number naming this process's changes in the notes its writer
+  /// sends to other processes, so that its listener skips its own.
+  uint64_t origin() const noexcept {
+    return origin_;
+  }
+
 private:
   std::array<std::atomic<uint64_t>, slots> counters_{};
+  std::atomic<bool> complete_{true};
+  uint64_t origin_;
 };
 
 /// Stores entries and keeps the retrieval index over them, on a database
@@ -109,7 +146,11 @@ private:
 class memory_writer {
 public:
   /// Prepares the statements; after each commit the writer raises the
-  /// counters of the scopes it stored into in `changes` (if given).
+  /// counters of the scopes it stored into in `changes` (if given). On
+  /// PostgreSQL several writers, in several processes, may share one
+  /// database: each batch takes its IDs from the database, changes a
+  /// scope only under its row's lock, and notifies the other processes'
+  /// listeners of the scopes it changed as it commits.
   /// Errors: `storage_failure`.
   static caf::expected<std::unique_ptr<memory_writer>>
   open(database& db, std::shared_ptr<memory_changes> changes = nullptr);
