@@ -359,14 +359,15 @@ class RunReport(unittest.TestCase):
         # build (--build-dir), and their failures are in the report.
         areas = [line.split("\t")[0] for line in runs.splitlines()[1:]]
         self.assertEqual(areas, ["broken", "ids", "orchestration",
-                                 "server", "threads", "http", "streams"])
+                                 "server", "threads", "cluster", "http",
+                                 "streams"])
         # bench_orchestration got the running Redis, for BLPOP beside a
         # waiting claim.
         with open(args) as f:
             self.assertIn("--redis-port %s " % facts["redis_port"],
                           f.read())
         missing = os.path.join(work, "build", "spindle") + " not found"
-        for name in ("http", "streams"):
+        for name in ("cluster", "http", "streams"):
             self.assertIn("- `bench/bench_%s.py`: exit status 1, no figures"
                           % name, md)
             with open(os.path.join(results, name + ".log")) as f:
