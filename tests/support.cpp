@@ -478,7 +478,11 @@ std::string announcing_process::log() const {
 namespace {
 
 std::vector<std::string> serve_args(const std::vector<std::string>& extra) {
-  std::vector<std::string> args{spindle_binary(), "serve", "--port", "0"};
+  std::vector<std::string> args{spindle_binary(), "serve"};
+  if (std::find(extra.begin(), extra.end(), "--port") == extra.end()) {
+    args.push_back("--port");
+    args.push_back("0");
+  }
   if (std::find(extra.begin(), extra.end(), "--data") == extra.end()) {
     args.push_back("--data");
     args.push_back(":memory:");

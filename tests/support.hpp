@@ -81,12 +81,16 @@ public:
     opts.store = url_;
   }
   /// `spindle serve`'s flags for it: `--data DIR` and, on PostgreSQL,
-  /// `--store URL`.
+  /// `--store URL` and one node name, so that a server started again on
+  /// the store after a crash is the same cluster node and takes its name
+  /// (and its threads) over at once (docs/cluster.md).
   std::vector<std::string> serve_flags() const {
     std::vector<std::string> out{"--data", dir_.str()};
     if (on_postgres()) {
       out.push_back("--store");
       out.push_back(url_);
+      out.push_back("--node-name");
+      out.push_back("test-node");
     }
     return out;
   }
@@ -252,6 +256,7 @@ private:
 class server_process {
 public:
   /// Starts `spindle serve --port 0 --data :memory: <extra>` (without
+  /// `--port 0` when `extra` names a --port; without
   /// `--data :memory:` when `extra` names a --data) and waits
   /// until it prints its address.
   explicit server_process(const std::vector<std::string>& extra = {},

@@ -866,8 +866,14 @@ TEST_CASE("storage: a load folds the journal only when the journal holds "
   auto a = rt.history("a", 100);
   REQUIRE(a);
   CHECK(contents(*a) == std::vector<std::string>{"a0", "a1", "a2"});
-  CHECK(rows_in(dir, "turn_journal") == 0);
-  CHECK(rows_in(dir, "turns") == 7);
+  if (test::postgres_run()) {
+    // Other nodes may append to a shared database's journal: a load reads
+    // both tables and never folds (docs/cluster.md).
+    CHECK(rows_in(dir, "turn_journal") == 7);
+  } else {
+    CHECK(rows_in(dir, "turn_journal") == 0);
+    CHECK(rows_in(dir, "turns") == 7);
+  }
   for (int t = 0; t < 4; ++t) {
     auto h = rt.history(name("n", static_cast<size_t>(t)), 100);
     REQUIRE(h);

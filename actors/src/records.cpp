@@ -257,6 +257,65 @@ sql_statement prune_thread_versions(uint64_t horizon) {
                   horizon);
 }
 
+sql_statement acquire_thread_lease(const std::string& thread_id,
+                                   const std::string& node,
+                                   uint64_t incarnation, int64_t now_ms) {
+  return make_sql(
+    "WITH taken AS ("
+    "  INSERT INTO thread_leases AS l "
+    "    (thread_id, node, incarnation, epoch, acquired_ms) "
+    "  VALUES (?1, ?2, ?3, 1, ?4) "
+    "  ON CONFLICT (thread_id) DO UPDATE "
+    "    SET node = excluded.node, incarnation = excluded.incarnation, "
+    "        epoch = l.epoch + 1, acquired_ms = excluded.acquired_ms "
+    "    WHERE l.node IS NULL "
+    "       OR (l.node = excluded.node "
+    "           AND l.incarnation = excluded.incarnation) "
+    "       OR NOT EXISTS (SELECT 1 FROM cluster_nodes n "
+    "                       WHERE n.name = l.node "
+    "                         AND n.incarnation = l.incarnation "
+    "                         AND n.expires_at > clock_timestamp()) "
+    "  RETURNING l.epoch) "
+    "SELECT (SELECT epoch FROM taken), h.node, n.advertise "
+    "  FROM (SELECT 1 AS one) AS o "
+    "  LEFT JOIN thread_leases AS h ON h.thread_id = ?1 "
+    "  LEFT JOIN cluster_nodes AS n ON n.name = h.node;",
+    thread_id, node, incarnation, now_ms);
+}
+
+caf::expected<lease_answer> decode_lease(const sql_rows& rows) {
+  if (rows.size() != 1 || rows[0].size() != 3)
+    return unreadable("a thread lease");
+  auto& row = rows[0];
+  lease_answer out;
+  if (is_int(row, 0) && row[0].integer > 0)
+    out.epoch = static_cast<uint64_t>(row[0].integer);
+  if (is_text(row, 1))
+    out.holder = row[1].text;
+  if (is_text(row, 2))
+    out.holder_url = row[2].text;
+  return out;
+}
+
+sql_write release_thread_lease(const std::string& thread_id,
+                               uint64_t epoch) {
+  return {make_sql("UPDATE thread_leases SET node = NULL "
+                   "WHERE thread_id = ?1 AND epoch = ?2;",
+                   thread_id, epoch)};
+}
+
+sql_statement fence_thread(const std::string& thread_id, uint64_t epoch) {
+  return make_sql("SELECT spindle_fence(?1, ?2);", thread_id, epoch);
+}
+
+sql_write fenced(const std::string& thread_id, uint64_t epoch,
+                 sql_write write) {
+  if (epoch == 0 || write.empty())
+    return write;
+  write.insert(write.begin(), fence_thread(thread_id, epoch));
+  return write;
+}
+
 sql_statement load_thread_info(const std::string& thread_id) {
   return make_sql("SELECT thread_id, created_ms, version, turn_count, "
                   "metadata FROM threads WHERE thread_id = ?1;",
@@ -351,19 +410,28 @@ caf::expected<thread_page> decode_threads_page(const sql_rows& rows,
   return page;
 }
 
-sql_write fold_turn_journal() {
-  return {make_sql("INSERT INTO turns(thread_id, seq, role, content, "
-                   "timestamp_ms, tool_call_id, interrupted, tool_calls, "
-                   "tokens, token_encoding) "
-                   "SELECT thread_id, seq, role, content, timestamp_ms, "
-                   "tool_call_id, interrupted, tool_calls, tokens, "
-                   "token_encoding FROM turn_journal "
-                   "ORDER BY thread_id, seq;"),
+sql_write fold_turn_journal(bool shared) {
+  constexpr const char* columns
+    = "thread_id, seq, role, content, timestamp_ms, tool_call_id, "
+      "interrupted, tool_calls, tokens, token_encoding";
+  // PostgreSQL: other processes (a cluster's nodes) append while this one
+  // folds, so the rows moved are exactly the rows deleted, in one
+  // statement; a copy then a DELETE of the whole table would delete rows
+  // appended in between without having copied them.
+  if (shared)
+    return {make_sql(std::string{"WITH moved AS (DELETE FROM turn_journal "
+                                 "RETURNING "}
+                     + columns + ") INSERT INTO turns(" + columns
+                     + ") SELECT " + columns
+                     + " FROM moved ORDER BY thread_id, seq;")};
+  return {make_sql(std::string{"INSERT INTO turns("} + columns + ") SELECT "
+                     + columns
+                     + " FROM turn_journal ORDER BY thread_id, seq;"),
           make_sql("DELETE FROM turn_journal;")};
 }
 
-sql_journal turn_journal() {
-  return sql_journal{"turn_journal", fold_turn_journal(),
+sql_journal turn_journal(bool shared) {
+  return sql_journal{"turn_journal", fold_turn_journal(shared),
                      journal_row("", 0, turn{}).sql, load_thread_sql(true),
                      load_thread_sql(false)};
 }

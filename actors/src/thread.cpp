@@ -112,7 +112,9 @@ void append(thread_pointer self, turn t, promise rp) {
     rp.deliver(n);
     return;
   }
-  auto write = records::append_turn(st.thread_id, st.next_seq++, t);
+  auto write = records::fenced(st.thread_id, st.lease_epoch,
+                                records::append_turn(st.thread_id,
+                                                     st.next_seq++, t));
   rp.delegate(st.store, store_atom::value, std::move(write),
               write_hook_ptr{std::make_shared<append_hook>(
                 st.turns, std::move(t), st.appends, st.events)});
@@ -164,7 +166,9 @@ void append_batch(thread_pointer self, std::vector<turn> batch, promise rp) {
   }
   sql_write write;
   if (st.store) {
-    write = records::append_turns(st.thread_id, st.next_seq, batch);
+    write = records::fenced(
+      st.thread_id, st.lease_epoch,
+      records::append_turns(st.thread_id, st.next_seq, batch));
     st.next_seq += batch.size();
   }
   auto turns = std::make_shared<std::vector<turn>>(std::move(batch));
@@ -219,7 +223,9 @@ void write_through(thread_pointer self, sql_write write, promise rp,
 
 void clear(thread_pointer self, promise rp) {
   auto& st = self->state;
-  auto write = st.store ? records::clear_thread(st.thread_id) : sql_write{};
+  auto write = st.store ? records::fenced(st.thread_id, st.lease_epoch,
+                                         records::clear_thread(st.thread_id))
+                       : sql_write{};
   std::vector<event> cleared{thread_event("thread.cleared", st.thread_id)};
   write_through(self, std::move(write), std::move(rp), [self]() -> uint64_t {
     auto& s = self->state;
@@ -296,7 +302,8 @@ void remove(thread_pointer self) {
   st.writing = true;
   self
     ->request(st.store, caf::infinite, store_atom::value,
-              records::delete_thread(st.thread_id),
+              records::fenced(st.thread_id, st.lease_epoch,
+                              records::delete_thread(st.thread_id)),
               publish_on_commit(st.events, {std::move(deleted)}))
     .then([finish](uint64_t) mutable { finish(); },
           [self, rp](caf::error& err) mutable {
@@ -414,7 +421,9 @@ void write_metadata(thread_pointer self) {
   }
   self
     ->request(st.store, caf::infinite, store_atom::value,
-              records::set_thread_metadata(st.thread_id, *merged))
+              records::fenced(st.thread_id, st.lease_epoch,
+                              records::set_thread_metadata(st.thread_id,
+                                                           *merged)))
     .then([apply](uint64_t) mutable { apply(); },
           [self, next](caf::error& err) mutable {
             auto& s = self->state;
@@ -489,7 +498,9 @@ caf::result<uint64_t> put_summary(thread_pointer self, thread_summary summary,
   auto rp = self->make_response_promise<uint64_t>();
   self
     ->request(st.store, caf::infinite, store_atom::value,
-              records::put_summary(st.thread_id, epoch, *kept))
+              records::fenced(st.thread_id, st.lease_epoch,
+                              records::put_summary(st.thread_id, epoch,
+                                                   *kept)))
     .then([rp, apply](uint64_t) mutable { rp.deliver(apply()); },
           [self, rp](caf::error& err) mutable {
             rp.deliver(store_error(self->state.thread_id, err));
@@ -518,6 +529,7 @@ conversation_thread(thread_pointer self, std::string thread_id,
     st.turns->push_back(std::move(t));
   }
   st.epoch = initial.epoch;
+  st.lease_epoch = initial.lease_epoch;
   st.next_seq = std::max<uint64_t>(initial.next_seq, st.turns->size());
   // A summary never covers more than the turns there are.
   if (initial.summary.upto > 0 && initial.summary.upto <= st.turns->size())

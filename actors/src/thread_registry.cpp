@@ -14,9 +14,36 @@
 
 namespace spindle {
 
+struct thread_registry_state::lease_book {
+  /// A lease this node holds: the epoch its writes are fenced with, the
+  /// standing's term it was taken in, and the actor serving under it (none
+  /// while it loads, or when the thread did not exist: such a lease is let
+  /// go a few seconds later unless the request that located the thread
+  /// created it meanwhile).
+  struct held_lease {
+    uint64_t epoch = 0;
+    uint64_t term = 0;
+    caf::actor_addr actor;
+    std::chrono::steady_clock::time_point taken
+      = std::chrono::steady_clock::now();
+  };
+  std::unordered_map<std::string, held_lease> held;
+  /// Who held a thread's lease when this node last failed to take it, and
+  /// until when `locate` answers that without asking the database again
+  /// (a second: a request sent to a node that no longer owns the thread is
+  /// served there, or answered `not_owner` and sent again).
+  struct seen_elsewhere {
+    thread_location where;
+    std::chrono::steady_clock::time_point until;
+  };
+  std::unordered_map<std::string, seen_elsewhere> elsewhere;
+};
+
 namespace {
 
 using pointer = thread_registry_pointer;
+using held_lease = thread_registry_state::lease_book::held_lease;
+using seen_elsewhere = thread_registry_state::lease_book::seen_elsewhere;
 using table = activation_table<thread_actor>;
 using resolved = table::resolved;
 using continuation = table::continuation;
@@ -27,16 +54,155 @@ caf::error store_error(const std::string& id, const caf::error& err) {
                                    + describe(err));
 }
 
+// In a cluster: the epoch of the lease this node holds for `id` (0: none,
+// or not in a cluster).
+uint64_t lease_epoch(pointer self, const std::string& id) {
+  auto& held = self->state.leases->held;
+  auto i = held.find(id);
+  return i == held.end() ? 0 : i->second.epoch;
+}
+
+// Lets the lease of `id` go, if it is held under `epoch`, behind every
+// write the store holds (fire and forget: a lease not let go runs out with
+// the node's own).
+void release_lease(pointer self, const std::string& id, uint64_t epoch) {
+  auto& st = self->state;
+  st.leases->held.erase(id);
+  if (epoch == 0 || !st.store)
+    return;
+  self
+    ->request(st.store, st.options.store_timeout, store_atom::value,
+              records::release_thread_lease(id, epoch))
+    .then([](uint64_t) {},
+          [id](caf::error& err) {
+            spdlog::debug("cluster: the lease of thread '{}' was not let go "
+                          "({}); it runs out with the node's",
+                          id, describe(err));
+          });
+}
+
+caf::error cut_off(pointer self) {
+  return make_error(errc::not_owner,
+                    "node '" + self->state.options.cluster->name()
+                      + "' cannot renew its cluster lease: it serves no "
+                        "thread until it can; send the request through "
+                        "another node");
+}
+
+// Stops every thread actor at once: this node's lease does not run, and
+// another node may take any of its threads. Their writes in flight are
+// refused by the fence; whoever asks next loads the thread afresh.
+void drop_all(pointer self) {
+  auto& st = self->state;
+  std::vector<std::string> ids;
+  st.threads.for_each_actor(
+    [&](const std::string& id, const thread_actor&) { ids.push_back(id); });
+  for (auto& id : ids)
+    st.threads.retire(id, [self](const thread_actor& handle,
+                                 std::function<void(bool)> done) {
+      self->send_exit(handle, caf::exit_reason::user_shutdown);
+      done(true);
+    });
+}
+
+// In a cluster, before serving `id`: an error while this node's own lease
+// does not run; a thread activated in an earlier term of the lease is
+// dropped (it may have moved and changed meanwhile) and loaded again by
+// the request.
+caf::error check_standing(pointer self, const std::string& id) {
+  auto& st = self->state;
+  if (!st.options.cluster)
+    return caf::none;
+  auto now = st.options.cluster->read();
+  if (!now.live) {
+    drop_all(self);
+    return cut_off(self);
+  }
+  auto& held = st.leases->held;
+  auto i = held.find(id);
+  if (i != held.end() && i->second.term != now.term
+      && st.threads.find(id)) {
+    spdlog::info("cluster: thread '{}' was activated before this node's "
+                 "lease lapsed; it is loaded afresh",
+                 id);
+    st.threads.retire(id, [self](const thread_actor& handle,
+                                 std::function<void(bool)> done) {
+      self->send_exit(handle, caf::exit_reason::user_shutdown);
+      done(true);
+    });
+  }
+  return caf::none;
+}
+
 thread_actor spawn_thread(pointer self, const std::string& id,
                           records::stored_thread initial) {
   auto& st = self->state;
+  auto& held = st.leases->held;
+  auto lease = held.find(id);
+  if (lease != held.end())
+    initial.lease_epoch = lease->second.epoch;
   auto handle = self->spawn<caf::lazy_init>(conversation_thread, id,
                                             std::move(initial), st.store,
                                             st.options.views, st.catalog,
                                             st.options.events,
                                             st.options.tokens);
   self->monitor(handle);
+  if (lease != held.end())
+    lease->second.actor = handle.address();
   return handle;
+}
+
+// In a cluster: takes the lease of `id`, then `next(epoch)`; fails `done`
+// with `not_owner` when another node's lease runs (noting it for
+// `locate`). Outside a cluster: `next(0)` at once.
+template <class Next>
+void with_lease(pointer self, const std::string& id, Next next,
+                continuation done) {
+  auto& st = self->state;
+  if (!st.options.cluster) {
+    next(uint64_t{0});
+    return;
+  }
+  auto& me = *st.options.cluster;
+  auto now = me.read();
+  if (!now.live) {
+    done(cut_off(self));
+    return;
+  }
+  self
+    ->request(st.store, st.options.store_timeout, load_atom::value,
+              records::acquire_thread_lease(id, me.name(), me.incarnation(),
+                                            unix_time_ms()))
+    .then(
+      [self, id, next, done, term = now.term](sql_rows& rows) mutable {
+        auto lease = records::decode_lease(rows);
+        if (!lease) {
+          done(make_storage_error(lease.error(),
+                                  "thread '" + id + "': "
+                                    + describe(lease.error())));
+          return;
+        }
+        auto& s = self->state;
+        if (lease->epoch == 0) {
+          s.leases->elsewhere[id] = seen_elsewhere{
+            thread_location{false, lease->holder, lease->holder_url},
+            std::chrono::steady_clock::now() + std::chrono::seconds{1}};
+          done(make_error(errc::not_owner,
+                          "thread '" + id + "' is served by node '"
+                            + lease->holder + "' (" + lease->holder_url
+                            + ")"));
+          return;
+        }
+        s.leases->held[id] = held_lease{lease->epoch, term, {},
+                                        std::chrono::steady_clock::now()};
+        next(lease->epoch);
+      },
+      [done, id](caf::error& err) mutable {
+        done(make_storage_error(err, "thread '" + id
+                                       + "': its cluster lease cannot be "
+                                         "taken: "
+                                       + describe(err)));
+      });
 }
 
 // Stores a new thread holding `turns` (without a store: at once), then
@@ -70,8 +236,10 @@ void create(pointer self, const std::string& id, std::vector<turn> turns,
     done(spawn_it(std::move(turns)));
     return;
   }
-  auto write = records::create_thread(id, turns, unix_time_ms(), metadata,
-                                      summary);
+  auto write = records::fenced(id, lease_epoch(self, id),
+                               records::create_thread(id, turns,
+                                                      unix_time_ms(),
+                                                      metadata, summary));
   self->request(st.store, st.options.store_timeout, store_atom::value,
                 std::move(write),
                 publish_on_commit(st.options.events, std::move(created)))
@@ -79,10 +247,16 @@ void create(pointer self, const std::string& id, std::vector<turn> turns,
       [done, spawn_it, turns](uint64_t) mutable {
         done(spawn_it(std::move(turns)));
       },
-      [done, id](caf::error& err) mutable { done(store_error(id, err)); });
+      [self, done, id](caf::error& err) mutable {
+        release_lease(self, id, lease_epoch(self, id));
+        done(store_error(id, err));
+      });
 }
 
 // The activation table's load hook: the thread as stored, or created.
+void load_leased(pointer self, const std::string& id, bool create_missing,
+                 continuation done);
+
 void load(pointer self, const std::string& id, bool create_missing,
           continuation done) {
   auto& st = self->state;
@@ -94,6 +268,18 @@ void load(pointer self, const std::string& id, bool create_missing,
       done(resolved{});
     return;
   }
+  with_lease(
+    self, id,
+    [self, id, create_missing, done](uint64_t) mutable {
+      load_leased(self, id, create_missing, std::move(done));
+    },
+    done);
+}
+
+// `load` once the lease is held (in a cluster).
+void load_leased(pointer self, const std::string& id, bool create_missing,
+                 continuation done) {
+  auto& st = self->state;
   self
     ->request(st.store, st.options.store_timeout, load_atom::value,
               records::load_thread(id))
@@ -106,10 +292,17 @@ void load(pointer self, const std::string& id, bool create_missing,
           done(resolved{spawn_thread(self, id, std::move(**stored)), false});
         else if (create_missing)
           create(self, id, {}, std::move(done));
-        else
+        else {
+          // Nothing to serve yet. The lease stays a moment: the request
+          // that asked (a message to a new thread) creates it here next,
+          // and no other node takes it in between (the tick lets it go).
           done(resolved{});
+        }
       },
-      [done, id](caf::error& err) mutable { done(store_error(id, err)); });
+      [self, done, id](caf::error& err) mutable {
+        release_lease(self, id, lease_epoch(self, id));
+        done(store_error(id, err));
+      });
 }
 
 void passivate(pointer self, const thread_actor& handle,
@@ -123,6 +316,10 @@ void passivate(pointer self, const thread_actor& handle,
 
 void resolve(pointer self, const std::string& id, bool create_missing,
              continuation next) {
+  if (auto err = check_standing(self, id)) {
+    next(std::move(err));
+    return;
+  }
   self->state.threads.resolve(id, create_missing, std::move(next));
 }
 
@@ -143,6 +340,8 @@ using promise = caf::typed_response_promise<T>;
 template <class T, class Missing, class... Ts>
 caf::result<T> route(pointer self, const std::string& id, bool create_missing,
                      Missing if_missing, Ts... xs) {
+  if (auto err = check_standing(self, id))
+    return err;
   if (auto handle = self->state.threads.use(id))
     return self->delegate(handle, std::move(xs)...);
   auto rp = self->make_response_promise<T>();
@@ -265,11 +464,17 @@ caf::result<thread_ref> copy_thread(pointer self, const std::string& source,
                 else
                   rp.deliver(thread_ref{id, x->handle, false, true, source});
               });
-            create(self, id, std::move(turns),
-                   [self, id](caf::expected<resolved> x) {
-                     self->state.threads.settle(id, std::move(x));
-                   },
-                   std::move(metadata), source, summary);
+            auto settle = [self, id](caf::expected<resolved> x) {
+              self->state.threads.settle(id, std::move(x));
+            };
+            with_lease(
+              self, id,
+              [=, turns = std::move(turns),
+               metadata = std::move(metadata)](uint64_t) mutable {
+                create(self, id, std::move(turns), settle,
+                       std::move(metadata), source, summary);
+              },
+              settle);
           };
           if (!with_metadata) {
             make(std::move(snap.turns), {});
@@ -290,6 +495,30 @@ caf::result<thread_ref> copy_thread(pointer self, const std::string& source,
   return rp;
 }
 
+// Lets go the leases taken for threads that were not there and were not
+// created since (no actor serves them).
+void release_unused_leases(pointer self) {
+  auto& st = self->state;
+  auto old = std::chrono::steady_clock::now() - std::chrono::seconds{5};
+  std::vector<std::pair<std::string, uint64_t>> unused;
+  for (auto& [id, lease] : st.leases->held)
+    if (!lease.actor && lease.taken < old && !st.threads.in_transit(id))
+      unused.emplace_back(id, lease.epoch);
+  for (auto& [id, epoch] : unused)
+    release_lease(self, id, epoch);
+}
+
+// How often the registry looks after its threads: idle passivation, and
+// in a cluster whether the node's own lease still runs (a few times per
+// lease).
+std::chrono::milliseconds tick_every(pointer self) {
+  auto& st = self->state;
+  auto every = st.threads.tick_interval();
+  if (st.options.cluster)
+    every = std::min(every, std::chrono::milliseconds{250});
+  return every;
+}
+
 } // namespace
 
 thread_registry_actor::behavior_type
@@ -297,6 +526,7 @@ thread_registry(thread_registry_pointer self, thread_registry_options options,
                 storage_actor store) {
   auto& init = self->state;
   init.options = options;
+  init.leases = std::make_shared<thread_registry_state::lease_book>();
   init.store = std::move(store);
   if (!init.store)
     init.catalog = std::make_shared<thread_catalog>();
@@ -311,6 +541,10 @@ thread_registry(thread_registry_pointer self, thread_registry_options options,
                    }});
   self->set_down_handler([self](caf::down_msg& dm) {
     auto [was_resident, id] = self->state.threads.down(dm.source);
+    auto& held = self->state.leases->held;
+    if (auto i = held.find(id);
+        i != held.end() && i->second.actor == dm.source)
+      release_lease(self, id, i->second.epoch);
     if (was_resident && dm.reason)
       spdlog::error("thread '{}' failed: {}; it is dropped", id,
                     caf::to_string(dm.reason));
@@ -323,8 +557,9 @@ thread_registry(thread_registry_pointer self, thread_registry_options options,
       });
     self->quit(em.reason);
   });
-  if (init.threads.durable() && options.activation.idle_timeout.count() > 0)
-    self->delayed_send(self, init.threads.tick_interval(), tick_atom::value);
+  if ((init.threads.durable() && options.activation.idle_timeout.count() > 0)
+      || init.options.cluster)
+    self->delayed_send(self, tick_every(self), tick_atom::value);
   return {
     [self](caf::get_atom, const std::string& id) -> caf::result<thread_ref> {
       if (auto err = validate_thread_id(id))
@@ -587,9 +822,37 @@ thread_registry(thread_registry_pointer self, thread_registry_options options,
       return {t.resident(), t.activations(), t.passivations()};
     },
     [self](tick_atom) {
-      auto& t = self->state.threads;
-      t.passivate_idle();
-      self->delayed_send(self, t.tick_interval(), tick_atom::value);
+      auto& st = self->state;
+      st.threads.passivate_idle();
+      if (st.options.cluster && !st.options.cluster->live())
+        drop_all(self);
+      release_unused_leases(self);
+      self->delayed_send(self, tick_every(self), tick_atom::value);
+    },
+    [self](locate_atom, const std::string& id) -> caf::result<thread_location> {
+      auto& st = self->state;
+      if (!st.options.cluster || !st.store || id == "new"
+          || validate_thread_id(id))
+        return thread_location{};
+      // Seen with another node a moment ago, and not taken here since.
+      auto& elsewhere = st.leases->elsewhere;
+      if (auto i = elsewhere.find(id); i != elsewhere.end()) {
+        if (std::chrono::steady_clock::now() < i->second.until
+            && !st.threads.find(id) && !st.threads.in_transit(id))
+          return i->second.where;
+        elsewhere.erase(i);
+      }
+      auto rp = self->make_response_promise<thread_location>();
+      resolve(self, id, false, [self, rp, id](caf::expected<resolved> r) mutable {
+        auto& seen = self->state.leases->elsewhere;
+        auto i = seen.find(id);
+        if (!r && classify(r.error()) == errc::not_owner && i != seen.end()
+            && !i->second.where.url.empty())
+          rp.deliver(i->second.where);
+        else
+          rp.deliver(thread_location{});
+      });
+      return rp;
     },
   };
 }

@@ -11,7 +11,7 @@ namespace spindle {
 
 namespace {
 
-constexpr std::array<std::pair<errc, const char*>, 17> names{{
+constexpr std::array<std::pair<errc, const char*>, 18> names{{
   {errc::invalid_argument, "invalid_argument"},
   {errc::invalid_id, "invalid_id"},
   {errc::exhausted, "exhausted"},
@@ -29,6 +29,7 @@ constexpr std::array<std::pair<errc, const char*>, 17> names{{
   {errc::lease_lost, "lease_lost"},
   {errc::storage_full, "storage_full"},
   {errc::storage_unavailable, "storage_unavailable"},
+  {errc::not_owner, "not_owner"},
 }};
 
 } // namespace
@@ -58,6 +59,7 @@ caf::error make_storage_error(const caf::error& cause, std::string context) {
   return make_error(code == errc::storage_full
                         || code == errc::storage_unavailable
                         || code == errc::invalid_argument
+                        || code == errc::not_owner
                       ? code
                       : errc::storage_failure,
                     std::move(context));

@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 #include <sys/resource.h>
+#include <unistd.h>
 #include <spdlog/spdlog.h>
 
 #include "cli.hpp"
@@ -32,6 +33,9 @@ struct serve_args {
   server_options http;
   std::string data = "./spindle-data";
   std::string store;
+  std::string node_name;
+  std::string advertise;
+  long node_lease_ms = cluster_options{}.lease.count();
   std::string llm = "offline";
   std::string llm_url;
   std::string llm_model;
@@ -63,6 +67,56 @@ void raise_descriptor_limit() {
     lim.rlim_cur = lim.rlim_max;
     setrlimit(RLIMIT_NOFILE, &lim);
   }
+}
+
+std::string host_name() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof(name) - 1) != 0 || name[0] == 0)
+    return "localhost";
+  return name;
+}
+
+// The node's name and address in its cluster: given, or made from the
+// host's name and the port.
+caf::error cluster_identity(const serve_args& args, cluster_options& out) {
+  // On port 0 the port is known once bound: the address is advertised
+  // then (`advertise_bound`), and the default name is the process's.
+  auto port = std::to_string(args.http.port);
+  out.node_name = !args.node_name.empty() ? args.node_name
+                  : args.http.port == 0
+                    ? host_name() + "-pid" + std::to_string(::getpid())
+                    : host_name() + "-" + port;
+  auto host = args.http.bind == "0.0.0.0" || args.http.bind == "::"
+                ? host_name()
+                : args.http.bind;
+  out.advertise = !args.advertise.empty() ? args.advertise
+                  : args.http.port == 0 ? std::string{}
+                                        : "http://" + host + ":" + port;
+  while (out.advertise.size() > 1 && out.advertise.back() == '/')
+    out.advertise.pop_back();
+  out.lease = std::chrono::milliseconds(args.node_lease_ms);
+  out.heartbeat = out.lease / 5;
+  out.margin = out.lease / 5;
+  out.name_wait = out.lease * 2 + std::chrono::seconds(2);
+  if (auto err = validate_cluster_options(out))
+    return make_error(errc::invalid_argument,
+                      "--node-name/--advertise/--node-lease-ms: "
+                        + describe(err));
+  return caf::none;
+}
+
+// The advertised URL of a node on port 0, once the port is known.
+void advertise_bound(runtime& rt, const serve_args& args, int port) {
+  auto* cluster = rt.cluster();
+  if (cluster == nullptr || !args.advertise.empty() || args.http.port != 0)
+    return;
+  auto host = args.http.bind == "0.0.0.0" || args.http.bind == "::"
+                ? host_name()
+                : args.http.bind;
+  auto url = "http://" + host + ":" + std::to_string(port);
+  if (auto err = cluster->advertise(url))
+    spdlog::error("cluster: node '{}' cannot advertise {}: {}",
+                  cluster->options().node_name, url, describe(err));
 }
 
 int serve(serve_args args) {
@@ -110,6 +164,16 @@ int serve(serve_args args) {
       return exit_code::usage;
     }
     opts.storage.store = args.store;
+    // On PostgreSQL a node is always a cluster node, alone or not
+    // (docs/cluster.md): named after its host and port unless told.
+    if (auto err = cluster_identity(args, opts.cluster)) {
+      std::cerr << "spindle serve: " << describe(err) << "\n";
+      return exit_code::usage;
+    }
+  } else if (!args.node_name.empty() || !args.advertise.empty()) {
+    std::cerr << "spindle serve: --node-name and --advertise need a "
+                 "PostgreSQL --store (a cluster keeps its state there)\n";
+    return exit_code::usage;
   }
   opts.storage.sync = args.sync == "normal" ? sync_mode::normal
                                             : sync_mode::full;
@@ -177,6 +241,7 @@ int serve(serve_args args) {
     std::cerr << "spindle serve: " << describe(port.error()) << "\n";
     return exit_code::failure;
   }
+  advertise_bound(**rt, args, *port);
   std::cout << "spindle " << version_string << " serving on http://"
             << args.http.bind << ":" << *port << std::endl;
   spdlog::info(log_fields("start", {{"bind", args.http.bind},
@@ -185,6 +250,8 @@ int serve(serve_args args) {
                                     {"store", args.store.empty()
                                                 ? std::string{"sqlite"}
                                                 : redact_url(args.store)},
+                                    {"node", opts.cluster.node_name},
+                                    {"advertise", opts.cluster.advertise},
                                     {"llm", args.llm},
                                     {"tokenizer", args.http.tokenizer.empty()
                                                     ? "per model"
@@ -246,6 +313,23 @@ void add_serve(CLI::App& app, registry& commands) {
                   "postgres://USER[:PASSWORD]@HOST:PORT/DB (default: SQLite "
                   "in --data; docs/storage.md, \"Backends\")")
     ->envname("SPINDLE_STORE");
+  sub->add_option("--node-name", args->node_name,
+                  "with --store: this node's name in the cluster of nodes "
+                  "sharing the database, 1-64 of [A-Za-z0-9._-] (default "
+                  "HOSTNAME-PORT; docs/cluster.md)")
+    ->envname("SPINDLE_NODE_NAME");
+  sub->add_option("--advertise", args->advertise,
+                  "with --store: the URL other nodes reach this node at, "
+                  "http://HOST:PORT (default http://BIND:PORT, the host's "
+                  "name for a wildcard --bind)")
+    ->envname("SPINDLE_ADVERTISE");
+  sub->add_option("--node-lease-ms", args->node_lease_ms,
+                  "with --store: how long a node's lease runs after its "
+                  "last renewal; a node killed outright has its threads "
+                  "served elsewhere this long after (default 5000; renewed "
+                  "five times per lease)")
+    ->envname("SPINDLE_NODE_LEASE_MS")
+    ->check(CLI::Range(500L, 600000L));
   sub->add_option("--llm", args->llm,
                   "LLM provider: offline (default) or openai")
     ->envname("SPINDLE_LLM")

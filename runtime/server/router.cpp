@@ -5,7 +5,9 @@
 #include <caf/logger.hpp>
 #include <spdlog/spdlog.h>
 
+#include "forward.hpp"
 #include "idempotency.hpp"
+#include "spindle/runtime/io_pool.hpp"
 #include "metrics.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/tools.hpp"
@@ -37,6 +39,7 @@ int status_of(errc code) {
       return 502;
     case errc::unavailable:
     case errc::storage_unavailable:
+    case errc::not_owner:
       return 503;
     case errc::timeout:
       return 504;
@@ -408,6 +411,10 @@ void router::add(const std::string& method, const std::string& pattern,
   e.blocking = std::move(h);
   e.async = std::move(a);
   e.open = open;
+  if (route.find(" /v1/threads/{id}") != std::string::npos)
+    e.thread = route_entry::thread_in::path;
+  else if (route == "POST /v1/chat/completions")
+    e.thread = route_entry::thread_in::completion;
   routes_.push_back(std::move(e));
 }
 
@@ -691,6 +698,55 @@ void router::dispatch(std::shared_ptr<request> req, responder_ptr res) {
                 "this route requires 'Authorization: Bearer <token>'"}));
     return;
   }
+  if (loops_ && rt_.cluster() && !req->has_header(forwarded_header)) {
+    auto thread = thread_of(*e, *req);
+    if (!thread.empty()) {
+      rt_.locate_thread(thread, [this, e, req, res](thread_location where) {
+        // On an actor's thread: back to an event loop.
+        boost::asio::post(loops_->next(), [this, e, req, res,
+                                           where = std::move(where)] {
+          if (where.local)
+            proceed(e, req, res);
+          else
+            forward_to(e, where, req, res);
+        });
+      });
+      // Spawning the call's actor pinned the actor system's logger in a
+      // thread-local of this loop thread, and ~actor_system waits for
+      // every pin: drop it, as the blocking handlers' threads do.
+      caf::logger::set_current_actor_system(nullptr);
+      return;
+    }
+  }
+  proceed(e, std::move(req), std::move(res));
+}
+
+std::string router::thread_of(const route_entry& e, const request& req) {
+  std::string id;
+  switch (e.thread) {
+    case route_entry::thread_in::none:
+      return {};
+    case route_entry::thread_in::path:
+      id = req.matches.size() > 1 ? req.matches[1] : std::string{};
+      break;
+    case route_entry::thread_in::completion: {
+      id = req.get_header_value("Spindle-Thread-Id");
+      if (!id.empty())
+        break;
+      auto body = json::parse(req.body, nullptr, false);
+      if (body.is_object()) {
+        auto field = body.find("thread_id");
+        if (field != body.end() && field->is_string())
+          id = field->get<std::string>();
+      }
+      break;
+    }
+  }
+  return id == "new" ? std::string{} : id;
+}
+
+void router::proceed(const route_entry* e, std::shared_ptr<request> req,
+                     responder_ptr res) {
   if (e->idempotent && idempotency_) {
     auto key = req->get_header_value("Idempotency-Key");
     if (!key.empty() || req->has_header("Idempotency-Key")) {
@@ -699,6 +755,23 @@ void router::dispatch(std::shared_ptr<request> req, responder_ptr res) {
     }
   }
   run(e, std::move(req), std::move(res));
+}
+
+void router::forward_to(const route_entry* e, const thread_location& where,
+                        std::shared_ptr<request> req, responder_ptr res) {
+  auto start = std::chrono::steady_clock::now();
+  auto route = e->route;
+  auto* cluster = rt_.cluster();
+  auto from = cluster != nullptr ? cluster->options().node_name
+                                 : std::string{};
+  forward(loops_->next(), where.url, where.node, from, req, std::move(res),
+          forward_options{},
+          [this, route, req, start, node = where.node](int status) {
+            auto seconds = std::chrono::duration<double>(
+                             std::chrono::steady_clock::now() - start)
+                             .count();
+            record(route, *req, status, seconds, {{"forwarded_to", node}});
+          });
 }
 
 void router::run(const route_entry* e, std::shared_ptr<request> req,

@@ -23,11 +23,16 @@
 #include <nlohmann/json.hpp>
 
 #include "http.hpp"
+#include "spindle/messages/threads.hpp"
 #include "spindle/runtime/server.hpp"
 
 namespace boost::asio {
 class thread_pool;
 } // namespace boost::asio
+
+namespace spindle::net {
+class io_pool;
+} // namespace spindle::net
 
 namespace spindle {
 
@@ -234,6 +239,12 @@ public:
   void record(const std::string& route, const request& req, int status,
               double seconds, const json& fields);
 
+  /// The event loops requests are forwarded on, in a cluster (the
+  /// server's own).
+  void set_loops(std::shared_ptr<net::io_pool> loops) {
+    loops_ = std::move(loops);
+  }
+
 private:
   struct route_entry {
     std::string method;
@@ -244,7 +255,22 @@ private:
     async_handler async;
     bool open = false;
     bool idempotent = false;
+    /// Where the request names its thread: not at all, the path's first
+    /// capture (/v1/threads/{id}/...), or a chat completion's `thread_id`
+    /// field or header. In a cluster such a request is served by the
+    /// thread's owner (docs/cluster.md, "Forwarding").
+    enum class thread_in : uint8_t { none, path, completion } thread
+      = thread_in::none;
   };
+
+  /// The thread a request names (empty: none, or "new").
+  static std::string thread_of(const route_entry& e, const request& req);
+  /// Idempotency, then the handler.
+  void proceed(const route_entry* e, std::shared_ptr<request> req,
+               responder_ptr res);
+  /// Hands the request to the node serving its thread.
+  void forward_to(const route_entry* e, const thread_location& where,
+                  std::shared_ptr<request> req, responder_ptr res);
 
   void run(const route_entry* e, std::shared_ptr<request> req,
            responder_ptr res);
@@ -263,6 +289,7 @@ private:
   std::vector<route_entry> routes_;
   std::atomic<bool> stopping_{false};
   std::shared_ptr<idempotency_store> idempotency_;
+  std::shared_ptr<net::io_pool> loops_;
 };
 
 /// True when `req` carries the configured bearer token (or none is set).

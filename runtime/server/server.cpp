@@ -37,6 +37,7 @@ struct server::impl {
                                          std::thread::hardware_concurrency()))),
       workers(std::max<size_t>(options.http_workers, 1)),
       routes(rt, options, metrics, workers) {
+    routes.set_loops(loops);
   }
 
   ~impl() {
@@ -291,9 +292,54 @@ server::server(runtime& rt, server_options options)
                 http::response res;
                 res.status = up ? 200 : 503;
                 res.set_content(up ? ok : stopping, "application/json");
+                // A cluster node whose own lease does not run serves no
+                // thread: it says so, and load balancers pass it by.
+                auto* cluster = impl_->rt.cluster();
+                if (up && cluster != nullptr && !cluster->standing()->live()) {
+                  res.status = 503;
+                  res.set_content(
+                    http::dump(
+                      {{"status", "cut_off"},
+                       {"version", version_string},
+                       {"node", cluster->options().node_name},
+                       {"message",
+                        "this node cannot renew its cluster lease in "
+                        "PostgreSQL: it serves no thread until it can"}}),
+                    "application/json");
+                }
                 call->send(std::move(res));
               },
               /*open=*/true);
+  r.get("/v1/cluster", "GET /v1/cluster",
+        [this](const http::request& req, http::response& res,
+               http::request_context&) {
+          http::only_params(req, {});
+          auto* cluster = impl_->rt.cluster();
+          if (cluster == nullptr) {
+            http::reply(res, 200,
+                        {{"clustered", false},
+                         {"node", nullptr},
+                         {"nodes", json::array()}});
+            return;
+          }
+          auto nodes = cluster->nodes();
+          if (!nodes)
+            http::fail(nodes.error());
+          auto list = json::array();
+          for (auto& n : *nodes)
+            list.push_back({{"name", n.name},
+                            {"advertise", n.advertise},
+                            {"state", n.state},
+                            {"incarnation", n.incarnation},
+                            {"started_ms", n.started_ms},
+                            {"heartbeat_age_ms", n.heartbeat_age_ms},
+                            {"lease_left_ms", n.lease_left_ms},
+                            {"threads", n.threads}});
+          http::reply(res, 200,
+                      {{"clustered", true},
+                       {"node", cluster->options().node_name},
+                       {"nodes", std::move(list)}});
+        });
   r.get("/metrics", "GET /metrics",
         [this](const http::request&, http::response& res,
                http::request_context&) {

@@ -50,6 +50,18 @@ caf::error runtime::start_core() {
   id_allocator_ = system_->spawn(
     spindle::id_allocator, counter_store_,
     options_.ids.for_store(options_.storage.on_postgres()));
+  // -- cluster: after the stores (they migrate the schema) --
+  if (!options_.cluster.node_name.empty()) {
+    if (!options_.storage.on_postgres())
+      return make_error(errc::invalid_argument,
+                        "a cluster node keeps its state in PostgreSQL: give "
+                        "a PostgreSQL store with the node name");
+    auto joined = cluster_membership::join(options_.storage.store,
+                                           options_.cluster);
+    if (!joined)
+      return joined.error();
+    cluster_ = std::move(*joined);
+  }
   // -- context items (spawn here) --
   if (auto err = validate(options_.context.window))
     return err; // "capacity must be at least 1, got 0"
@@ -180,6 +192,11 @@ void runtime::stop() {
   counter_store_ = nullptr;
   // ~actor_system waits until every actor has finished.
   system_.reset();
+  // Every thread stopped and its writes committed: the leases can go.
+  if (cluster_) {
+    cluster_->leave();
+    cluster_.reset();
+  }
 }
 
 bool runtime::running() const noexcept {

@@ -48,6 +48,8 @@ caf::error runtime::start_threads() {
   registry_options.views = views;
   registry_options.events = events_;
   registry_options.tokens = counter;
+  if (cluster_)
+    registry_options.cluster = cluster_->standing();
   thread_registry_ = system_->spawn(spindle::thread_registry,
                                     std::move(registry_options), state_store_);
   kept_memory_retrieval kept_memory;
@@ -365,6 +367,22 @@ void runtime::add_turn_async(
   call_async<uint64_t>(thread_registry_, options_.conversation.queue_timeout,
                        std::move(done), caf::add_atom::value, thread_id,
                        std::move(t));
+}
+
+void runtime::locate_thread(const std::string& thread_id,
+                            std::function<void(thread_location)> done) {
+  if (!cluster_) {
+    done(thread_location{});
+    return;
+  }
+  // An error (the registry stopping, a timeout) leaves the request here,
+  // where the route reports it.
+  call_async<thread_location>(
+    thread_registry_, options_.default_timeout,
+    [done](caf::expected<thread_location> where) {
+      done(where ? std::move(*where) : thread_location{});
+    },
+    locate_atom::value, thread_id);
 }
 
 void runtime::history_async(

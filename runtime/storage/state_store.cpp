@@ -363,6 +363,12 @@ const std::string* journal_key(const state_store_state& st,
 // when the journal holds none of its key's rows.
 sql_statement prepare_read(state_store_state& st, const sql_statement& query) {
   if (auto key = journal_key(st, query)) {
+    // A database other processes write to (PostgreSQL: the other nodes of
+    // a cluster) may hold journal rows this store did not append: the
+    // keyed read reads both tables, always (docs/storage.md, "The turn
+    // journal").
+    if (st.db->backend() == sql_backend::postgres)
+      return query;
     if (st.journal_unknown || st.journaled.count(*key) > 0) {
       fold(st);
       return query;
@@ -603,25 +609,10 @@ state_store(state_store_pointer self,
       auto stmt = bound(s, prepare_read(s, query));
       if (!stmt)
         return stmt.error();
-      auto& q = **stmt;
-      sql_rows rows;
-      for (;;) {
-        auto row = q.step();
-        if (!row) {
-          q.reset();
-          return row.error();
-        }
-        if (!*row)
-          break;
-        std::vector<sql_value> columns;
-        auto n = q.column_count();
-        columns.reserve(static_cast<size_t>(n));
-        for (int i = 0; i < n; ++i)
-          columns.push_back(q.column(i));
-        rows.push_back(std::move(columns));
-      }
-      q.reset();
-      return rows;
+      auto rows = (*stmt)->rows();
+      if (!rows)
+        return rows.error();
+      return std::move(*rows);
     },
   };
 }
@@ -651,7 +642,8 @@ spawn_state_store(caf::actor_system& sys, const storage_options& options,
       = std::make_shared<std::unique_ptr<sql_connection>>(std::move(*conn));
     auto handle = sys.spawn<caf::detached>(
       state_store, std::move(shared), options.group_commit, caf::actor{},
-      records::turn_journal(), options.fold_every, options.linger,
+      records::turn_journal(/*shared=*/true), options.fold_every,
+      options.linger,
       std::move(counters), records::thread_version_floor());
     return caf::actor_cast<storage_actor>(handle);
   }

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -368,6 +369,10 @@ public:
     // character its encoding lacks): the caller's to fix.
     if (s == "22021" || s == "22P05")
       return errc::invalid_argument;
+    // spindle_fence(): a thread write under a cluster lease that is no
+    // longer current (docs/cluster.md, "Fencing").
+    if (s == "SPF01")
+      return errc::not_owner;
     if (conn_ == nullptr || PQstatus(conn_) != CONNECTION_OK
         || s.rfind("08", 0) == 0 || s == "57P01" || s == "57P02"
         || s == "57P03")
@@ -376,6 +381,14 @@ public:
   }
 
   void note_changes(PGresult* r) {
+    // Rows a statement changed, as SQLite's changes() counts them: a
+    // SELECT (the fence of a thread's write among them) changes none,
+    // though PostgreSQL reports the rows it returned.
+    const char* status = PQcmdStatus(r);
+    if (status != nullptr && std::strncmp(status, "SELECT", 6) == 0) {
+      changes_ = 0;
+      return;
+    }
     const char* n = PQcmdTuples(r);
     changes_ = n != nullptr && *n != 0 ? std::strtoll(n, nullptr, 10) : 0;
   }

@@ -167,6 +167,47 @@ constexpr migration migrations[] = {
    "CREATE FUNCTION json_extract(doc TEXT, path TEXT) RETURNS TEXT "
    "  LANGUAGE sql IMMUTABLE STRICT PARALLEL SAFE "
    "  AS $$ SELECT (doc::jsonb) ->> substr(path, 4, length(path) - 4) $$;"},
+
+  // 13: the cluster (docs/cluster.md). Every node has a row it renews
+  // (its lease: `expires_at`, on the database's clock); `incarnation`
+  // rises at each start under the name. A thread's owner is the node of
+  // its lease row while that node's lease runs; `epoch` rises at every
+  // change of owner and rows are never deleted, so an epoch names one
+  // tenure for good. spindle_fence() opens every write of a thread's
+  // actor: it refuses (SQLSTATE SPF01) unless the write's epoch is the
+  // thread's current one and its node's lease runs, and it holds the
+  // lease row (FOR SHARE) until the write commits, so a takeover waits
+  // for a write that passed the fence and the new owner loads after it.
+  {13,
+   "CREATE TABLE cluster_nodes ("
+   "  name TEXT COLLATE \"C\" PRIMARY KEY,"
+   "  advertise TEXT NOT NULL,"
+   "  incarnation BIGINT NOT NULL,"
+   "  started_ms BIGINT NOT NULL,"
+   "  heartbeat_at TIMESTAMPTZ NOT NULL,"
+   "  expires_at TIMESTAMPTZ NOT NULL,"
+   "  state TEXT NOT NULL);"
+   "CREATE TABLE thread_leases ("
+   "  thread_id TEXT COLLATE \"C\" PRIMARY KEY,"
+   "  node TEXT COLLATE \"C\","
+   "  incarnation BIGINT NOT NULL DEFAULT 0,"
+   "  epoch BIGINT NOT NULL,"
+   "  acquired_ms BIGINT NOT NULL);"
+   "CREATE INDEX thread_leases_by_node ON thread_leases(node, incarnation);"
+   "CREATE FUNCTION spindle_fence(thread TEXT, fence BIGINT) RETURNS void "
+   "  LANGUAGE plpgsql AS $$ "
+   "BEGIN "
+   "  PERFORM 1 FROM thread_leases l "
+   "    JOIN cluster_nodes n ON n.name = l.node "
+   "     AND n.incarnation = l.incarnation "
+   "   WHERE l.thread_id = thread AND l.epoch = fence "
+   "     AND n.expires_at > clock_timestamp() "
+   "     FOR SHARE OF l; "
+   "  IF NOT FOUND THEN "
+   "    RAISE EXCEPTION 'thread ''%'' is no longer owned under lease epoch %',"
+   "      thread, fence USING ERRCODE = 'SPF01'; "
+   "  END IF; "
+   "END $$;"},
 };
 
 static_assert(sizeof(migrations) / sizeof(migrations[0]) > 0

@@ -14,6 +14,27 @@ caf::error sql_query::run() {
   return caf::none;
 }
 
+caf::expected<sql_rows> sql_query::rows() {
+  sql_rows out;
+  for (;;) {
+    auto row = step();
+    if (!row) {
+      reset();
+      return row.error();
+    }
+    if (!*row)
+      break;
+    auto n = column_count();
+    std::vector<sql_value> columns;
+    columns.reserve(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i)
+      columns.push_back(column(i));
+    out.push_back(std::move(columns));
+  }
+  reset();
+  return out;
+}
+
 namespace {
 
 class sqlite_query final : public sql_query {

@@ -261,6 +261,11 @@ const char* const migrations[] = {
    "  token_encoding INTEGER NOT NULL,"
    "  updated_ms INTEGER NOT NULL"
    ") WITHOUT ROWID;"),
+
+  // 12 -> 13: PostgreSQL's cluster tables (cluster_nodes, thread_leases,
+  // spindle_fence; docs/cluster.md). A SQLite store is one process, never
+  // a cluster: nothing changes here, the version follows.
+  "SELECT 1;",
 };
 
 static_assert(sizeof(migrations) / sizeof(migrations[0])

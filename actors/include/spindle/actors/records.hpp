@@ -39,6 +39,9 @@ struct stored_thread {
   uint64_t epoch = 0;
   uint64_t next_seq = 0;
   thread_summary summary;
+  /// In a cluster: the epoch of the thread's lease this actor writes
+  /// under (every write is fenced with it); 0: not in a cluster.
+  uint64_t lease_epoch = 0;
 };
 
 /// The query loading one thread (the thread row joined with its turns).
@@ -89,6 +92,39 @@ sql_write delete_thread(const std::string& thread_id);
 /// The largest version stored (the store's versions go on from it).
 sql_statement thread_version_floor();
 
+// -- cluster leases (PostgreSQL only; docs/cluster.md) ---------------------------
+
+/// Takes the lease of `thread_id` for node `node` of `incarnation`, if it
+/// is free, already this node's, or held by a node whose own lease has
+/// run out; the epoch rises by one. One row: the new epoch (NULL when the
+/// lease stays with another node), then the holder's name and advertised
+/// URL as they were (NULL, NULL for a lease never taken).
+sql_statement acquire_thread_lease(const std::string& thread_id,
+                                   const std::string& node,
+                                   uint64_t incarnation, int64_t now_ms);
+
+/// Decodes `acquire_thread_lease`'s row.
+struct lease_answer {
+  /// The epoch taken; 0 when another node holds the lease.
+  uint64_t epoch = 0;
+  std::string holder;
+  std::string holder_url;
+};
+caf::expected<lease_answer> decode_lease(const sql_rows& rows);
+
+/// Lets the lease go if it is still held under `epoch`.
+sql_write release_thread_lease(const std::string& thread_id, uint64_t epoch);
+
+/// The statement that opens every write of a thread held under `epoch`:
+/// it fails with `not_owner` once the epoch is not current or the node's
+/// own lease ran out, and holds the lease until the write commits.
+sql_statement fence_thread(const std::string& thread_id, uint64_t epoch);
+
+/// `write` behind `fence_thread(thread_id, epoch)`; unchanged when `epoch`
+/// is 0 (no cluster) or `write` is empty (a barrier writes nothing).
+sql_write fenced(const std::string& thread_id, uint64_t epoch,
+                 sql_write write);
+
 /// Drops the kept versions replaced before `horizon`.
 sql_statement prune_thread_versions(uint64_t horizon);
 
@@ -106,12 +142,15 @@ caf::expected<thread_page> decode_threads_page(const sql_rows& rows,
 
 /// Moves the turn journal into `turns`, sorted by thread, in one write:
 /// each thread's pages are written once per fold instead of once per
-/// commit. The state store runs it (see `turn_journal`).
-sql_write fold_turn_journal();
+/// commit. The state store runs it (see `turn_journal`). `shared`: other
+/// processes append to the journal meanwhile (PostgreSQL, a cluster's
+/// nodes): the rows moved are exactly those deleted, in one statement
+/// that only PostgreSQL runs.
+sql_write fold_turn_journal(bool shared = false);
 
 /// The turn journal as the state store sees it: its fold, the statement of
 /// `append_turn` and the query of `load_thread`, both keyed by thread ID.
-sql_journal turn_journal();
+sql_journal turn_journal(bool shared = false);
 
 /// Every stored thread ID, sorted; and how many there are.
 sql_statement list_threads();

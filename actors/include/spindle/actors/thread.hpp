@@ -74,6 +74,9 @@ struct thread_state {
   /// the store's answer instead; meanwhile `writing` holds later requests
   /// back, so everything commits and applies in arrival order.
   storage_actor store;
+  /// In a cluster: the epoch of the thread's lease; every write is fenced
+  /// with it (docs/cluster.md, "Fencing"). 0: not in a cluster.
+  uint64_t lease_epoch = 0;
   bool writing = false;
   std::shared_ptr<write_progress> appends = std::make_shared<write_progress>();
   /// Sequence number of the next turn in the store.

@@ -13,6 +13,7 @@
 #include <caf/actor_addr.hpp>
 #include <caf/typed_event_based_actor.hpp>
 
+#include "spindle/actors/cluster_standing.hpp"
 #include "spindle/actors/event_log.hpp"
 #include "spindle/actors/activation_table.hpp"
 #include "spindle/actors/thread_catalog.hpp"
@@ -40,6 +41,12 @@ struct thread_registry_options {
   std::shared_ptr<event_log> events;
   /// Counts every turn once, when it is stored (null: not counted).
   std::shared_ptr<const token_counter> tokens;
+  /// In a cluster (a PostgreSQL store shared by several nodes): this
+  /// node's standing. A thread is activated only under its lease, every
+  /// write of it is fenced with the lease's epoch, and nothing is served
+  /// while the node's own lease does not run (docs/cluster.md). Null: not
+  /// in a cluster.
+  std::shared_ptr<const cluster_standing> cluster;
 };
 
 /// State of the thread registry (protocol in messages/threads.hpp): the one
@@ -61,6 +68,10 @@ struct thread_registry_state {
   /// Without a store: the threads as resources (turn counts, metadata,
   /// versions), which thread actors keep up to date.
   std::shared_ptr<thread_catalog> catalog;
+  /// In a cluster: the thread leases this node holds and who held those
+  /// it could not take (defined in thread_registry.cpp; never null).
+  struct lease_book;
+  std::shared_ptr<lease_book> leases;
 };
 
 using thread_registry_pointer

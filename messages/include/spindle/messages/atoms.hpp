@@ -66,3 +66,6 @@ CAF_ADD_ATOM(spindle, spindle, retired_atom, "retired")
 CAF_ADD_ATOM(spindle, spindle, flush_atom, "flush")
 CAF_ADD_ATOM(spindle, spindle, passivate_atom, "passivate")
 CAF_ADD_ATOM(spindle, spindle, tick_atom, "tick")
+
+// -- cluster ----------------------------------------------------------------------
+CAF_ADD_ATOM(spindle, spindle, locate_atom, "locate")

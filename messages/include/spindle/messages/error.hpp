@@ -55,6 +55,12 @@ enum class errc : uint8_t {
   /// its outcome could not be learnt; it succeeds again once the database
   /// answers (HTTP 503).
   storage_unavailable,
+  /// In a cluster: this node does not own the thread (any more). Its lease
+  /// moved to another node, or this node lost its own lease (cut off from
+  /// the database, or paused past it): nothing was stored; the same
+  /// request succeeds when sent again, through any node (HTTP 503,
+  /// docs/cluster.md).
+  not_owner,
 };
 
 /// Returns the stable snake_case name of `x`, e.g. "invalid_id".

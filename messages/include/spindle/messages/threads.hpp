@@ -485,6 +485,19 @@ typename Inspector::result_type inspect(Inspector& f, thread_ref& x) {
            x.created, x.forked_from);
 }
 
+/// Where a thread is served (docs/cluster.md, "Forwarding"): here, or by
+/// the node `node` at `url`.
+struct thread_location {
+  bool local = true;
+  std::string node;
+  std::string url;
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, thread_location& x) {
+  return f(caf::meta::type_name("thread_location"), x.local, x.node, x.url);
+}
+
 /// What the thread registry holds in memory, and what it did.
 struct thread_registry_stats {
   /// Thread actors alive now.
@@ -539,8 +552,16 @@ typename Inspector::result_type inspect(Inspector& f,
 ///   one). Errors: `not_found`.
 /// - `(stats)`: resident threads and what activation did
 ///   (`thread_registry_stats`).
-/// - `(tick)`: housekeeping (idle passivation); sent by the registry itself.
-/// Every ID is validated (D10); errors: `invalid_id`.
+/// - `(locate, thread_id)`: in a cluster, where the thread is served: here
+///   (it is resident, or this node just took its lease; an ID that is
+///   not valid or names no thread is "here" too, for the route to refuse)
+///   or by the node whose lease runs (`thread_location`). Outside a
+///   cluster always here.
+/// - `(tick)`: housekeeping (idle passivation; in a cluster, dropping every
+///   thread once the node's own lease does not run); sent by the registry
+///   itself.
+/// Every ID is validated (D10); errors: `invalid_id`; in a cluster
+/// `not_owner` when this node cannot serve the thread now.
 using thread_registry_actor = caf::typed_actor<
   caf::replies_to<caf::get_atom, std::string>::with<thread_ref>,
   caf::replies_to<caf::put_atom, std::string>::with<thread_ref>,
@@ -567,6 +588,7 @@ using thread_registry_actor = caf::typed_actor<
   caf::replies_to<summary_atom, std::string, thread_summary,
                   uint64_t>::with<uint64_t>,
   caf::replies_to<stats_atom>::with<thread_registry_stats>,
+  caf::replies_to<locate_atom, std::string>::with<thread_location>,
   caf::reacts_to<tick_atom>>;
 
 /// A fresh random UUIDv4 in canonical lowercase form. Thread-safe.

@@ -68,6 +68,7 @@ CAF_BEGIN_TYPE_ID_BLOCK(spindle, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(spindle, (spindle::tool_call))
   CAF_ADD_TYPE_ID(spindle, (std::vector<spindle::tool_call>))
   CAF_ADD_TYPE_ID(spindle, (spindle::thread_summary))
+  CAF_ADD_TYPE_ID(spindle, (spindle::thread_location))
 
   // -- orchestration ------------------------------------------------------------------
   CAF_ADD_TYPE_ID(spindle, (spindle::task_id))

@@ -21,6 +21,7 @@
 #include "spindle/messages/ids.hpp"
 #include "spindle/messages/task_id.hpp"
 #include "spindle/messages/orchestration.hpp"
+#include "spindle/runtime/cluster.hpp"
 #include "spindle/runtime/process.hpp"
 #include "spindle/runtime/config.hpp"
 #include "spindle/runtime/storage.hpp"
@@ -49,6 +50,13 @@ struct runtime_options {
   /// How many of the latest events the event stream keeps for clients that
   /// reconnect (docs/api.md, "Events").
   size_t event_backlog = 50000;
+  /// With a PostgreSQL store shared by several processes: this node's
+  /// name and address in the cluster (docs/cluster.md). With a name the
+  /// runtime joins the cluster at start, takes a lease for every thread
+  /// it activates and fences every write of it; `spindle serve` on
+  /// PostgreSQL always gives one. Empty name: not a cluster node (one
+  /// process per database).
+  cluster_options cluster;
 };
 
 /// Thrown by the constructor of `runtime` when it cannot start; `start()`
@@ -239,6 +247,18 @@ public:
   // send_message do.
 
   /// The thread registry (thread ID -> thread actor).
+  /// This node's cluster membership; null when it is not a cluster node.
+  cluster_membership* cluster() const noexcept {
+    return cluster_.get();
+  }
+
+  /// Where `thread_id` is served: here, or by another node of the cluster
+  /// (docs/cluster.md, "Forwarding"); always here outside a cluster. Calls
+  /// `done` once, on an actor's thread. This member function is
+  /// thread-safe.
+  void locate_thread(const std::string& thread_id,
+                     std::function<void(thread_location)> done);
+
   thread_registry_actor thread_registry() const noexcept {
     return thread_registry_;
   }
@@ -639,6 +659,10 @@ private:
   std::unique_ptr<config> config_;
   std::unique_ptr<caf::actor_system> system_;
   std::atomic<bool> running_{false};
+
+  /// The cluster membership (null: not a cluster node); joined before the
+  /// core actors that need it, left after every actor stopped.
+  std::unique_ptr<cluster_membership> cluster_;
 
   // -- core actors (each area appends its handles in its own section) ----------
   counter_store_actor counter_store_;

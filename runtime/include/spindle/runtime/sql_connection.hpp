@@ -41,6 +41,8 @@ public:
 
   /// Runs to completion and resets; for statements without rows.
   caf::error run();
+  /// Runs to completion and resets; every row it returned.
+  caf::expected<sql_rows> rows();
 };
 
 /// A connection to the database behind the state store and the counter

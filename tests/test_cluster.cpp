@@ -1,0 +1,726 @@
+// Several `spindle serve` nodes on one PostgreSQL database
+// (docs/cluster.md): any node serves any thread, forwarding to the one
+// that holds its lease; two messages to a thread through two nodes never
+// interleave; a node killed outright has its threads served by the others
+// within its lease, having lost nothing it acknowledged; a node paused past
+// its lease has its late writes refused by the fence and serves again
+// through the new owner. Runs only on the PostgreSQL run
+// (tests/CMakeLists.txt).
+
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include <arpa/inet.h>
+#include <poll.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "spindle/runtime/runtime.hpp"
+#include "support.hpp"
+
+using namespace spindle;
+using namespace spindle::test;
+using namespace std::chrono_literals;
+using json = nlohmann::json;
+
+namespace {
+
+// A loopback port nothing listens on now.
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  socklen_t len = sizeof(addr);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+/// Nodes of one cluster on the test's database, each with a data directory
+/// of its own.
+class cluster {
+public:
+  static constexpr const char* lease_ms = "2000";
+
+  explicit cluster(size_t n, std::vector<std::string> extra = {})
+    : extra_(std::move(extra)) {
+    REQUIRE(store_.on_postgres());
+    for (size_t i = 0; i < n; ++i)
+      add("node" + std::to_string(i));
+  }
+
+  void add(const std::string& name) {
+    add(name, store_.url());
+  }
+
+  /// A node reaching the database at `url` (through a relay).
+  void add(const std::string& name, const std::string& url) {
+    auto port = free_port();
+    dirs_.push_back(std::make_unique<temp_dir>());
+    std::vector<std::string> args{"--store", url, "--port",
+                                  std::to_string(port), "--node-name", name,
+                                  "--advertise",
+                                  "http://127.0.0.1:" + std::to_string(port),
+                                  "--node-lease-ms", lease_ms, "--data",
+                                  dirs_.back()->str()};
+    args.insert(args.end(), extra_.begin(), extra_.end());
+    nodes_.push_back(std::make_unique<server_process>(args));
+    names_.push_back(name);
+  }
+
+  size_t size() const noexcept {
+    return nodes_.size();
+  }
+  server_process& node(size_t i) {
+    return *nodes_.at(i);
+  }
+  const std::string& name(size_t i) const {
+    return names_.at(i);
+  }
+  size_t index_of(const std::string& name) const {
+    for (size_t i = 0; i < names_.size(); ++i)
+      if (names_[i] == name)
+        return i;
+    FAIL("no node named " << name);
+    return 0;
+  }
+  test_store& store() noexcept {
+    return store_;
+  }
+
+  /// The node that holds `thread`'s lease now ("" for none).
+  std::string owner(const std::string& thread) {
+    return store_.query("SELECT coalesce(node, '') FROM thread_leases "
+                        "WHERE thread_id = '"
+                        + thread + "';");
+  }
+
+private:
+  test_store store_;
+  std::vector<std::string> extra_;
+  std::vector<std::unique_ptr<temp_dir>> dirs_;
+  std::vector<std::unique_ptr<server_process>> nodes_;
+  std::vector<std::string> names_;
+};
+
+// A TCP relay between one node and PostgreSQL: `cut()` closes every
+// connection through it and refuses new ones, as a broken network would
+// (the node sees its statements fail); `mend()` lets them through again.
+class relay {
+public:
+  relay(std::string host, int port) : host_(std::move(host)), to_(port) {
+    listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    REQUIRE(listener_ >= 0);
+    int one = 1;
+    ::setsockopt(listener_, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::bind(listener_, reinterpret_cast<sockaddr*>(&addr),
+                   sizeof(addr))
+            == 0);
+    socklen_t len = sizeof(addr);
+    ::getsockname(listener_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    REQUIRE(::listen(listener_, 64) == 0);
+    pump_ = std::thread{[this] { run(); }};
+  }
+
+  ~relay() {
+    stop_ = true;
+    ::shutdown(listener_, SHUT_RDWR);
+    pump_.join();
+    ::close(listener_);
+    for (auto& [a, b] : pairs_) {
+      ::close(a);
+      ::close(b);
+    }
+  }
+
+  int port() const noexcept {
+    return port_;
+  }
+
+  void cut() {
+    cut_ = true;
+  }
+  void mend() {
+    cut_ = false;
+  }
+
+private:
+  void run() {
+    std::vector<char> buf(64 * 1024);
+    while (!stop_) {
+      std::vector<pollfd> fds{{listener_, POLLIN, 0}};
+      for (auto& [a, b] : pairs_) {
+        fds.push_back({a, POLLIN, 0});
+        fds.push_back({b, POLLIN, 0});
+      }
+      ::poll(fds.data(), fds.size(), 50);
+      if (cut_) {
+        for (auto& [a, b] : pairs_) {
+          ::close(a);
+          ::close(b);
+        }
+        pairs_.clear();
+      }
+      if (fds[0].revents & POLLIN) {
+        int in = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+        if (in >= 0 && cut_) {
+          ::close(in);
+        } else if (in >= 0) {
+          int out = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+          sockaddr_in to{};
+          to.sin_family = AF_INET;
+          to.sin_port = htons(static_cast<uint16_t>(to_));
+          ::inet_pton(AF_INET, host_.c_str(), &to.sin_addr);
+          if (::connect(out, reinterpret_cast<sockaddr*>(&to), sizeof(to))
+              == 0) {
+            pairs_.emplace_back(in, out);
+          } else {
+            ::close(in);
+            ::close(out);
+          }
+        }
+      }
+      if (cut_)
+        continue;
+      // Pump what arrived; a pair whose side closed is dropped.
+      std::vector<size_t> dead;
+      for (size_t i = 0; i < pairs_.size() && 1 + 2 * i + 1 < fds.size();
+           ++i) {
+        auto [a, b] = pairs_[i];
+        for (int side = 0; side < 2; ++side) {
+          auto& f = fds[1 + 2 * i + side];
+          if (!(f.revents & (POLLIN | POLLHUP | POLLERR)))
+            continue;
+          int from = side == 0 ? a : b, to = side == 0 ? b : a;
+          auto n = ::recv(from, buf.data(), buf.size(), 0);
+          if (n <= 0 || !send_all(to, std::string(buf.data(),
+                                                   static_cast<size_t>(n)))) {
+            dead.push_back(i);
+            break;
+          }
+        }
+      }
+      for (auto it = dead.rbegin(); it != dead.rend(); ++it) {
+        ::close(pairs_[*it].first);
+        ::close(pairs_[*it].second);
+        pairs_.erase(pairs_.begin() + static_cast<ptrdiff_t>(*it));
+      }
+    }
+  }
+
+  std::string host_;
+  int to_;
+  int port_ = 0;
+  int listener_ = -1;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> cut_{false};
+  std::vector<std::pair<int, int>> pairs_;
+  std::thread pump_;
+};
+
+// `url` with its port replaced by `port`.
+std::string via_port(const std::string& url, int port) {
+  auto at = url.rfind('@');
+  auto colon = url.find(':', at);
+  auto slash = url.find('/', colon);
+  REQUIRE(at != std::string::npos);
+  REQUIRE(colon != std::string::npos);
+  REQUIRE(slash != std::string::npos);
+  return url.substr(0, colon + 1) + std::to_string(port) + url.substr(slash);
+}
+
+int port_of(const std::string& url) {
+  auto at = url.rfind('@');
+  auto colon = url.find(':', at);
+  return std::stoi(url.substr(colon + 1));
+}
+
+std::unique_ptr<httplib::Client> client_of(int port) {
+  auto cli = std::make_unique<httplib::Client>("127.0.0.1", port);
+  cli->set_connection_timeout(2s);
+  cli->set_read_timeout(30s);
+  return cli;
+}
+
+// The history of `thread`, every turn, through `port`.
+json history(int port, const std::string& thread) {
+  auto cli = client_of(port);
+  auto r = cli->Get(("/v1/threads/" + thread + "/history?max_turns=100000")
+                      .c_str());
+  REQUIRE(r);
+  INFO(r->body);
+  REQUIRE(r->status == 200);
+  return json::parse(r->body)["turns"];
+}
+
+// Sends `content` to `thread` through `cli`: the status (0: no answer).
+int send_message(httplib::Client& cli, const std::string& thread,
+                 const std::string& content) {
+  auto r = cli.Post(("/v1/threads/" + thread + "/messages").c_str(),
+                    json{{"content", content}}.dump(), "application/json");
+  return r ? r->status : 0;
+}
+
+std::string quoted_in_reply(const std::string& content) {
+  return "Your message: \"" + content + "\"";
+}
+
+// Every user turn of `turns` is followed at once by the assistant turn
+// that answers it (the offline provider quotes the message), and every
+// acknowledged message is there exactly once. With `orphans_allowed`, a
+// user turn may stand without its reply (its node was killed before the
+// reply was stored; its client got no answer).
+void check_pairs(const json& turns, const std::set<std::string>& acked,
+                 const std::string& thread, bool orphans_allowed) {
+  std::map<std::string, int> seen;
+  for (size_t i = 0; i < turns.size(); ++i) {
+    auto role = turns[i]["role"].get<std::string>();
+    auto content = turns[i]["content"].get<std::string>();
+    if (role == "assistant") {
+      INFO(thread << ": turn " << i << " is an assistant turn after another "
+                  "assistant turn, or first");
+      REQUIRE(i > 0);
+      REQUIRE(turns[i - 1]["role"] == "user");
+      continue;
+    }
+    REQUIRE(role == "user");
+    bool answered = i + 1 < turns.size() && turns[i + 1]["role"] == "assistant";
+    if (answered) {
+      auto reply = turns[i + 1]["content"].get<std::string>();
+      INFO(thread << ": turn " << i + 1 << " does not answer turn " << i
+                  << " ('" << content << "'): " << reply);
+      REQUIRE(reply.find(quoted_in_reply(content)) != std::string::npos);
+      ++seen[content];
+    } else {
+      INFO(thread << ": message '" << content << "' has no reply");
+      REQUIRE(orphans_allowed);
+      REQUIRE(acked.count(content) == 0);
+    }
+  }
+  for (auto& content : acked) {
+    INFO(thread << ": acknowledged message '" << content << "'");
+    CHECK(seen[content] == 1);
+  }
+}
+
+} // namespace
+
+TEST_CASE("GET /v1/cluster lists every node with its state and threads",
+          "[postgres]") {
+  cluster c{2};
+  auto a = client_of(c.node(0).port());
+  REQUIRE(send_message(*a, "listed", "hi") == 200);
+  auto r = c.node(1).port();
+  auto b = client_of(r);
+  auto got = b->Get("/v1/cluster");
+  REQUIRE(got);
+  REQUIRE(got->status == 200);
+  auto body = json::parse(got->body);
+  CHECK(body["clustered"] == true);
+  CHECK(body["node"] == "node1");
+  REQUIRE(body["nodes"].size() == 2);
+  for (auto& n : body["nodes"]) {
+    CHECK(n["state"] == "serving");
+    CHECK(n["lease_left_ms"].get<int64_t>() > 0);
+    CHECK(n["advertise"].get<std::string>().rfind("http://127.0.0.1:", 0)
+          == 0);
+  }
+  CHECK(body["nodes"][0]["name"] == "node0");
+  CHECK(body["nodes"][0]["threads"] == 1);
+  CHECK(body["nodes"][1]["threads"] == 0);
+  CHECK(c.owner("listed") == "node0");
+  // A clean stop lets go of everything at once.
+  REQUIRE(c.node(0).stop(SIGTERM) == 0);
+  body = json::parse(b->Get("/v1/cluster")->body);
+  CHECK(body["nodes"][0]["state"] == "stopped");
+  CHECK(body["nodes"][0]["threads"] == 0);
+  CHECK(c.owner("listed").empty());
+}
+
+TEST_CASE("a node name held by a running node is refused, and a clean "
+          "stop frees it",
+          "[postgres]") {
+  cluster c{1};
+  auto port = free_port();
+  temp_dir dir;
+  std::vector<std::string> argv{spindle_binary(), "serve", "--store",
+                                c.store().url(), "--port",
+                                std::to_string(port), "--node-name", "node0",
+                                "--node-lease-ms", cluster::lease_ms,
+                                "--data", dir.str()};
+  auto start = std::chrono::steady_clock::now();
+  auto refused = run(argv, "");
+  auto waited = std::chrono::steady_clock::now() - start;
+  INFO(refused.err);
+  CHECK(refused.exit_code == 1);
+  CHECK(refused.err.find("node name 'node0' is held by a running node")
+        != std::string::npos);
+  // It waited for the lease to run out, then gave up.
+  CHECK(waited >= 2s);
+  REQUIRE(c.node(0).stop(SIGTERM) == 0);
+  server_process again{{"--store", c.store().url(), "--port",
+                        std::to_string(port), "--node-name", "node0",
+                        "--node-lease-ms", cluster::lease_ms, "--data",
+                        dir.str()}};
+  auto cli = client_of(again.port());
+  auto body = json::parse(cli->Get("/v1/cluster")->body);
+  CHECK(body["nodes"][0]["incarnation"] == 2);
+}
+
+TEST_CASE("three nodes serve eight shared threads to 48 clients: exact "
+          "turn counts, replies never interleaved, one owner each",
+          "[postgres]") {
+  cluster c{3};
+  constexpr size_t clients = 48, messages = 20, threads = 8;
+  std::vector<std::string> names;
+  for (size_t t = 0; t < threads; ++t)
+    names.push_back("shared-" + std::to_string(t));
+  std::mutex mtx;
+  std::map<std::string, std::set<std::string>> acked;
+  std::atomic<size_t> failures{0};
+  std::string first_failure;
+  std::atomic<bool> loading{true};
+  // Meanwhile: no lease is ever held by a node whose own lease ran out.
+  std::atomic<size_t> samples{0}, stale{0};
+  std::thread sampler{[&] {
+    while (loading) {
+      auto n = c.store().query(
+        "SELECT count(*) FROM thread_leases l LEFT JOIN cluster_nodes n "
+        "ON n.name = l.node AND n.incarnation = l.incarnation "
+        "WHERE l.node IS NOT NULL AND (n.name IS NULL "
+        "OR n.expires_at <= clock_timestamp());");
+      ++samples;
+      if (n != "0")
+        ++stale;
+      std::this_thread::sleep_for(20ms);
+    }
+  }};
+  std::vector<std::thread> workers;
+  for (size_t w = 0; w < clients; ++w)
+    workers.emplace_back([&, w] {
+      auto cli = client_of(c.node(w % c.size()).port());
+      for (size_t k = 0; k < messages; ++k) {
+        auto& thread = names[(w + k) % threads];
+        auto content = "c" + std::to_string(w) + " m" + std::to_string(k);
+        auto r = cli->Post(("/v1/threads/" + thread + "/messages").c_str(),
+                           json{{"content", content}}.dump(),
+                           "application/json");
+        std::lock_guard<std::mutex> guard{mtx};
+        if (r && r->status == 200) {
+          acked[thread].insert(content);
+          continue;
+        }
+        if (failures++ == 0)
+          first_failure = r ? std::to_string(r->status) + " " + r->body
+                            : httplib::to_string(r.error());
+      }
+    });
+  for (auto& w : workers)
+    w.join();
+  loading = false;
+  sampler.join();
+  INFO("first failure: " << first_failure);
+  REQUIRE(failures == 0);
+  CHECK(samples > 0);
+  CHECK(stale == 0);
+  size_t total = 0;
+  for (size_t t = 0; t < threads; ++t) {
+    // Read through a node that may not own it: forwarded, the same.
+    auto turns = history(c.node(t % c.size()).port(), names[t]);
+    CHECK(turns.size() == 2 * acked[names[t]].size());
+    check_pairs(turns, acked[names[t]], names[t], false);
+    total += acked[names[t]].size();
+    // One row, one owner.
+    CHECK(!c.owner(names[t]).empty());
+  }
+  CHECK(total == clients * messages);
+  // Requests reached nodes that did not own their thread, and were
+  // forwarded to the owner.
+  size_t forwarded = 0;
+  for (size_t i = 0; i < c.size(); ++i) {
+    auto log = c.node(i).log();
+    for (size_t at = log.find("forwarded_to"); at != std::string::npos;
+         at = log.find("forwarded_to", at + 1))
+      ++forwarded;
+  }
+  CHECK(forwarded > 0);
+}
+
+TEST_CASE("kill -9 of the node owning most threads: its threads are served "
+          "elsewhere within 10 s, no acknowledged turn is lost",
+          "[postgres]") {
+  cluster c{3};
+  constexpr size_t threads = 8;
+  std::vector<std::string> names;
+  for (size_t t = 0; t < threads; ++t)
+    names.push_back("kt-" + std::to_string(t));
+  // node0 takes most threads: six through it, two through node1.
+  for (size_t t = 0; t < threads; ++t) {
+    auto cli = client_of(c.node(t < 6 ? 0 : 1).port());
+    auto r = cli->Post(("/v1/threads/" + names[t] + "/messages").c_str(),
+                       R"({"content":"hello"})", "application/json");
+    REQUIRE(r);
+    REQUIRE(r->status == 200);
+  }
+  for (size_t t = 0; t < 6; ++t)
+    REQUIRE(c.owner(names[t]) == "node0");
+  // IDs: each one handed out after another was answered, on any node, is
+  // larger (docs/ids.md), before the kill and after it.
+  auto ctx_id = [&](size_t node) -> uint64_t {
+    auto cli = client_of(c.node(node).port());
+    auto r = cli->Post("/v1/ids", R"({"kind":"context"})", "application/json");
+    REQUIRE(r);
+    INFO(r->body);
+    REQUIRE(r->status == 200);
+    auto id = json::parse(r->body)["id"].get<std::string>();
+    REQUIRE(id.rfind("ctx-", 0) == 0);
+    return std::stoull(id.substr(4));
+  };
+  std::vector<uint64_t> ids;
+  for (size_t i : {0, 1, 2, 0, 2, 1})
+    ids.push_back(ctx_id(i));
+  std::mutex mtx;
+  std::map<std::string, std::set<std::string>> acked;
+  for (auto& n : names)
+    acked[n].insert("hello");
+  std::atomic<bool> killed{false};
+  std::atomic<bool> stop{false};
+  // Each client writes to its thread through every node in turn, and on
+  // a failure tries the next node (as a client behind a load balancer).
+  std::vector<std::thread> workers;
+  std::vector<std::chrono::steady_clock::time_point> served_after(threads);
+  std::chrono::steady_clock::time_point kill_time;
+  for (size_t t = 0; t < threads; ++t)
+    workers.emplace_back([&, t] {
+      size_t via = t % 3;
+      for (size_t k = 0; !stop; ++k) {
+        for (size_t attempt = 0; !stop; ++attempt) {
+          // A message whose node died before it answered may have its
+          // user turn stored: each attempt says which it is.
+          auto content = names[t] + " m" + std::to_string(k) + " a"
+                         + std::to_string(attempt);
+          if (via == 0 && killed)
+            via = 1;
+          auto cli = client_of(c.node(via).port());
+          cli->set_read_timeout(10s);
+          auto r = cli->Post(("/v1/threads/" + names[t] + "/messages").c_str(),
+                             json{{"content", content}}.dump(),
+                             "application/json");
+          if (r && r->status == 200) {
+            std::lock_guard<std::mutex> guard{mtx};
+            acked[names[t]].insert(content);
+            if (killed && served_after[t] == decltype(kill_time){})
+              served_after[t] = std::chrono::steady_clock::now();
+            break;
+          }
+          via = 1 + (via % 2); // node1 or node2
+          std::this_thread::sleep_for(50ms);
+        }
+        via = (via + 1) % 3;
+      }
+    });
+  std::this_thread::sleep_for(1500ms);
+  {
+    std::lock_guard<std::mutex> guard{mtx};
+    kill_time = std::chrono::steady_clock::now();
+    killed = true;
+  }
+  c.node(0).stop(SIGKILL);
+  // Every thread is served again within 10 s of the kill.
+  auto deadline = kill_time + 15s;
+  for (;;) {
+    {
+      std::lock_guard<std::mutex> guard{mtx};
+      bool all = true;
+      for (auto& when : served_after)
+        all = all && when != decltype(kill_time){};
+      if (all || std::chrono::steady_clock::now() > deadline)
+        break;
+    }
+    std::this_thread::sleep_for(50ms);
+  }
+  std::this_thread::sleep_for(500ms);
+  stop = true;
+  for (auto& w : workers)
+    w.join();
+  for (size_t i : {1, 2, 2, 1})
+    ids.push_back(ctx_id(i));
+  for (size_t i = 1; i < ids.size(); ++i) {
+    INFO("ID " << i << " of " << ids.size());
+    CHECK(ids[i] > ids[i - 1]);
+  }
+  for (size_t t = 0; t < threads; ++t) {
+    INFO(names[t]);
+    REQUIRE(served_after[t] != decltype(kill_time){});
+    auto took = served_after[t] - kill_time;
+    CHECK(took < 10s);
+    auto turns = history(c.node(1).port(), names[t]);
+    check_pairs(turns, acked[names[t]], names[t], true);
+    CHECK(c.owner(names[t]) != "node0");
+  }
+}
+
+TEST_CASE("a node paused past its lease: its late write is refused by the "
+          "fence, and it serves the thread again through the new owner",
+          "[postgres]") {
+  // Replies stream slowly: node0 is paused in the middle of one.
+  cluster c{2, {"--llm-delta-delay-ms", "300"}};
+  auto a = client_of(c.node(0).port());
+  auto b = client_of(c.node(1).port());
+  REQUIRE(send_message(*a, "paused", "one") == 200);
+  REQUIRE(c.owner("paused") == "node0");
+  // A message through node0 whose reply takes about a second...
+  std::thread slow{[&] {
+    auto cli = client_of(c.node(0).port());
+    cli->set_read_timeout(20s);
+    auto r = cli->Post("/v1/threads/paused/messages",
+                       R"({"content":"late"})", "application/json");
+    // Refused once node0 runs again: its assistant turn was fenced.
+    CHECK((!r || r->status != 200));
+  }};
+  std::this_thread::sleep_for(400ms);
+  // ...is caught by the pause, past node0's lease.
+  ::kill(c.node(0).pid(), SIGSTOP);
+  std::this_thread::sleep_for(3500ms);
+  auto r = b->Post("/v1/threads/paused/messages", R"({"content":"two"})",
+                   "application/json");
+  REQUIRE(r);
+  INFO(r->body);
+  REQUIRE(r->status == 200);
+  CHECK(c.owner("paused") == "node1");
+  ::kill(c.node(0).pid(), SIGCONT);
+  slow.join();
+  // node0 serves the thread again, through node1.
+  std::this_thread::sleep_for(1s);
+  r = a->Post("/v1/threads/paused/messages", R"({"content":"three"})",
+              "application/json");
+  REQUIRE(r);
+  INFO(r->body);
+  CHECK(r->status == 200);
+  CHECK(c.owner("paused") == "node1");
+  auto turns = history(c.node(0).port(), "paused");
+  // "late"'s user turn was stored before the pause; its reply never was.
+  check_pairs(turns, {"one", "two", "three"}, "paused", true);
+  std::vector<std::string> order;
+  for (auto& t : turns)
+    if (t["role"] == "user")
+      order.push_back(t["content"]);
+  CHECK(order == std::vector<std::string>{"one", "late", "two", "three"});
+  CHECK(c.node(0).log().find("renews its lease again; threads it held "
+                             "before are loaded afresh")
+        != std::string::npos);
+}
+
+TEST_CASE("a node cut off from PostgreSQL stops serving its threads within "
+          "one lease, another takes them over, and mended it serves again",
+          "[postgres]") {
+  cluster c{1};
+  auto url = c.store().url();
+  relay r{"127.0.0.1", port_of(url)};
+  c.add("cutoff", via_port(url, r.port()));
+  auto& cut = c.node(1);
+  auto a = client_of(cut.port());
+  auto b = client_of(c.node(0).port());
+  REQUIRE(send_message(*a, "severed", "one") == 200);
+  REQUIRE(c.owner("severed") == "cutoff");
+  REQUIRE(a->Get("/healthz")->status == 200);
+  auto cut_at = std::chrono::steady_clock::now();
+  r.cut();
+  // Within one lease (2 s) and a tick: no more answers for its threads,
+  // and /healthz says why.
+  std::this_thread::sleep_for(2500ms);
+  auto health = a->Get("/healthz");
+  REQUIRE(health);
+  CHECK(health->status == 503);
+  CHECK(json::parse(health->body)["status"] == "cut_off");
+  auto refused = a->Get("/v1/threads/severed/history");
+  REQUIRE(refused);
+  CHECK(refused->status == 503);
+  CHECK(json::parse(refused->body)["error"]["code"] == "not_owner");
+  // The other node takes the thread once the lease ran out.
+  int taken = 0;
+  std::string answer;
+  while (std::chrono::steady_clock::now() - cut_at < 10s) {
+    auto res = b->Post("/v1/threads/severed/messages", R"({"content":"two"})",
+                       "application/json");
+    taken = res ? res->status : 0;
+    answer = res ? res->body : httplib::to_string(res.error());
+    if (taken == 200)
+      break;
+    std::this_thread::sleep_for(100ms);
+  }
+  INFO(answer);
+  REQUIRE(taken == 200);
+  CHECK(std::chrono::steady_clock::now() - cut_at < 10s);
+  CHECK(c.owner("severed") == "node0");
+  CHECK(cut.log().find("lost its lease") != std::string::npos);
+  // Mended: it renews, and serves the thread through its new owner.
+  r.mend();
+  std::this_thread::sleep_for(2s);
+  CHECK(a->Get("/healthz")->status == 200);
+  auto again = a->Post("/v1/threads/severed/messages",
+                       R"({"content":"three"})", "application/json");
+  REQUIRE(again);
+  INFO(again->body);
+  CHECK(again->status == 200);
+  auto turns = history(c.node(0).port(), "severed");
+  check_pairs(turns, {"one", "two", "three"}, "severed", false);
+}
+
+TEST_CASE("two nodes append and fold one journal at once: every turn "
+          "stays, each thread's history exact",
+          "[postgres]") {
+  test_store store;
+  REQUIRE(store.on_postgres());
+  auto opts = [&] {
+    runtime_options o;
+    store.apply(o.storage);
+    o.conversation.memory = false;
+    o.storage.fold_every = 7; // folds all the time, on both nodes
+    return o;
+  };
+  constexpr size_t writers = 4, turns = 150;
+  {
+    runtime a{opts()}, b{opts()};
+    std::atomic<size_t> failed{0};
+    std::vector<std::thread> threads;
+    for (size_t w = 0; w < 2 * writers; ++w)
+      threads.emplace_back([&, w] {
+        auto& rt = w % 2 == 0 ? a : b;
+        auto id = "fold-" + std::to_string(w);
+        for (size_t i = 0; i < turns; ++i)
+          if (!rt.add_turn(id, make_user_turn(id + " " + std::to_string(i))))
+            ++failed;
+      });
+    for (auto& t : threads)
+      t.join();
+    REQUIRE(failed == 0);
+  }
+  runtime reader{opts()};
+  for (size_t w = 0; w < 2 * writers; ++w) {
+    auto id = "fold-" + std::to_string(w);
+    auto h = reader.history(id, 100000);
+    REQUIRE(h);
+    REQUIRE(h->size() == turns);
+    for (size_t i = 0; i < turns; ++i)
+      CHECK((*h)[i].content == id + " " + std::to_string(i));
+  }
+}
