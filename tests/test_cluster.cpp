@@ -581,13 +581,14 @@ TEST_CASE("kill -9 of the node owning most threads: its threads are served "
 TEST_CASE("a node paused past its lease: its late write is refused by the "
           "fence, and it serves the thread again through the new owner",
           "[postgres]") {
-  // Replies stream slowly: node0 is paused in the middle of one.
-  cluster c{2, {"--llm-delta-delay-ms", "300"}};
+  // Replies stream slowly (4 pieces, a second each): node0 is paused in
+  // the middle of one.
+  cluster c{2, {"--llm-delta-delay-ms", "1000"}};
   auto a = client_of(c.node(0).port());
   auto b = client_of(c.node(1).port());
   REQUIRE(send_message(*a, "paused", "one") == 200);
   REQUIRE(c.owner("paused") == "node0");
-  // A message through node0 whose reply takes about a second...
+  // A message through node0 whose reply takes about four seconds...
   std::thread slow{[&] {
     auto cli = client_of(c.node(0).port());
     cli->set_read_timeout(20s);
@@ -596,8 +597,16 @@ TEST_CASE("a node paused past its lease: its late write is refused by the "
     // Refused once node0 runs again: its assistant turn was fenced.
     CHECK((!r || r->status != 200));
   }};
-  std::this_thread::sleep_for(400ms);
-  // ...is caught by the pause, past node0's lease.
+  // ...is caught by the pause, past node0's lease, once its user turn is
+  // stored.
+  auto stored_late = [&] {
+    for (auto& t : history(c.node(0).port(), "paused"))
+      if (t["content"] == "late")
+        return true;
+    return false;
+  };
+  for (int i = 0; i < 100 && !stored_late(); ++i)
+    std::this_thread::sleep_for(20ms);
   ::kill(c.node(0).pid(), SIGSTOP);
   std::this_thread::sleep_for(3500ms);
   auto r = b->Post("/v1/threads/paused/messages", R"({"content":"two"})",
