@@ -733,3 +733,68 @@ TEST_CASE("two nodes append and fold one journal at once: every turn "
       CHECK((*h)[i].content == id + " " + std::to_string(i));
   }
 }
+
+TEST_CASE("a bad node name or advertised URL stops spindle serve with exit "
+          "code 2 and says what is wrong",
+          "[postgres]") {
+  test_store store;
+  REQUIRE(store.on_postgres());
+  temp_dir dir;
+  auto serve = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv{spindle_binary(), "serve", "--store",
+                                  store.url(), "--port", "0", "--data",
+                                  dir.str()};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return run(argv, "");
+  };
+  auto bad_name = serve({"--node-name", "no spaces"});
+  CHECK(bad_name.exit_code == 2);
+  CHECK(bad_name.err.find("may hold only letters, digits") != std::string::npos);
+  auto bad_url = serve({"--node-name", "n", "--advertise", "https://x:1"});
+  CHECK(bad_url.exit_code == 2);
+  CHECK(bad_url.err.find("must be http://host:port") != std::string::npos);
+  // Refused before anything touched the database: not even migrated.
+  CHECK(store.query("SELECT count(*) FROM pg_tables "
+                    "WHERE tablename = 'cluster_nodes';")
+        == "0");
+}
+
+TEST_CASE("a streamed reply forwarded to the owner reaches the client piece "
+          "by piece, its first event long before its end",
+          "[postgres]") {
+  // Four pieces, 400 ms apart.
+  cluster c{2, {"--llm-delta-delay-ms", "400"}};
+  auto a = client_of(c.node(0).port());
+  REQUIRE(send_message(*a, "streamed", "one") == 200);
+  REQUIRE(c.owner("streamed") == "node0");
+  int fd = connect_to(c.node(1).port());
+  REQUIRE(fd >= 0);
+  fd_guard guard{{fd}};
+  std::string body = R"({"content":"two"})";
+  REQUIRE(send_all(fd, "POST /v1/threads/streamed/messages/stream HTTP/1.1\r\n"
+                       "Host: x\r\nContent-Type: application/json\r\n"
+                       "Connection: close\r\nContent-Length: "
+                         + std::to_string(body.size()) + "\r\n\r\n" + body));
+  auto start = std::chrono::steady_clock::now();
+  std::string got;
+  std::chrono::steady_clock::duration first_delta{};
+  char buf[4096];
+  for (;;) {
+    auto n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0)
+      break;
+    got.append(buf, static_cast<size_t>(n));
+    if (first_delta == decltype(first_delta){}
+        && got.find("event: delta") != std::string::npos)
+      first_delta = std::chrono::steady_clock::now() - start;
+  }
+  auto whole = std::chrono::steady_clock::now() - start;
+  INFO(got);
+  REQUIRE(got.rfind("HTTP/1.1 200", 0) == 0);
+  CHECK(got.find("text/event-stream") != std::string::npos);
+  CHECK(got.find("event: done") != std::string::npos);
+  REQUIRE(first_delta != decltype(first_delta){});
+  // The pieces came as the owner made them, not gathered at its end.
+  CHECK(whole - first_delta >= 800ms);
+  CHECK(c.node(1).log().find("forwarded_to=node0") != std::string::npos);
+}

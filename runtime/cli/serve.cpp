@@ -76,6 +76,14 @@ std::string host_name() {
   return name;
 }
 
+// The host other nodes reach this one at: the bound address, or the
+// host's name for a wildcard one.
+std::string advertised_host(const serve_args& args) {
+  return args.http.bind == "0.0.0.0" || args.http.bind == "::"
+           ? host_name()
+           : args.http.bind;
+}
+
 // The node's name and address in its cluster: given, or made from the
 // host's name and the port.
 caf::error cluster_identity(const serve_args& args, cluster_options& out) {
@@ -86,9 +94,7 @@ caf::error cluster_identity(const serve_args& args, cluster_options& out) {
                   : args.http.port == 0
                     ? host_name() + "-pid" + std::to_string(::getpid())
                     : host_name() + "-" + port;
-  auto host = args.http.bind == "0.0.0.0" || args.http.bind == "::"
-                ? host_name()
-                : args.http.bind;
+  auto host = advertised_host(args);
   out.advertise = !args.advertise.empty() ? args.advertise
                   : args.http.port == 0 ? std::string{}
                                         : "http://" + host + ":" + port;
@@ -110,10 +116,7 @@ void advertise_bound(runtime& rt, const serve_args& args, int port) {
   auto* cluster = rt.cluster();
   if (cluster == nullptr || !args.advertise.empty() || args.http.port != 0)
     return;
-  auto host = args.http.bind == "0.0.0.0" || args.http.bind == "::"
-                ? host_name()
-                : args.http.bind;
-  auto url = "http://" + host + ":" + std::to_string(port);
+  auto url = "http://" + advertised_host(args) + ":" + std::to_string(port);
   if (auto err = cluster->advertise(url))
     spdlog::error("cluster: node '{}' cannot advertise {}: {}",
                   cluster->options().node_name, url, describe(err));
