@@ -464,6 +464,53 @@ TEST_CASE("three nodes serve eight shared threads to 48 clients: exact "
   CHECK(forwarded > 0);
 }
 
+TEST_CASE("the first messages of new threads reach two nodes at the same "
+          "instant: each thread gets one owner, and no message is refused",
+          "[postgres]") {
+  cluster c{2};
+  constexpr size_t fresh = 60;
+  std::atomic<size_t> failures{0};
+  std::mutex mtx;
+  std::string first_failure;
+  for (size_t t = 0; t < fresh; ++t) {
+    auto thread = "race-" + std::to_string(t);
+    // Both requests leave together; whichever node loses the race for the
+    // lease forwards to the winner instead of refusing.
+    std::atomic<int> ready{0};
+    std::vector<std::thread> pair;
+    for (size_t n = 0; n < 2; ++n)
+      pair.emplace_back([&, n] {
+        auto cli = client_of(c.node(n).port());
+        ++ready;
+        while (ready < 2)
+          std::this_thread::yield();
+        auto r = cli->Post(("/v1/threads/" + thread + "/messages").c_str(),
+                           json{{"content", "from node" + std::to_string(n)}}
+                             .dump(),
+                           "application/json");
+        if (r && r->status == 200)
+          return;
+        std::lock_guard<std::mutex> guard{mtx};
+        if (failures++ == 0)
+          first_failure = thread + ": "
+                          + (r ? std::to_string(r->status) + " " + r->body
+                               : httplib::to_string(r.error()));
+      });
+    for (auto& p : pair)
+      p.join();
+  }
+  INFO("first failure: " << first_failure);
+  REQUIRE(failures == 0);
+  for (size_t t = 0; t < fresh; ++t) {
+    auto thread = "race-" + std::to_string(t);
+    auto turns = history(c.node(t % 2).port(), thread);
+    CHECK(turns.size() == 4);
+    check_pairs(turns, {"from node0", "from node1"}, thread, false);
+    auto owner = c.owner(thread);
+    CHECK((owner == "node0" || owner == "node1"));
+  }
+}
+
 TEST_CASE("kill -9 of the node owning most threads: its threads are served "
           "elsewhere within 10 s, no acknowledged turn is lost",
           "[postgres]") {

@@ -157,7 +157,7 @@ thread_actor spawn_thread(pointer self, const std::string& id,
 // `locate`). Outside a cluster: `next(0)` at once.
 template <class Next>
 void with_lease(pointer self, const std::string& id, Next next,
-                continuation done) {
+                continuation done, int attempt = 0) {
   auto& st = self->state;
   if (!st.options.cluster) {
     next(uint64_t{0});
@@ -174,7 +174,8 @@ void with_lease(pointer self, const std::string& id, Next next,
               records::acquire_thread_lease(id, me.name(), me.incarnation(),
                                             unix_time_ms()))
     .then(
-      [self, id, next, done, term = now.term](sql_rows& rows) mutable {
+      [self, id, next, done, attempt,
+       term = now.term](sql_rows& rows) mutable {
         auto lease = records::decode_lease(rows);
         if (!lease) {
           done(make_storage_error(lease.error(),
@@ -183,6 +184,14 @@ void with_lease(pointer self, const std::string& id, Next next,
           return;
         }
         auto& s = self->state;
+        if (lease->epoch == 0 && lease->holder.empty() && attempt < 3) {
+          // Another node took the lease while this statement waited for
+          // it: the statement's snapshot, taken before, cannot name the
+          // winner. A second statement sees it.
+          with_lease(self, id, std::move(next), std::move(done),
+                     attempt + 1);
+          return;
+        }
         if (lease->epoch == 0) {
           s.leases->elsewhere[id] = seen_elsewhere{
             thread_location{false, lease->holder, lease->holder_url},
