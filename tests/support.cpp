@@ -506,6 +506,80 @@ server_process::server_process(const std::vector<std::string>& extra,
   port_ = std::stoi(line.substr(colon + 1));
 }
 
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0)
+    throw std::runtime_error(std::string{"socket: "} + std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  bool bound = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr))
+                 == 0
+               && ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len)
+                    == 0;
+  auto err = errno;
+  ::close(fd);
+  if (!bound)
+    throw std::runtime_error(std::string{"no free loopback port: "}
+                             + std::strerror(err));
+  return ntohs(addr.sin_port);
+}
+
+cluster::cluster(size_t n, std::vector<std::string> extra)
+  : extra_(std::move(extra)) {
+  if (!store_.on_postgres())
+    throw std::runtime_error("a cluster needs the PostgreSQL run "
+                             "(SPINDLE_TEST_PG_DIR)");
+  for (size_t i = 0; i < n; ++i)
+    add("node" + std::to_string(i));
+}
+
+cluster::~cluster() = default;
+
+void cluster::add(const std::string& name) {
+  add(name, store_.url());
+}
+
+void cluster::add(const std::string& name, const std::string& url) {
+  auto port = free_port();
+  dirs_.push_back(std::make_unique<temp_dir>());
+  std::vector<std::string> args{"--store", url, "--port",
+                                std::to_string(port), "--node-name", name,
+                                "--advertise",
+                                "http://127.0.0.1:" + std::to_string(port),
+                                "--node-lease-ms", lease_ms, "--data",
+                                dirs_.back()->str()};
+  args.insert(args.end(), extra_.begin(), extra_.end());
+  nodes_.push_back(std::make_unique<server_process>(args));
+  names_.push_back(name);
+}
+
+size_t cluster::index_of(const std::string& name) const {
+  for (size_t i = 0; i < names_.size(); ++i)
+    if (names_[i] == name)
+      return i;
+  throw std::runtime_error("no node named " + name);
+}
+
+std::string cluster::owner(const std::string& thread) {
+  return store_.query("SELECT coalesce(node, '') FROM thread_leases "
+                      "WHERE thread_id = '"
+                      + thread + "';");
+}
+
+size_t cluster::forwarded() const {
+  size_t n = 0;
+  for (auto& node : nodes_) {
+    auto log = node->log();
+    for (auto at = log.find("forwarded_to"); at != std::string::npos;
+         at = log.find("forwarded_to", at + 1))
+      ++n;
+  }
+  return n;
+}
+
 uint64_t env_number(const char* name, uint64_t fallback) {
   const char* text = std::getenv(name);
   if (text == nullptr || *text == '\0')

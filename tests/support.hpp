@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -282,6 +283,60 @@ public:
 private:
   announcing_process process_;
   int port_ = 0;
+};
+
+/// A loopback port nothing listens on now; throws when none can be had.
+int free_port();
+
+/// Nodes of one cluster (docs/cluster.md) on a test database of their own
+/// (a `test_store`, which must be on PostgreSQL: the fixture throws
+/// otherwise): `spindle serve` processes, each with a data directory of
+/// its own, named "node0", "node1", ... by the constructor, advertising
+/// their loopback port, with `--node-lease-ms` `lease_ms`. A node still
+/// running when the fixture goes is killed, then the database dropped.
+class cluster {
+public:
+  static constexpr const char* lease_ms = "2000";
+
+  /// Starts `n` nodes, each with `extra` added to its flags.
+  explicit cluster(size_t n, std::vector<std::string> extra = {});
+  ~cluster();
+  cluster(const cluster&) = delete;
+  cluster& operator=(const cluster&) = delete;
+
+  /// Starts one more node named `name` on the fixture's database.
+  void add(const std::string& name);
+  /// A node reaching the database at `url` (through a relay).
+  void add(const std::string& name, const std::string& url);
+
+  size_t size() const noexcept {
+    return nodes_.size();
+  }
+  server_process& node(size_t i) {
+    return *nodes_.at(i);
+  }
+  const std::string& name(size_t i) const {
+    return names_.at(i);
+  }
+  /// The index of the node named `name`; throws when there is none.
+  size_t index_of(const std::string& name) const;
+  test_store& store() noexcept {
+    return store_;
+  }
+
+  /// The node that holds `thread`'s lease now ("" for none).
+  std::string owner(const std::string& thread);
+
+  /// How many request log lines of every node, killed ones included,
+  /// name the node they forwarded to (`forwarded_to`).
+  size_t forwarded() const;
+
+private:
+  test_store store_;
+  std::vector<std::string> extra_;
+  std::vector<std::unique_ptr<temp_dir>> dirs_;
+  std::vector<std::unique_ptr<server_process>> nodes_;
+  std::vector<std::string> names_;
 };
 
 /// spindle_fake_upstream (tests/fake_upstream.cpp, docs/llm.md) on a free
