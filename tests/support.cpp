@@ -569,14 +569,20 @@ std::string cluster::owner(const std::string& thread) {
                       + thread + "';");
 }
 
+size_t cluster::forwarded(size_t i, const std::string& to) const {
+  auto log = nodes_.at(i)->log();
+  auto what = "forwarded_to" + (to.empty() ? to : "=" + to);
+  size_t n = 0;
+  for (auto at = log.find(what); at != std::string::npos;
+       at = log.find(what, at + 1))
+    ++n;
+  return n;
+}
+
 size_t cluster::forwarded() const {
   size_t n = 0;
-  for (auto& node : nodes_) {
-    auto log = node->log();
-    for (auto at = log.find("forwarded_to"); at != std::string::npos;
-         at = log.find("forwarded_to", at + 1))
-      ++n;
-  }
+  for (size_t i = 0; i < nodes_.size(); ++i)
+    n += forwarded(i);
   return n;
 }
 

@@ -327,8 +327,11 @@ public:
   /// The node that holds `thread`'s lease now ("" for none).
   std::string owner(const std::string& thread);
 
-  /// How many request log lines of every node, killed ones included,
-  /// name the node they forwarded to (`forwarded_to`).
+  /// How many request log lines of node `i` (killed or not) name the
+  /// node they forwarded the request to (`forwarded_to=NODE`): to any
+  /// node, or to `to` only.
+  size_t forwarded(size_t i, const std::string& to = {}) const;
+  /// The same over every node.
   size_t forwarded() const;
 
 private:
