@@ -13,6 +13,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "spindle/actors/records.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/runtime/postgres.hpp"
 #include "spindle/runtime/sql_connection.hpp"
@@ -133,6 +134,22 @@ constexpr const char* renew_sql
     "    + make_interval(secs => ?3::float8 / 1000), state = 'serving' "
     "WHERE name = ?1 AND incarnation = ?2;";
 
+constexpr const char* seat_sql
+  = "SELECT 1 FROM thread_leases WHERE thread_id = '#scheduler' "
+    "  AND node = ?1 AND incarnation = ?2 AND epoch = ?3;";
+
+// The seat's holder, its address, and whether this node may take the seat
+// (free, this node's, or its holder's lease ran out): 1 or 0.
+constexpr const char* seat_holder_sql
+  = "SELECT coalesce(l.node, ''), coalesce(n.advertise, ''), "
+    "  (l.node IS NULL OR n.name IS NULL "
+    "   OR n.expires_at <= clock_timestamp() "
+    "   OR (l.node = ?1 AND l.incarnation = ?2))::int "
+    "FROM (SELECT 1 AS one) AS o "
+    "LEFT JOIN thread_leases l ON l.thread_id = '#scheduler' "
+    "LEFT JOIN cluster_nodes n "
+    "  ON n.name = l.node AND n.incarnation = l.incarnation;";
+
 constexpr const char* nodes_sql
   = "SELECT n.name, n.advertise, n.incarnation, n.started_ms, "
     "  (extract(epoch FROM clock_timestamp() - n.heartbeat_at) "
@@ -141,7 +158,11 @@ constexpr const char* nodes_sql
     "    * 1000)::bigint, "
     "  n.state, "
     "  (SELECT count(*) FROM thread_leases l "
-    "    WHERE l.node = n.name AND l.incarnation = n.incarnation) "
+    "    WHERE l.node = n.name AND l.incarnation = n.incarnation "
+    "      AND l.thread_id <> '#scheduler'), "
+    "  EXISTS (SELECT 1 FROM thread_leases l "
+    "    WHERE l.node = n.name AND l.incarnation = n.incarnation "
+    "      AND l.thread_id = '#scheduler')::int "
     "FROM cluster_nodes n ORDER BY n.name;";
 
 } // namespace
@@ -157,6 +178,130 @@ struct cluster_membership::impl {
   bool left = false;
   bool lost = false; // the loss of the lease was logged
   std::thread heartbeat;
+
+  // -- the scheduler seat --
+  std::mutex seat_mtx; // guards `seat`, `seat_term`, `advertised`
+  cluster_membership::seat seat;
+  uint64_t seat_term = 0; // the standing's term it was taken in
+  std::string advertised; // the address in the node's row now
+  std::mutex contend_mtx; // one contention at a time
+  std::mutex callback_mtx; // held while `on_seat` runs or is replaced
+  std::function<void(uint64_t)> on_seat;
+
+  void notify_seat(uint64_t epoch) {
+    std::lock_guard<std::mutex> guard{callback_mtx};
+    if (on_seat)
+      on_seat(epoch);
+  }
+
+  bool seat_term_is(uint64_t term) {
+    std::lock_guard<std::mutex> guard{seat_mtx};
+    return seat_term == term;
+  }
+
+  // Takes the seat or learns its holder (see `contend_for_scheduler`).
+  bool contend() {
+    std::lock_guard<std::mutex> contending{contend_mtx};
+    auto now = standing->read();
+    bool held = false;
+    uint64_t epoch = 0;
+    {
+      std::lock_guard<std::mutex> guard{seat_mtx};
+      held = seat.here;
+      epoch = seat.epoch;
+    }
+    if (held && now.live && seat_term_is(now.term)) {
+      // Still the seat's epoch? (Another node takes it only once this
+      // node's lease ran out on the database's clock, which this node's
+      // own deadline should have seen first; if the clocks disagreed
+      // beyond the margin, the scheduler's writes are being refused.)
+      auto params = who();
+      params.push_back(sql_value::of(static_cast<int64_t>(epoch)));
+      caf::expected<sql_rows> mine{sql_rows{}};
+      {
+        std::lock_guard<std::mutex> guard{db_mtx};
+        mine = run(*db, seat_sql, params);
+      }
+      if (!mine || !mine->empty())
+        return true;
+      spdlog::error("cluster: node '{}' finds the scheduler seat taken by "
+                    "another node while its own lease ran",
+                    options.node_name);
+    }
+    // Not live, or live again after a lapse (another node may have taken
+    // the seat meanwhile): what ran under the seat stops first.
+    if (!now.live || held) {
+      if (held) {
+        {
+          std::lock_guard<std::mutex> guard{seat_mtx};
+          seat.here = false;
+          seat.epoch = 0;
+          seat.holder.clear();
+          seat.holder_url.clear();
+        }
+        spdlog::warn("cluster: node '{}' gives up the scheduler seat: its "
+                     "lease lapsed, or another node holds the seat",
+                     options.node_name);
+        notify_seat(0);
+        held = false;
+      }
+      if (!now.live)
+        return false;
+    }
+    // Held by a live node: learn who, without the row lock a take would
+    // wait for behind the holder's writes.
+    {
+      caf::expected<sql_rows> seen{sql_rows{}};
+      {
+        std::lock_guard<std::mutex> guard{db_mtx};
+        seen = run(*db, seat_holder_sql, who());
+      }
+      if (seen && seen->size() == 1 && (*seen)[0].size() == 3
+          && (*seen)[0][2].integer == 0) {
+        std::lock_guard<std::mutex> guard{seat_mtx};
+        seat.here = false;
+        seat.epoch = 0;
+        seat.holder = (*seen)[0][0].text;
+        seat.holder_url = (*seen)[0][1].text;
+        return false;
+      }
+    }
+    auto take = records::acquire_thread_lease(
+      cluster_membership::scheduler_key, options.node_name,
+      standing->incarnation(), wall_ms());
+    caf::expected<sql_rows> rows{sql_rows{}};
+    {
+      std::lock_guard<std::mutex> guard{db_mtx};
+      rows = run(*db, take.sql, take.params);
+    }
+    if (!rows)
+      return false; // tried again at the next renewal
+    auto answer = records::decode_lease(*rows);
+    if (!answer || (answer->epoch == 0 && answer->holder.empty()))
+      return false; // raced with another node: the next renewal knows
+    if (answer->epoch > 0) {
+      {
+        std::lock_guard<std::mutex> guard{seat_mtx};
+        seat.here = true;
+        seat.epoch = answer->epoch;
+        seat.holder = options.node_name;
+        seat.holder_url = advertised;
+        seat_term = now.term;
+      }
+      spdlog::info("cluster: node '{}' holds the scheduler seat (epoch {})",
+                   options.node_name, answer->epoch);
+      notify_seat(answer->epoch);
+      return true;
+    }
+    {
+      std::lock_guard<std::mutex> guard{seat_mtx};
+      seat.here = false;
+      seat.epoch = 0;
+      seat.holder = answer->holder;
+      seat.holder_url = answer->holder_url;
+    }
+    return false;
+  }
 
   std::vector<sql_value> who() const {
     return {sql_value::of(options.node_name),
@@ -218,6 +363,8 @@ struct cluster_membership::impl {
         break;
       lock.unlock();
       bool more = renew(failing);
+      if (more)
+        contend();
       lock.lock();
       if (!more)
         break;
@@ -345,6 +492,7 @@ cluster_membership::join(const std::string& url, cluster_options options) {
                options.node_name, p->standing->incarnation(),
                options.advertise.empty() ? std::string{"once bound"}
                                          : options.advertise);
+  p->advertised = options.advertise;
   auto* raw = p.get();
   p->heartbeat = std::thread{[raw] { raw->run_heartbeat(); }};
   return std::unique_ptr<cluster_membership>{
@@ -361,7 +509,7 @@ caf::expected<std::vector<cluster_node_info>> cluster_membership::nodes() {
     return rows.error();
   std::vector<cluster_node_info> out;
   for (auto& row : *rows) {
-    if (row.size() != 8)
+    if (row.size() != 9)
       continue;
     cluster_node_info n;
     n.name = row[0].text;
@@ -374,6 +522,7 @@ caf::expected<std::vector<cluster_node_info>> cluster_membership::nodes() {
               : n.lease_left_ms > 0    ? "serving"
                                        : "expired";
     n.threads = static_cast<uint64_t>(row[7].integer);
+    n.scheduler = row[8].integer != 0;
     out.push_back(std::move(n));
   }
   return out;
@@ -389,7 +538,38 @@ caf::error cluster_membership::advertise(const std::string& url) {
                   params);
   if (!done)
     return done.error();
+  std::lock_guard<std::mutex> seat_guard{impl_->seat_mtx};
+  impl_->advertised = url;
+  if (impl_->seat.here)
+    impl_->seat.holder_url = url;
   return caf::none;
+}
+
+cluster_membership::seat cluster_membership::scheduler_seat() const {
+  std::lock_guard<std::mutex> guard{impl_->seat_mtx};
+  auto out = impl_->seat;
+  if (out.here && !standing_->live()) {
+    out.here = false;
+    out.holder.clear();
+    out.holder_url.clear();
+  }
+  return out;
+}
+
+void cluster_membership::on_scheduler_seat(
+  std::function<void(uint64_t epoch)> f) {
+  std::lock_guard<std::mutex> guard{impl_->callback_mtx};
+  impl_->on_seat = std::move(f);
+}
+
+bool cluster_membership::contend_for_scheduler() {
+  return impl_->contend();
+}
+
+void cluster_membership::scheduler_failed(uint64_t epoch) {
+  std::lock_guard<std::mutex> guard{impl_->seat_mtx};
+  if (impl_->seat.here && impl_->seat.epoch == epoch)
+    impl_->seat.here = false; // taken again, with a new epoch, next time
 }
 
 void cluster_membership::leave() {

@@ -415,6 +415,8 @@ void router::add(const std::string& method, const std::string& pattern,
     e.thread = route_entry::thread_in::path;
   else if (route == "POST /v1/chat/completions")
     e.thread = route_entry::thread_in::completion;
+  e.scheduled = route.find(" /v1/orchestrations") != std::string::npos
+                || route.find(" /v1/tasks") != std::string::npos;
   routes_.push_back(std::move(e));
 }
 
@@ -696,6 +698,26 @@ void router::dispatch(std::shared_ptr<request> req, responder_ptr res) {
     res->send(error_response(
       api_error{401, "unauthorized",
                 "this route requires 'Authorization: Bearer <token>'"}));
+    return;
+  }
+  if (loops_ && rt_.cluster() && !req->has_header(forwarded_header)
+      && e->scheduled) {
+    auto where = rt_.locate_scheduler();
+    if (where.local)
+      proceed(e, std::move(req), std::move(res));
+    else if (!where.url.empty())
+      forward_to(e, where, std::move(req), std::move(res));
+    else {
+      // Between two seats (a holder died, its lease not out yet): nothing
+      // happened, send it again.
+      record(e->route, *req, 503, 0, json::object());
+      auto refused = error_response(
+        api_error{503, "not_owner",
+                  "no node runs the scheduler now (a node is taking it "
+                  "over); try again shortly"});
+      refused.set_header("Retry-After", "1");
+      res->send(std::move(refused));
+    }
     return;
   }
   if (loops_ && rt_.cluster() && !req->has_header(forwarded_header)) {

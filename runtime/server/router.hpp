@@ -261,6 +261,9 @@ private:
     /// thread's owner (docs/cluster.md, "Forwarding").
     enum class thread_in : uint8_t { none, path, completion } thread
       = thread_in::none;
+    /// An orchestration route: in a cluster it is served by the node
+    /// holding the scheduler seat (docs/cluster.md, "One scheduler").
+    bool scheduled = false;
   };
 
   /// The thread a request names (empty: none, or "new").

@@ -326,7 +326,10 @@ server::server(runtime& rt, server_options options)
           if (!nodes)
             http::fail(nodes.error());
           auto list = json::array();
-          for (auto& n : *nodes)
+          json seat = nullptr;
+          for (auto& n : *nodes) {
+            if (n.scheduler && n.state == "serving")
+              seat = n.name;
             list.push_back({{"name", n.name},
                             {"advertise", n.advertise},
                             {"state", n.state},
@@ -334,10 +337,13 @@ server::server(runtime& rt, server_options options)
                             {"started_ms", n.started_ms},
                             {"heartbeat_age_ms", n.heartbeat_age_ms},
                             {"lease_left_ms", n.lease_left_ms},
-                            {"threads", n.threads}});
+                            {"threads", n.threads},
+                            {"scheduler", n.scheduler}});
+          }
           http::reply(res, 200,
                       {{"clustered", true},
                        {"node", cluster->options().node_name},
+                       {"scheduler", std::move(seat)},
                        {"nodes", std::move(list)}});
         });
   r.get("/metrics", "GET /metrics",

@@ -2,7 +2,12 @@
 
 #include <caf/all.hpp>
 
+#include <spdlog/spdlog.h>
+
+#include "spindle/actors/fenced_store.hpp"
 #include "spindle/actors/scheduler.hpp"
+#include "spindle/messages/error.hpp"
+#include "spindle/runtime/cluster.hpp"
 
 namespace spindle {
 
@@ -78,25 +83,110 @@ caf::error runtime::start_core() {
   return caf::none;
 }
 
-caf::error runtime::start_orchestration() {
+scheduler_actor runtime::spawn_scheduler(uint64_t epoch) {
   scheduler_options opts;
   opts.events = events_;
-  scheduler_ = system_->spawn(spindle::scheduler, id_allocator_, state_store_,
-                              opts);
-  if (!state_store_)
+  storage_actor store = state_store_;
+  storage_actor fence;
+  if (epoch > 0)
+    store = fence = system_->spawn(fenced_store, state_store_,
+                                   std::string{
+                                     cluster_membership::scheduler_key},
+                                   epoch);
+  auto handle = system_->spawn(spindle::scheduler, id_allocator_, store,
+                               opts);
+  if (epoch > 0) {
+    // A scheduler that stops by itself (its load failed) gives the seat
+    // back to the heartbeat, which takes it again with a new epoch.
+    auto* membership = cluster_.get();
+    handle->attach_functor([membership, epoch, fence](const caf::error& why) {
+      caf::anon_send_exit(fence, caf::exit_reason::user_shutdown);
+      if (why && why != caf::exit_reason::user_shutdown) {
+        spdlog::error("cluster: the scheduler stopped ({}); the seat is "
+                      "taken again at the next renewal",
+                      describe(why));
+        membership->scheduler_failed(epoch);
+      }
+    });
+  }
+  return handle;
+}
+
+void runtime::scheduler_seat_changed(uint64_t epoch) {
+  scheduler_actor fresh;
+  if (epoch > 0) {
+    fresh = spawn_scheduler(epoch);
+    // Spawning pinned the actor system's logger in a thread-local of this
+    // thread (the heartbeat's), and ~actor_system waits for every pin.
+    caf::logger::set_current_actor_system(nullptr);
+  }
+  scheduler_actor old;
+  {
+    std::lock_guard<std::mutex> guard{scheduler_mtx_};
+    old = std::exchange(scheduler_, fresh);
+  }
+  if (old)
+    caf::anon_send_exit(old, caf::exit_reason::user_shutdown);
+  if (epoch > 0)
+    spdlog::info("cluster: this node runs the scheduler (seat epoch {}); it "
+                 "loads the stored orchestrations",
+                 epoch);
+  else if (old)
+    spdlog::warn("cluster: this node no longer runs the scheduler");
+}
+
+thread_location runtime::locate_scheduler() const {
+  if (!cluster_)
+    return thread_location{};
+  auto seat = cluster_->scheduler_seat();
+  if (seat.here)
+    return thread_location{};
+  return thread_location{false, seat.holder, seat.holder_url};
+}
+
+caf::error runtime::no_scheduler_here() const {
+  if (!running())
+    return make_error(errc::unavailable, "the runtime is stopped");
+  auto seat = cluster_ ? cluster_->scheduler_seat()
+                       : cluster_membership::seat{};
+  if (!seat.holder.empty() && !seat.here)
+    return make_error(errc::not_owner,
+                      "the scheduler runs on node '" + seat.holder + "' ("
+                        + seat.holder_url + ")");
+  return make_error(errc::not_owner,
+                    "no node runs the scheduler now (a node is taking it "
+                    "over); try again shortly");
+}
+
+caf::error runtime::start_orchestration() {
+  if (cluster_) {
+    // A node runs the scheduler only while it holds the seat. The first
+    // node takes it here, so a lone node starts like a single process
+    // (below: the load finishes before the runtime answers); the others
+    // learn who holds it, and the heartbeat takes it when it frees.
+    cluster_->on_scheduler_seat(
+      [this](uint64_t epoch) { scheduler_seat_changed(epoch); });
+    cluster_->contend_for_scheduler();
+  } else {
+    auto handle = spawn_scheduler(0);
+    std::lock_guard<std::mutex> guard{scheduler_mtx_};
+    scheduler_ = handle;
+  }
+  auto handle = scheduler();
+  if (!state_store_ || !handle)
     return caf::none;
   // The scheduler loads the stored orchestrations before it answers
   // anything: the first answer says the load is done. If it stops instead,
   // its exit reason says why, and the runtime does not start.
   caf::scoped_actor self{*system_};
-  self->monitor(scheduler_);
+  self->monitor(handle);
   caf::error failure;
-  self->request(scheduler_, opts.timeout * 2 + std::chrono::seconds(1),
-                stats_atom::value)
+  auto limit = scheduler_options{}.timeout * 2 + std::chrono::seconds(1);
+  self->request(handle, limit, stats_atom::value)
     .receive([](task_counts&) {},
              [&](caf::error& err) { failure = std::move(err); });
   if (!failure) {
-    self->demonitor(scheduler_.address());
+    self->demonitor(handle.address());
     return caf::none;
   }
   self->receive(
@@ -150,7 +240,7 @@ std::vector<caf::actor> runtime::core_actors() const {
       result.push_back(caf::actor_cast<caf::actor>(handle));
   };
   // -- orchestration (add here) --
-  add(scheduler_);
+  add(scheduler());
   // -- threads, memory, builder (add here) --
   add(context_builder_);
   add(rewriter_);
@@ -168,6 +258,9 @@ void runtime::stop() {
   if (!system_)
     return;
   running_ = false;
+  // No seat change starts a scheduler from here on.
+  if (cluster_)
+    cluster_->on_scheduler_seat({});
   if (exchanges_)
     exchanges_->stop_all();
   if (compactor_)
@@ -186,7 +279,10 @@ void runtime::stop() {
   memory_ = nullptr;
   thread_registry_ = nullptr;
   context_directory_ = nullptr;
-  scheduler_ = nullptr;
+  {
+    std::lock_guard<std::mutex> guard{scheduler_mtx_};
+    scheduler_ = nullptr;
+  }
   id_allocator_ = nullptr;
   state_store_ = nullptr;
   counter_store_ = nullptr;

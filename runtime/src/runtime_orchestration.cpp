@@ -25,21 +25,42 @@ caf::expected<void> to_void(const caf::expected<caf::ok_atom>& x) {
 
 } // namespace
 
+template <class R, class... Ts>
+caf::expected<R> runtime::ask_scheduler(std::chrono::milliseconds timeout,
+                                        Ts&&... xs) {
+  auto handle = scheduler();
+  if (!handle)
+    return no_scheduler_here();
+  return call<R>(handle, timeout, std::forward<Ts>(xs)...);
+}
+
+template <class R, class... Ts>
+void runtime::ask_scheduler_async(std::chrono::milliseconds timeout,
+                                  std::function<void(caf::expected<R>)> done,
+                                  Ts&&... xs) {
+  auto handle = scheduler();
+  if (!handle) {
+    done(no_scheduler_here());
+    return;
+  }
+  call_async<R>(handle, timeout, std::move(done), std::forward<Ts>(xs)...);
+}
+
 caf::expected<std::string> runtime::create_orchestration(std::string payload) {
-  return call<std::string>(scheduler_, options_.default_timeout,
+  return ask_scheduler<std::string>(options_.default_timeout,
                            orchestrate_atom::value, std::move(payload));
 }
 
 caf::expected<std::string> runtime::create_orchestration(std::string payload,
                                                        task_retry retry) {
-  return call<std::string>(scheduler_, options_.default_timeout,
+  return ask_scheduler<std::string>(options_.default_timeout,
                            orchestrate_atom::value, std::move(payload), retry);
 }
 
 caf::expected<std::vector<std::string>>
 runtime::spawn_subtasks(const std::string& parent,
                         std::vector<std::string> payloads, task_retry retry) {
-  return call<std::vector<std::string>>(scheduler_, options_.default_timeout,
+  return ask_scheduler<std::vector<std::string>>(options_.default_timeout,
                                         caf::spawn_atom::value, parent,
                                         std::move(payloads), retry);
 }
@@ -55,26 +76,26 @@ caf::expected<std::string> runtime::spawn_subtask(const std::string& parent,
 caf::expected<std::vector<std::string>>
 runtime::spawn_subtasks(const std::string& parent,
                         std::vector<std::string> payloads) {
-  return call<std::vector<std::string>>(scheduler_, options_.default_timeout,
+  return ask_scheduler<std::vector<std::string>>(options_.default_timeout,
                                         caf::spawn_atom::value, parent,
                                         std::move(payloads));
 }
 
 caf::expected<std::optional<task_info>>
 runtime::claim_task(const std::string& worker) {
-  return unwrap(call<task_claim>(scheduler_, options_.default_timeout,
+  return unwrap(ask_scheduler<task_claim>(options_.default_timeout,
                                  claim_atom::value, worker));
 }
 
 caf::expected<task_info> runtime::complete_task(const std::string& task,
                                                 std::string result) {
-  return call<task_info>(scheduler_, options_.default_timeout,
+  return ask_scheduler<task_info>(options_.default_timeout,
                          complete_atom::value, task, std::move(result));
 }
 
 caf::expected<task_info> runtime::fail_task(const std::string& task,
                                             std::string reason) {
-  return call<task_info>(scheduler_, options_.default_timeout,
+  return ask_scheduler<task_info>(options_.default_timeout,
                          fail_atom::value, task, std::move(reason));
 }
 
@@ -90,7 +111,7 @@ uint64_t ms(std::chrono::milliseconds x) {
 caf::expected<task_claim>
 runtime::claim_task(const std::string& worker,
                     std::chrono::milliseconds length) {
-  return call<task_claim>(scheduler_, options_.default_timeout,
+  return ask_scheduler<task_claim>(options_.default_timeout,
                           claim_atom::value, worker, ms(length));
 }
 
@@ -98,8 +119,7 @@ void runtime::claim_task_async(
   const std::string& worker, std::chrono::milliseconds length,
   std::chrono::milliseconds wait,
   std::function<void(caf::expected<task_claim>)> done) {
-  call_async<task_claim>(scheduler_,
-                         options_.default_timeout
+  ask_scheduler_async<task_claim>(options_.default_timeout
                            + std::chrono::milliseconds{ms(wait)},
                          std::move(done), claim_atom::value, worker,
                          ms(length), ms(wait));
@@ -112,8 +132,7 @@ caf::expected<task_claim>
 runtime::claim_task(const std::string& worker,
                     std::chrono::milliseconds length,
                     std::chrono::milliseconds wait) {
-  return call<task_claim>(scheduler_,
-                          options_.default_timeout
+  return ask_scheduler<task_claim>(options_.default_timeout
                             + std::chrono::milliseconds{ms(wait)},
                           claim_atom::value, worker, ms(length), ms(wait));
 }
@@ -121,14 +140,14 @@ runtime::claim_task(const std::string& worker,
 caf::expected<task_claim>
 runtime::heartbeat_task(const std::string& task, const std::string& lease,
                         std::chrono::milliseconds length) {
-  return call<task_claim>(scheduler_, options_.default_timeout,
+  return ask_scheduler<task_claim>(options_.default_timeout,
                           heartbeat_atom::value, task, lease, ms(length));
 }
 
 caf::expected<task_info> runtime::complete_task(const std::string& task,
                                                 std::string result,
                                                 const std::string& lease) {
-  return call<task_info>(scheduler_, options_.default_timeout,
+  return ask_scheduler<task_info>(options_.default_timeout,
                          complete_atom::value, task, std::move(result),
                          lease);
 }
@@ -136,48 +155,48 @@ caf::expected<task_info> runtime::complete_task(const std::string& task,
 caf::expected<task_info> runtime::fail_task(const std::string& task,
                                             std::string reason,
                                             const std::string& lease) {
-  return call<task_info>(scheduler_, options_.default_timeout,
+  return ask_scheduler<task_info>(options_.default_timeout,
                          fail_atom::value, task, std::move(reason), lease);
 }
 
 caf::expected<task_info> runtime::requeue_task(const std::string& task) {
-  return call<task_info>(scheduler_, options_.default_timeout,
+  return ask_scheduler<task_info>(options_.default_timeout,
                          requeue_atom::value, task);
 }
 
 caf::expected<task_tree>
 runtime::orchestration_tree(const std::string& orchestration) {
-  return call<task_tree>(scheduler_, options_.default_timeout,
+  return ask_scheduler<task_tree>(options_.default_timeout,
                          caf::get_atom::value, orchestration);
 }
 
 caf::expected<task_info> runtime::task(const std::string& id) {
-  return call<task_info>(scheduler_, options_.default_timeout,
+  return ask_scheduler<task_info>(options_.default_timeout,
                          caf::get_atom::value, task_atom::value, id);
 }
 
 caf::expected<std::vector<std::string>>
 runtime::executable_tasks(const std::string& orchestration, uint64_t limit) {
-  return call<std::vector<std::string>>(scheduler_, options_.default_timeout,
+  return ask_scheduler<std::vector<std::string>>(options_.default_timeout,
                                         executable_atom::value, orchestration,
                                         limit);
 }
 
 caf::expected<std::vector<std::string>> runtime::list_orchestrations() {
-  return call<std::vector<std::string>>(scheduler_, options_.default_timeout,
+  return ask_scheduler<std::vector<std::string>>(options_.default_timeout,
                                         caf::get_atom::value,
                                         orchestrate_atom::value);
 }
 
 caf::expected<void> runtime::attach_worker(const std::string& worker,
                                            const caf::actor_addr& actor) {
-  return to_void(call<caf::ok_atom>(scheduler_, options_.default_timeout,
+  return to_void(ask_scheduler<caf::ok_atom>(options_.default_timeout,
                                     attach_atom::value, worker, actor));
 }
 
 caf::expected<void> runtime::attach_worker(const std::string& worker,
                                            const process_identity& who) {
-  return to_void(call<caf::ok_atom>(scheduler_, options_.default_timeout,
+  return to_void(ask_scheduler<caf::ok_atom>(options_.default_timeout,
                                     attach_atom::value, worker,
                                     static_cast<int32_t>(who.pid),
                                     who.start_time));
@@ -185,18 +204,17 @@ caf::expected<void> runtime::attach_worker(const std::string& worker,
 
 caf::expected<std::vector<std::string>>
 runtime::mark_worker_stale(const std::string& worker) {
-  return call<std::vector<std::string>>(scheduler_, options_.default_timeout,
+  return ask_scheduler<std::vector<std::string>>(options_.default_timeout,
                                         stale_atom::value, worker);
 }
 
 caf::expected<task_counts> runtime::count_tasks() {
-  return call<task_counts>(scheduler_, options_.default_timeout,
+  return ask_scheduler<task_counts>(options_.default_timeout,
                            stats_atom::value);
 }
 
 caf::expected<std::vector<std::string>> runtime::detect_stale_tasks() {
-  auto candidates = call<std::vector<process_worker>>(
-    scheduler_, options_.default_timeout, workers_atom::value);
+  auto candidates = ask_scheduler<std::vector<process_worker>>(options_.default_timeout, workers_atom::value);
   if (!candidates)
     return candidates.error();
   // Liveness is read from /proc here, on the caller's thread, so no actor
@@ -216,7 +234,7 @@ caf::expected<std::vector<std::string>> runtime::detect_stale_tasks() {
 
 void runtime::create_orchestration_async(
   std::string payload, std::function<void(caf::expected<std::string>)> done) {
-  call_async<std::string>(scheduler_, options_.default_timeout,
+  ask_scheduler_async<std::string>(options_.default_timeout,
                           std::move(done), orchestrate_atom::value,
                           std::move(payload));
 }
@@ -224,7 +242,7 @@ void runtime::create_orchestration_async(
 void runtime::spawn_subtasks_async(
   const std::string& parent, std::vector<std::string> payloads,
   std::function<void(caf::expected<std::vector<std::string>>)> done) {
-  call_async<std::vector<std::string>>(scheduler_, options_.default_timeout,
+  ask_scheduler_async<std::vector<std::string>>(options_.default_timeout,
                                        std::move(done), caf::spawn_atom::value,
                                        parent, std::move(payloads));
 }
@@ -232,8 +250,7 @@ void runtime::spawn_subtasks_async(
 void runtime::claim_task_async(
   const std::string& worker,
   std::function<void(caf::expected<std::optional<task_info>>)> done) {
-  call_async<task_claim>(
-    scheduler_, options_.default_timeout,
+  ask_scheduler_async<task_claim>(options_.default_timeout,
     [done = std::move(done)](caf::expected<task_claim> x) {
       done(unwrap(std::move(x)));
     },
@@ -243,27 +260,27 @@ void runtime::claim_task_async(
 void runtime::complete_task_async(
   const std::string& task, std::string result,
   std::function<void(caf::expected<task_info>)> done) {
-  call_async<task_info>(scheduler_, options_.default_timeout, std::move(done),
+  ask_scheduler_async<task_info>(options_.default_timeout, std::move(done),
                         complete_atom::value, task, std::move(result));
 }
 
 void runtime::fail_task_async(
   const std::string& task, std::string reason,
   std::function<void(caf::expected<task_info>)> done) {
-  call_async<task_info>(scheduler_, options_.default_timeout, std::move(done),
+  ask_scheduler_async<task_info>(options_.default_timeout, std::move(done),
                         fail_atom::value, task, std::move(reason));
 }
 
 void runtime::requeue_task_async(
   const std::string& task, std::function<void(caf::expected<task_info>)> done) {
-  call_async<task_info>(scheduler_, options_.default_timeout, std::move(done),
+  ask_scheduler_async<task_info>(options_.default_timeout, std::move(done),
                         requeue_atom::value, task);
 }
 
 void runtime::orchestration_tree_async(
   const std::string& orchestration,
   std::function<void(caf::expected<task_tree>)> done) {
-  call_async<task_tree>(scheduler_, options_.default_timeout, std::move(done),
+  ask_scheduler_async<task_tree>(options_.default_timeout, std::move(done),
                         caf::get_atom::value, orchestration);
 }
 

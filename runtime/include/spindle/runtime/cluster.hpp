@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -57,6 +58,8 @@ struct cluster_node_info {
   std::string state;
   /// Threads whose lease it holds now.
   uint64_t threads = 0;
+  /// Whether it holds the scheduler seat.
+  bool scheduler = false;
 };
 
 /// A node's membership: its row in `cluster_nodes` and the heartbeat that
@@ -93,6 +96,41 @@ public:
   /// server on port 0 learns its port after it joined); `options()` keeps
   /// the address it joined with.
   caf::error advertise(const std::string& url);
+
+  // -- the scheduler seat (docs/cluster.md, "One scheduler") ---------------
+
+  /// The lease key of the scheduler seat in `thread_leases` (no thread ID
+  /// can take this form).
+  static constexpr const char* scheduler_key = "#scheduler";
+
+  /// Who holds the scheduler seat, as this node last learned.
+  struct seat {
+    /// This node holds it and its own lease runs now.
+    bool here = false;
+    /// The epoch its writes are fenced with (when `here`).
+    uint64_t epoch = 0;
+    /// The holder (this node when `here`; empty: none known).
+    std::string holder;
+    std::string holder_url;
+  };
+  seat scheduler_seat() const;
+
+  /// Called (on the heartbeat's thread, or the caller of
+  /// `contend_for_scheduler`) with the epoch each time this node takes the
+  /// seat, and with 0 when it loses it (its lease lapsed). Replacing it
+  /// waits for a call in progress: after `on_scheduler_seat({})` returns,
+  /// none runs.
+  void on_scheduler_seat(std::function<void(uint64_t epoch)> f);
+
+  /// Takes the seat if it is free, this node's, or held by a node whose
+  /// lease ran out, else learns its holder; the heartbeat does this at
+  /// every renewal. Returns whether this node holds it.
+  bool contend_for_scheduler();
+
+  /// The scheduler this node ran under the seat stopped by itself (its
+  /// load failed): the next renewal takes the seat again, with a new
+  /// epoch, and the callback starts a fresh one.
+  void scheduler_failed(uint64_t epoch);
 
   /// Leaves the cluster: stops the heartbeat, lets the node's thread
   /// leases go and marks it stopped, so others take its threads at once.

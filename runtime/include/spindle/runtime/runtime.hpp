@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -465,10 +466,19 @@ public:
   // -- orchestration -------------------------------------------------------------
 
   /// The scheduler, front door of orchestration (protocol in
-  /// messages/orchestration.hpp; design in docs/orchestration.md).
-  scheduler_actor scheduler() const noexcept {
+  /// messages/orchestration.hpp; design in docs/orchestration.md). In a
+  /// cluster only the node holding the scheduler seat runs one; elsewhere
+  /// (or between seats) this is invalid (docs/cluster.md, "One
+  /// scheduler"). This member function is thread-safe.
+  scheduler_actor scheduler() const {
+    std::lock_guard<std::mutex> guard{scheduler_mtx_};
     return scheduler_;
   }
+
+  /// Where orchestration requests are served: here, or by the node
+  /// holding the scheduler seat (`url` empty: no node holds it now, or
+  /// none is known yet). Always here outside a cluster. Thread-safe.
+  thread_location locate_scheduler() const;
 
   /// Creates an orchestration holding `payload` and returns its ID
   /// (0001, ..., 9999, A000, ...). Errors: exhausted, storage_failure,
@@ -685,6 +695,23 @@ private:
   std::shared_ptr<compactor> compactor_;
   // orchestration:
   caf::error start_orchestration();
+  /// Starts a scheduler (its load runs behind it); in a cluster, writing
+  /// through a store fenced with the scheduler seat's `epoch`.
+  scheduler_actor spawn_scheduler(uint64_t epoch);
+  /// The seat was taken (`epoch` > 0) or lost (0): the scheduler that ran
+  /// under the old one stops, a new one starts.
+  void scheduler_seat_changed(uint64_t epoch);
+  /// The error of an orchestration call on a node without a scheduler.
+  caf::error no_scheduler_here() const;
+  /// `call`/`call_async` to the scheduler, or `no_scheduler_here`.
+  template <class R, class... Ts>
+  caf::expected<R> ask_scheduler(std::chrono::milliseconds timeout,
+                                 Ts&&... xs);
+  template <class R, class... Ts>
+  void ask_scheduler_async(std::chrono::milliseconds timeout,
+                           std::function<void(caf::expected<R>)> done,
+                           Ts&&... xs);
+  mutable std::mutex scheduler_mtx_;
   scheduler_actor scheduler_;
   // events:
   std::shared_ptr<event_log> events_;
