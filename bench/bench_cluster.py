@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""spindle clusters on PostgreSQL: what coordination costs, and failover.
+"""spindle clusters on PostgreSQL: what coordination costs, failover, and
+claims from one scheduler.
 
 What it measures
 ----------------
@@ -64,6 +65,27 @@ rows. docs/cluster.md says how a cluster works.
    renewal still on its way when the node died, or a loaded machine, adds
    a little.
 
+3. Claims per second. The scheduler is one queue for the whole cluster
+   (docs/cluster.md, "One scheduler"): one node holds the seat and every
+   task request reaching another node is forwarded to it. One SQLite node
+   (--sync full) and clusters of 1, 2 and 3 PostgreSQL nodes (databases of
+   their own) each get, before each point, a flat orchestration: a root
+   and its children, created through the seat's holder by wrk for 1.5x the
+   point's length plus a second (more than the point can claim; a point
+   that runs out says so). Then 12 workers, spread evenly over the nodes
+   and talking to them directly (12 on one node, 6 on each of two, 4 on
+   each of three: one wrk process per node, its connections the workers),
+   claim a task with a 60 s lease (POST /v1/tasks/claim), complete it with
+   the lease's token, and claim again, for the point's length; a wrk Lua
+   script counts the claims that returned a task. Claims per second are
+   those claims over the point's length; the configurations are measured
+   one after the other in rounds whose order rotates, each figure its
+   median round, the ratios (to the SQLite node and to the 1-node
+   cluster) the medians of the rounds' ratios, as in part 1. On nodes
+   without the seat every request is forwarded to it, so 2 and 3 nodes
+   add a hop to most claims but no second scheduler: the ratios show what
+   the one queue costs, not a gain.
+
 Every throughput point is `wrk -t2 -cN -dSs --latency --timeout 10s`; the
 tables give messages per second, latency percentiles, non-2xx answers and
 socket errors (a point with errors is flagged: its figure is not a valid
@@ -73,17 +95,19 @@ measurement), and the state stores' writes per commit over the point
 Usage
 -----
     python3 bench/bench_cluster.py --quick            # about 2 minutes
-    python3 bench/bench_cluster.py --json out.json    # full run, ~8 minutes
+    python3 bench/bench_cluster.py --json out.json    # full run, ~12 minutes
 
 Options:
     --build-dir DIR   where the spindle executable is (default: build)
     --quick           2 s per point, 64 connections only, one round, 3 kills
                       (the full run: 8 s per point, 8 and 64 connections,
                       three rounds, 20 kills)
-    --duration S      seconds per throughput point, overriding the above
-    --rounds N        throughput rounds per connection count
+    --duration S      seconds per throughput or claims point, overriding
+                      the above
+    --rounds N        throughput rounds per connection count, and claims
+                      rounds
     --kills N         failover rounds, overriding the above
-    --only WHAT       throughput or failover: run one part only
+    --only WHAT       throughput, failover or claims: run one part only
     --json PATH       write the tables as JSON in the benchmark report's
                       format ({"benchmark": "cluster", "machine", "tables"},
                       see bench/make_report.py), with every raw figure and
@@ -128,6 +152,18 @@ PACE_S = 0.01                  # its pause after a success
 START_TIMEOUT = 60.0           # a node's start, a restart's wait included
 FAILOVER_TIMEOUT = 30.0        # a round gives up after this long
 
+CLAIM_WORKERS = 12             # claims part: workers, spread over the nodes
+CLAIM_LEASE_S = 60             # each claim's lease (none runs out in a point)
+BUILD_CONNECTIONS = 8          # wrk connections creating a point's tasks
+
+# The configurations of the claims part, in its table's order.
+CLAIM_CONFIGS = [
+    ("sqlite", "SQLite, 1 node"),
+    ("pg-1", "PostgreSQL, 1 node"),
+    ("pg-2", "PostgreSQL, 2 nodes"),
+    ("pg-3", "PostgreSQL, 3 nodes"),
+]
+
 # The configurations of the throughput part, in the tables' order.
 CONFIGS = [
     ("sqlite", "SQLite, 1 node"),
@@ -138,6 +174,7 @@ CONFIGS = [
     ("pg-3-rr", "PostgreSQL, 3 nodes, round-robin"),
 ]
 LABEL = dict(CONFIGS)
+LABEL_CLAIMS = dict(CLAIM_CONFIGS)
 
 
 def fail(msg):
@@ -369,6 +406,21 @@ def create_threads(url):
             fail(f"POST messages answered {status} at {url}")
 
 
+def median_rounds(runs, names, key):
+    """Each configuration's figures of its median round by `key`, with
+    over_sqlite and over_pg-1: the medians over the rounds of its `key`
+    divided by that of sqlite and of pg-1 in the same round."""
+    configs = {}
+    for c in names:
+        by = sorted(runs, key=lambda g: g[c][key])
+        fig = dict(by[len(by) // 2][c])
+        for ref in ("sqlite", "pg-1"):
+            fig["over_" + ref] = statistics.median(
+                g[c][key] / g[ref][key] for g in runs)
+        configs[c] = fig
+    return configs
+
+
 def bench_throughput(exe, tmp, pg, conns, seconds, rounds, stack):
     sqlite = Node(exe, tmp, "sqlite")
     normal = Node(exe, tmp, "sqlite-normal", extra=["--sync", "normal"])
@@ -420,16 +472,9 @@ def bench_throughput(exe, tmp, pg, conns, seconds, rounds, stack):
                     + (f" ({res['errors']} errors)" if res["errors"]
                        else ""))
             runs.append(got)
-        point = {"connections": conn, "rounds": runs, "configs": {}}
-        for c in names:
-            by = sorted(runs, key=lambda g: g[c]["requests_per_sec"])
-            fig = dict(by[len(by) // 2][c])
-            for ref in ("sqlite", "pg-1"):
-                fig["over_" + ref] = statistics.median(
-                    g[c]["requests_per_sec"] / g[ref]["requests_per_sec"]
-                    for g in runs)
-            point["configs"][c] = fig
-        points.append(point)
+        points.append({"connections": conn, "rounds": runs,
+                       "configs": median_rounds(runs, names,
+                                                "requests_per_sec")})
     return points
 
 
@@ -587,6 +632,208 @@ def bench_failover(exe, tmp, pg, kills, stack):
                 1 for x in rounds for s in x["after_failover"] if s != 200)}
 
 
+# ---------------------------------------------------------------- claims
+
+# wrk's workers: each connection claims a task and completes it with its
+# lease's token, then claims again. A thread's connections share its queue
+# of claimed tasks (wrk does not say which connection an answer came on),
+# so a completion may leave on another connection of the thread than its
+# claim did; the counts are kept per thread and summed in done().
+CLAIMS_LUA = """-- POST /v1/tasks/claim (lease {lease} s), then POST
+-- /v1/tasks/{{id}}/complete with the lease's token, over and over.
+local headers = {{ ["Content-Type"] = "application/json" }}
+local threads = {{}}
+function setup(thread)
+  thread:set("index", #threads)
+  table.insert(threads, thread)
+end
+
+function init(args)
+  worker = "bench-" .. (args[1] or "w") .. "-" .. (index or 0)
+  todo = {{}}
+  claims, completions, empty, failed = 0, 0, 0, 0
+end
+
+function request()
+  local t = table.remove(todo)
+  if t then
+    return wrk.format("POST", "/v1/tasks/" .. t[1] .. "/complete", headers,
+                      '{{"lease":"' .. t[2] .. '"}}')
+  end
+  return wrk.format("POST", "/v1/tasks/claim", headers,
+                    '{{"worker":"' .. worker .. '","lease_s":{lease}}}')
+end
+
+function response(status, headers, body)
+  if status == 204 then
+    empty = empty + 1
+  elseif status ~= 200 then
+    failed = failed + 1
+  else
+    local token = body:match('"token"%s*:%s*"([^"]+)"')
+    if token then
+      claims = claims + 1
+      table.insert(todo, {{body:match('"id"%s*:%s*"([^"]+)"'), token}})
+    else
+      completions = completions + 1
+    end
+  end
+end
+
+function done(summary, latency, requests)
+  local c, d, e, f = 0, 0, 0, 0
+  for _, t in ipairs(threads) do
+    c = c + t:get("claims")
+    d = d + t:get("completions")
+    e = e + t:get("empty")
+    f = f + t:get("failed")
+  end
+  io.write(string.format("claims %d\\ncompletions %d\\nempty %d\\n"
+                         .. "failed %d\\n", c, d, e, f))
+end
+"""
+
+SUBTASKS_LUA = """-- POST /v1/tasks/ROOT/subtasks, ROOT the first argument.
+local headers = { ["Content-Type"] = "application/json" }
+local path
+function init(args)
+  path = "/v1/tasks/" .. args[1] .. "/subtasks"
+end
+
+function request()
+  return wrk.format("POST", path, headers, '{"payload":"bench"}')
+end
+"""
+
+
+def write_claim_scripts(tmp):
+    claims = os.path.join(tmp, "claims.lua")
+    with open(claims, "w") as f:
+        f.write(CLAIMS_LUA.format(lease=CLAIM_LEASE_S))
+    subtasks = os.path.join(tmp, "subtasks.lua")
+    with open(subtasks, "w") as f:
+        f.write(SUBTASKS_LUA)
+    return claims, subtasks
+
+
+def wrk_argv(url, connections, seconds, script, args):
+    return (["wrk", "-t1", f"-c{connections}", f"-d{seconds}s", "--latency",
+             "--timeout", "10s", "-s", script, url, "--"] + list(args))
+
+
+def run_wrks(runs, seconds):
+    """Runs the wrk command lines of `runs` at once; their outputs, parsed
+    by bench_http.py's parse_wrk, with the Lua script's counts added."""
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True,
+                              preexec_fn=bh.raise_fd_limit)
+             for argv in runs]
+    out = []
+    for argv, p in zip(runs, procs):
+        stdout, stderr = p.communicate(timeout=seconds + 60)
+        if p.returncode != 0:
+            fail(f"{' '.join(argv)} exited with {p.returncode}:\n"
+                 + stdout + stderr)
+        r = bh.parse_wrk(stdout)
+        for key in ("claims", "completions", "empty", "failed"):
+            m = re.search(rf"^{key} (\d+)$", stdout, re.M)
+            if m:
+                r[key] = int(m.group(1))
+        out.append(r)
+    return out
+
+
+def seat_holder(nodes, timeout=15.0):
+    """The node GET /v1/cluster names as the scheduler seat's holder."""
+    names = {n.name: n for n in nodes}
+    deadline = time.monotonic() + timeout
+    said = None
+    while time.monotonic() < deadline:
+        for node in nodes:
+            with contextlib.suppress(urllib.error.URLError, OSError,
+                                     ValueError):
+                _, body = bh.http_get(node.url + "/v1/cluster")
+                said = json.loads(body).get("scheduler")
+                if said in names:
+                    return names[said]
+        time.sleep(0.05)
+    fail(f"no node of {', '.join(names)} holds the scheduler seat (GET "
+         f"/v1/cluster says {said!r}): this build has no cluster-wide "
+         f"scheduler")
+
+
+def claims_point(nodes, seat, claims_lua, subtasks_lua, seconds):
+    """One point: a flat orchestration built through `seat`, then
+    CLAIM_WORKERS workers spread over `nodes` claiming for `seconds`."""
+    status, body = bh.http_post(seat.url + "/v1/orchestrations",
+                                {"payload": "bench"})
+    if status != 201:
+        fail(f"POST /v1/orchestrations answered {status} at {seat.url}")
+    root = json.loads(body)["id"]
+    build_s = int(seconds * 1.5) + 1
+    built = run_wrks([wrk_argv(seat.url, BUILD_CONNECTIONS, build_s,
+                               subtasks_lua, [root])], build_s)[0]
+    if built["errors"]:
+        fail(f"creating the tasks of {root} through {seat.name}: "
+             f"{built['errors']} errors")
+    per_node = CLAIM_WORKERS // len(nodes)
+    runs = run_wrks([wrk_argv(n.url, per_node, seconds, claims_lua,
+                              [n.name]) for n in nodes], seconds)
+    fig = {"orchestration": root, "tasks_built": built["requests"],
+           "build_s": build_s, "workers_per_node": per_node,
+           "per_node": runs}
+    for key in ("claims", "completions", "empty", "failed", "requests",
+                "non_2xx"):
+        fig[key] = sum(r.get(key, 0) for r in runs)
+    fig["socket_errors"] = sum(sum(r["socket_errors"].values())
+                               for r in runs)
+    fig["errors"] = fig["failed"] + fig["socket_errors"]
+    duration = statistics.mean(r.get("duration_s", seconds) for r in runs)
+    fig["claims_per_sec"] = fig["claims"] / duration
+    fig["completions_per_sec"] = fig["completions"] / duration
+    fig["latency_ms"] = {p: max(r["latency_ms"].get(p, 0.0) for r in runs)
+                         for p in ("p50", "p99")}
+    return fig
+
+
+def bench_claims(exe, tmp, pg, seconds, rounds, stack):
+    members = {"sqlite": [Node(exe, tmp, "claims-sqlite")]}
+    for n in (1, 2, 3):
+        store = pg.create_database(f"bench_claims{n}")
+        members[f"pg-{n}"] = [Node(exe, tmp, f"claims{n}-node{i}",
+                                   store=store)
+                              for i in range(1, n + 1)]
+    for nodes in members.values():
+        for node in nodes:
+            node.start(stack)
+    for c in ("pg-1", "pg-2", "pg-3"):
+        for node in members[c]:
+            wait_serving(node)
+    seats = {c: nodes[0] if c == "sqlite" else seat_holder(nodes)
+             for c, nodes in members.items()}
+    log("  seats: " + ", ".join(f"{c}: {s.name} ({s.port})"
+                                for c, s in seats.items()))
+    claims_lua, subtasks_lua = write_claim_scripts(tmp)
+    names = [c for c, _ in CLAIM_CONFIGS]
+    runs = []
+    for r in range(rounds):
+        order = names[r % len(names):] + names[:r % len(names)]
+        got = {}
+        for c in order:
+            fig = claims_point(members[c], seats[c], claims_lua,
+                               subtasks_lua, seconds)
+            got[c] = fig
+            log(f"  claims round {r + 1} {c}: "
+                f"{fig['claims_per_sec']:,.0f}/s over {len(members[c])} "
+                f"node(s), {fig['tasks_built']:,} tasks built"
+                + (f", ran out ({fig['empty']} empty claims)"
+                   if fig["empty"] else "")
+                + (f" ({fig['errors']} errors)" if fig["errors"] else ""))
+        runs.append(got)
+    return {"workers": CLAIM_WORKERS, "rounds": runs,
+            "configs": median_rounds(runs, names, "claims_per_sec")}
+
+
 # ---------------------------------------------------------------- tables
 
 def rate(fig):
@@ -708,6 +955,54 @@ def failover_report_table(fo):
     }
 
 
+def claims_report_table(point, seconds, rounds):
+    rows = []
+    for c, label in CLAIM_CONFIGS:
+        f = point["configs"][c]
+        nodes = CLAIM_WORKERS // f["workers_per_node"]
+        rows.append([point["workers"], label, nodes,
+                     round(f["claims_per_sec"]),
+                     ratio(f["over_sqlite"]), ratio(f["over_pg-1"]),
+                     round(f["completions_per_sec"]),
+                     f"{f['latency_ms']['p50']:.2f}",
+                     f"{f['latency_ms']['p99']:.2f}",
+                     f["tasks_built"], f["empty"], f["errors"]])
+    bad = [LABEL_CLAIMS[c] for c, _ in CLAIM_CONFIGS
+           if point["configs"][c]["errors"] or point["configs"][c]["empty"]]
+    return {
+        "title": "Claims per second: workers spread over 1, 2 and 3 "
+                 "PostgreSQL nodes (one scheduler seat) beside one SQLite "
+                 "node",
+        "columns": ["workers", "configuration", "nodes", "claims/s",
+                    "/ SQLite", "/ PostgreSQL 1 node", "completions/s",
+                    "p50 ms", "p99 ms", "tasks built", "empty claims",
+                    "errors"],
+        "rows": rows,
+        "notes": [
+            f"{CLAIM_WORKERS} workers (wrk connections, one wrk process "
+            f"per node, each node's share of them talking to it directly): "
+            f"claim with a {CLAIM_LEASE_S} s lease, complete with the "
+            f"lease's token, claim again, for {seconds} s, in {rounds} "
+            f"round(s) of rotating order; each figure the configuration's "
+            f"median round. Before each point, a flat orchestration (a "
+            f"root and the tasks built below it) created through the "
+            f"scheduler seat's holder by wrk with {BUILD_CONNECTIONS} "
+            f"connections.",
+            "/ SQLite and / PostgreSQL 1 node: the median over the rounds "
+            "of the configuration's claims per second divided by that of "
+            "the SQLite node (--sync full) and of the 1-node PostgreSQL "
+            "cluster in the same round. On 2 and 3 nodes the workers on "
+            "nodes without the seat are forwarded to it: one scheduler "
+            "serves every claim.",
+            "p50 and p99: the latency of every request (claims and "
+            "completions), the largest over the configuration's wrk "
+            "processes. empty claims: 204 answers, the point ran out of "
+            "tasks.",
+        ] + (["Points with errors or empty claims, not valid "
+              "measurements: " + ", ".join(bad) + "."] if bad else []),
+    }
+
+
 def report_document(result, seconds, rounds):
     tables = []
     if "throughput" in result:
@@ -715,6 +1010,9 @@ def report_document(result, seconds, rounds):
                                            rounds)
     if "failover" in result:
         tables.append(failover_report_table(result["failover"]))
+    if "claims" in result:
+        tables.append(claims_report_table(result["claims"], seconds,
+                                          rounds))
     return {"benchmark": "cluster", "machine": bh.machine(),
             "tables": tables, "figures": result}
 
@@ -734,7 +1032,8 @@ def markdown(t):
 def main():
     ap = argparse.ArgumentParser(
         description="spindle clusters on PostgreSQL: throughput through "
-                    "nginx beside one SQLite node, and failover time "
+                    "nginx beside one SQLite node, failover time, and "
+                    "claims per second from workers on 1, 2 and 3 nodes "
                     "(see the module docstring).")
     ap.add_argument("--build-dir", default="build",
                     help="directory holding the spindle executable "
@@ -742,14 +1041,14 @@ def main():
     ap.add_argument("--quick", action="store_true",
                     help="2 s per point, 64 connections, one round, 3 kills")
     ap.add_argument("--duration", type=int, metavar="S",
-                    help="seconds per throughput point (default: 2 with "
-                         "--quick, else 8)")
+                    help="seconds per throughput or claims point (default: "
+                         "2 with --quick, else 8)")
     ap.add_argument("--rounds", type=int, metavar="N",
-                    help="throughput rounds per connection count (default: "
-                         "1 with --quick, else 3)")
+                    help="throughput rounds per connection count, and "
+                         "claims rounds (default: 1 with --quick, else 3)")
     ap.add_argument("--kills", type=int, metavar="N",
                     help="failover rounds (default: 3 with --quick, else 20)")
-    ap.add_argument("--only", choices=("throughput", "failover"),
+    ap.add_argument("--only", choices=("throughput", "failover", "claims"),
                     help="run one part only")
     ap.add_argument("--json", metavar="PATH",
                     help="write every figure to this JSON file")
@@ -773,6 +1072,7 @@ def main():
     conns = [64] if args.quick else [8, 64]
     do_throughput = args.only in (None, "throughput")
     do_failover = args.only in (None, "failover")
+    do_claims = args.only in (None, "claims")
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     result = {
@@ -785,6 +1085,11 @@ def main():
             "kills": kills if do_failover else 0,
             "failover_lease_ms": LEASE_MS,
             "failover_retry_ms": RETRY_S * 1000,
+            "claim_rounds": rounds if do_claims else 0,
+            "claim_workers": CLAIM_WORKERS if do_claims else 0,
+            "claim_configurations": dict(CLAIM_CONFIGS) if do_claims
+            else {},
+            "claim_lease_s": CLAIM_LEASE_S,
         },
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform(),
                     "fd_limit": resource.getrlimit(resource.RLIMIT_NOFILE)},
@@ -807,6 +1112,11 @@ def main():
             parts.append(("failover", f"{kills} kills, --node-lease-ms "
                           f"{LEASE_MS}", lambda sub, part: bench_failover(
                               exe, sub, pg, kills, part)))
+        if do_claims:
+            parts.append(("claims", f"{seconds} s per point, {rounds} "
+                          f"round(s), {CLAIM_WORKERS} workers",
+                          lambda sub, part: bench_claims(
+                              exe, sub, pg, seconds, rounds, part)))
         for name, what, run in parts:
             # Each part in a directory of its own; its nodes and nginx are
             # stopped before the next part starts.
