@@ -248,6 +248,64 @@ bool d1_before(const std::string& x, const std::string& y) {
   return claimed_before(*task_id::parse(x), *task_id::parse(y));
 }
 
+/// What `check_d1` found.
+struct d1_findings {
+  std::vector<std::string> order; // the tasks claimed, in commit order
+  size_t out_of_order = 0, parent_too_early = 0, unknown = 0;
+  std::string first_out_of_order, first_too_early;
+};
+
+/// Checks the claims among `changes` (task.claimed and task.completed
+/// events, in commit order) against D1: the claimed task must come first
+/// in D1 among the tasks known to be executable when its claim was sent
+/// (`sent`): the leaves (`leaves`, executable from the start) not claimed
+/// yet, and the parents not claimed yet whose last child's completion was
+/// answered (`ready_at`) before that. A parent must not be claimed before
+/// the completions of all its `children`. A claim no worker got is
+/// `unknown`.
+d1_findings
+check_d1(const std::vector<std::pair<std::string, std::string>>& changes,
+         const std::map<std::string, steady::time_point>& sent,
+         const std::map<std::string, steady::time_point>& ready_at,
+         const std::set<std::string>& leaves,
+         const std::map<std::string, std::vector<std::string>>& children) {
+  d1_findings out;
+  std::set<d1_key> unclaimed_leaves;
+  for (auto& id : leaves)
+    unclaimed_leaves.insert(d1_key{*task_id::parse(id)});
+  std::set<std::string> claimed, done;
+  for (auto& [type, task] : changes) {
+    if (type == "task.completed") {
+      done.insert(task);
+      continue;
+    }
+    out.order.push_back(task);
+    auto when = sent.find(task);
+    if (when == sent.end()) {
+      ++out.unknown;
+      continue;
+    }
+    if (auto kids = children.find(task); kids != children.end())
+      for (auto& kid : kids->second)
+        if (done.count(kid) == 0 && out.parent_too_early++ == 0)
+          out.first_too_early = task + " before " + kid + " completed";
+    std::vector<std::string> known;
+    if (!unclaimed_leaves.empty())
+      known.push_back(unclaimed_leaves.begin()->id.to_string());
+    for (auto& [parent, at] : ready_at)
+      if (claimed.count(parent) == 0 && at < when->second)
+        known.push_back(parent);
+    for (auto& k : known)
+      if (k != task && d1_before(k, task) && out.out_of_order++ == 0)
+        out.first_out_of_order = "claim " + std::to_string(out.order.size())
+                                 + " took " + task + " while " + k
+                                 + " was executable";
+    claimed.insert(task);
+    unclaimed_leaves.erase(d1_key{*task_id::parse(task)});
+  }
+  return out;
+}
+
 /// A claim a worker got: the task, its lease, and when the request that
 /// got it was sent and answered.
 struct claim_record {
@@ -436,57 +494,49 @@ TEST_CASE("workers on three nodes claim a tree of 2000 tasks from one "
   // it was certainly waiting. Besides: no parent is claimed before all its
   // children's completions (in commit order).
   REQUIRE(events.wait_for(2 * tree.size(), 30s));
-  std::map<std::string, steady::time_point> ready_at; // parents
+  std::vector<std::pair<std::string, std::string>> changes; // type, task
+  for (auto& e : events.events())
+    changes.emplace_back(e.type, e.data["task"].get<std::string>());
+  std::map<std::string, steady::time_point> sent, ready_at;
+  for (auto& [task, rs] : claims)
+    sent[task] = rs.front().sent;
   for (auto& [parent, kids] : children) {
     steady::time_point last{};
     for (auto& kid : kids)
       last = std::max(last, completed_at.at(kid));
     ready_at[parent] = last;
   }
-  std::set<d1_key> unclaimed_leaves;
-  for (auto& id : leaves)
-    unclaimed_leaves.insert(d1_key{*task_id::parse(id)});
-  std::set<std::string> claimed, done;
-  std::vector<std::string> order;
-  size_t out_of_order = 0, parent_too_early = 0, unknown = 0;
-  std::string first_out_of_order, first_too_early;
-  for (auto& e : events.events()) {
-    auto task = e.data["task"].get<std::string>();
-    if (e.type == "task.completed") {
-      done.insert(task);
-      continue;
-    }
-    order.push_back(task);
-    auto rec = claims.find(task);
-    if (rec == claims.end()) {
-      ++unknown;
-      continue;
-    }
-    auto sent = rec->second.front().sent;
-    if (auto kids = children.find(task); kids != children.end())
-      for (auto& kid : kids->second)
-        if (done.count(kid) == 0 && parent_too_early++ == 0)
-          first_too_early = task + " before " + kid + " completed";
-    std::vector<std::string> known;
-    if (!unclaimed_leaves.empty())
-      known.push_back(unclaimed_leaves.begin()->id.to_string());
-    for (auto& [parent, at] : ready_at)
-      if (claimed.count(parent) == 0 && at < sent)
-        known.push_back(parent);
-    for (auto& k : known)
-      if (k != task && d1_before(k, task) && out_of_order++ == 0)
-        first_out_of_order = "claim " + std::to_string(order.size()) + " took "
-                             + task + " while " + k + " was executable";
-    claimed.insert(task);
-    unclaimed_leaves.erase(d1_key{*task_id::parse(task)});
-  }
-  INFO("first out of order: " << first_out_of_order);
-  INFO("first parent too early: " << first_too_early);
-  CHECK(order.size() == tree.size());
-  CHECK(claimed.size() == tree.size());
-  CHECK(unknown == 0);
-  CHECK(out_of_order == 0);
-  CHECK(parent_too_early == 0);
+  auto d1 = check_d1(changes, sent, ready_at, leaves, children);
+  INFO("first out of order: " << d1.first_out_of_order);
+  INFO("first parent too early: " << d1.first_too_early);
+  CHECK(d1.order.size() == tree.size());
+  CHECK(std::set<std::string>(d1.order.begin(), d1.order.end()).size()
+        == tree.size());
+  CHECK(d1.unknown == 0);
+  CHECK(d1.out_of_order == 0);
+  CHECK(d1.parent_too_early == 0);
+  // The check has teeth: the same changes with the first two claims
+  // swapped, or with the root's claim moved before the completion of its
+  // last child, fail it.
+  auto swapped = changes;
+  auto first_claim = [&](auto from) {
+    return std::find_if(from, swapped.end(), [](auto& change) {
+      return change.first == "task.claimed";
+    });
+  };
+  auto one = first_claim(swapped.begin());
+  std::iter_swap(one, first_claim(std::next(one)));
+  CHECK(check_d1(swapped, sent, ready_at, leaves, children).out_of_order
+        > 0);
+  auto early = changes;
+  auto root_claim = std::find(early.begin(), early.end(),
+                              std::make_pair(std::string{"task.claimed"},
+                                             root));
+  REQUIRE(root_claim != early.end());
+  std::iter_swap(root_claim, std::prev(root_claim));
+  CHECK(check_d1(early, sent, ready_at, leaves, children).parent_too_early
+        > 0);
+  auto& order = d1.order;
   // The claims of the leaves, in the scheduler's order, are exactly D1.
   std::vector<std::string> leaf_claims;
   for (auto& t : order)
