@@ -756,3 +756,45 @@ TEST_CASE("a streamed reply forwarded to the owner reaches the client piece "
   CHECK(whole - first_delta >= 800ms);
   CHECK(c.node(1).log().find("forwarded_to=node0") != std::string::npos);
 }
+
+TEST_CASE("a subscription to one thread's events or to task events is "
+          "served by the node where they happen, whichever node it reaches",
+          "[postgres]") {
+  cluster c{2};
+  // node0 started first: it holds the scheduler seat, and here the thread.
+  auto a = client_of(c.node(0).port());
+  auto b = client_of(c.node(1).port());
+  REQUIRE(send_message(*a, "watched", "one") == 200);
+  REQUIRE(c.owner("watched") == "node0");
+  auto seat = json::parse(b->Get("/v1/cluster")->body)["scheduler"];
+  REQUIRE(seat == "node0");
+
+  // Both subscriptions reach node1 and are forwarded to node0.
+  sse_client thread_events{c.node(1).port(), "/v1/events?thread=watched"};
+  sse_client task_events{c.node(1).port(), "/v1/events?types=task"};
+  REQUIRE(thread_events.wait_status(10s) == 200);
+  REQUIRE(task_events.wait_status(10s) == 200);
+  REQUIRE(send_message(*b, "watched", "two") == 200);
+  auto made = post_json(*b, "/v1/orchestrations", {{"payload", "root"}});
+  REQUIRE(made.first == 201);
+  auto id = made.second["id"].get<std::string>();
+
+  // The user and assistant turns of "two", and the orchestration's root.
+  REQUIRE(thread_events.wait_for(2, 10s));
+  REQUIRE(task_events.wait_for(1, 10s));
+  for (auto& e : thread_events.events()) {
+    CHECK(e.type == "thread.turn_appended");
+    CHECK(e.data["thread"] == "watched");
+  }
+  CHECK(task_events.events()[0].type == "task.created");
+  CHECK(task_events.events()[0].data["task"] == id);
+  // node1 could not have seen either (it owns neither the thread nor the
+  // seat): the subscriptions were forwarded, as the message and the
+  // orchestration were. Each is logged once it ends.
+  thread_events.close();
+  task_events.close();
+  auto until = std::chrono::steady_clock::now() + 10s;
+  while (c.forwarded(1, "node0") < 4 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(50ms);
+  CHECK(c.forwarded(1, "node0") == 4);
+}

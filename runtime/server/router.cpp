@@ -1,5 +1,7 @@
 #include "router.hpp"
 
+#include <algorithm>
+
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <caf/logger.hpp>
@@ -415,6 +417,8 @@ void router::add(const std::string& method, const std::string& pattern,
     e.thread = route_entry::thread_in::path;
   else if (route == "POST /v1/chat/completions")
     e.thread = route_entry::thread_in::completion;
+  else if (route == "GET /v1/events")
+    e.thread = route_entry::thread_in::query;
   e.scheduled = route.find(" /v1/orchestrations") != std::string::npos
                 || route.find(" /v1/tasks") != std::string::npos;
   routes_.push_back(std::move(e));
@@ -701,7 +705,7 @@ void router::dispatch(std::shared_ptr<request> req, responder_ptr res) {
     return;
   }
   if (loops_ && rt_.cluster() && !req->has_header(forwarded_header)
-      && e->scheduled) {
+      && for_scheduler(*e, *req)) {
     auto where = rt_.locate_scheduler();
     if (where.local)
       proceed(e, std::move(req), std::move(res));
@@ -751,6 +755,9 @@ std::string router::thread_of(const route_entry& e, const request& req) {
     case route_entry::thread_in::path:
       id = req.matches.size() > 1 ? req.matches[1] : std::string{};
       break;
+    case route_entry::thread_in::query:
+      id = req.get_param_value("thread");
+      break;
     case route_entry::thread_in::completion: {
       id = req.get_header_value("Spindle-Thread-Id");
       if (!id.empty())
@@ -765,6 +772,28 @@ std::string router::thread_of(const route_entry& e, const request& req) {
     }
   }
   return id == "new" ? std::string{} : id;
+}
+
+bool router::for_scheduler(const route_entry& e, const request& req) {
+  if (e.scheduled)
+    return true;
+  if (e.thread != route_entry::thread_in::query || req.has_param("thread"))
+    return false;
+  // Task events happen where the scheduler runs.
+  if (req.has_param("orchestration"))
+    return true;
+  auto types = req.get_param_value("types");
+  if (types.empty())
+    return false;
+  size_t start = 0;
+  while (start <= types.size()) {
+    auto end = std::min(types.find(',', start), types.size());
+    auto name = types.substr(start, end - start);
+    if (name != "task" && name.rfind("task.", 0) != 0)
+      return false;
+    start = end + 1;
+  }
+  return true;
 }
 
 void router::proceed(const route_entry* e, std::shared_ptr<request> req,

@@ -256,10 +256,10 @@ private:
     bool open = false;
     bool idempotent = false;
     /// Where the request names its thread: not at all, the path's first
-    /// capture (/v1/threads/{id}/...), or a chat completion's `thread_id`
-    /// field or header. In a cluster such a request is served by the
+    /// capture (/v1/threads/{id}/...), a chat completion's `thread_id`
+    /// field or header, or the query's `thread` (GET /v1/events). In a cluster such a request is served by the
     /// thread's owner (docs/cluster.md, "Forwarding").
-    enum class thread_in : uint8_t { none, path, completion } thread
+    enum class thread_in : uint8_t { none, path, completion, query } thread
       = thread_in::none;
     /// An orchestration route: in a cluster it is served by the node
     /// holding the scheduler seat (docs/cluster.md, "One scheduler").
@@ -268,6 +268,9 @@ private:
 
   /// The thread a request names (empty: none, or "new").
   static std::string thread_of(const route_entry& e, const request& req);
+  /// Whether the node holding the scheduler seat serves the request: an
+  /// orchestration route, or a subscription to task events only.
+  static bool for_scheduler(const route_entry& e, const request& req);
   /// Idempotency, then the handler.
   void proceed(const route_entry* e, std::shared_ptr<request> req,
                responder_ptr res);
