@@ -317,8 +317,7 @@ struct claim_record {
 };
 
 /// Three nodes, the seat's holder found, and clients of the two nodes
-/// without it (A and B), with an orchestration of two children created
-/// through them.
+/// without it (A and B).
 struct seated_cluster {
   cluster c{3};
   size_t holder = await_seat(c, {0, 1, 2}, 10s);
