@@ -652,6 +652,77 @@ TEST_CASE("a node cut off from PostgreSQL stops serving its threads within "
   check_pairs(turns, {"one", "two", "three"}, "severed", false);
 }
 
+TEST_CASE("the scheduler seat's holder cut off from PostgreSQL stops "
+          "scheduling within one lease, another node takes the seat with "
+          "every stored task, and mended it forwards to the new holder",
+          "[postgres]") {
+  cluster c{0};
+  auto url = c.store().url();
+  relay r{"127.0.0.1", port_of(url)};
+  c.add("cutoff", via_port(url, r.port())); // first: it takes the seat
+  c.add("node1");
+  auto& cut = c.node(0);
+  auto a = client_of(cut.port());
+  auto b = client_of(c.node(1).port());
+  REQUIRE(json::parse(b->Get("/v1/cluster")->body)["scheduler"] == "cutoff");
+  // Through node1, forwarded to the seat.
+  auto root = post_json(*b, "/v1/orchestrations", {{"payload", "root"}});
+  REQUIRE(root.first == 201);
+  auto id = root.second["id"].get<std::string>();
+  auto leaf = post_json(*b, "/v1/tasks/" + id + "/subtasks",
+                        {{"payload", "leaf"}});
+  REQUIRE(leaf.first == 201);
+  auto claimed = post_json(*b, "/v1/tasks/claim",
+                           {{"worker", "w"}, {"lease_s", 60}});
+  REQUIRE(claimed.first == 200);
+  REQUIRE(claimed.second["id"] == leaf.second["id"]);
+
+  auto cut_at = std::chrono::steady_clock::now();
+  r.cut();
+  std::this_thread::sleep_for(2500ms);
+  // Its lease ran out: it schedules nothing, and forwards nowhere yet or
+  // to the new holder.
+  auto refused = a->Get(("/v1/tasks/" + id).c_str());
+  REQUIRE(refused);
+  CHECK(refused->status == 503);
+  // node1 takes the seat and loads what committed: the running task lost
+  // its worker with the old scheduler.
+  int status = 0;
+  json task;
+  while (std::chrono::steady_clock::now() - cut_at < 10s) {
+    auto got = b->Get(("/v1/tasks/" + leaf.second["id"].get<std::string>())
+                        .c_str());
+    status = got ? got->status : 0;
+    if (status == 200) {
+      task = json::parse(got->body);
+      break;
+    }
+    std::this_thread::sleep_for(100ms);
+  }
+  REQUIRE(status == 200);
+  CHECK(std::chrono::steady_clock::now() - cut_at < 10s);
+  CHECK(task["state"] == "stale");
+  CHECK(json::parse(b->Get("/v1/cluster")->body)["scheduler"] == "node1");
+  CHECK(cut.log().find("gives up the scheduler seat") != std::string::npos);
+  // Mended: it renews, finds the seat taken, and forwards to node1.
+  r.mend();
+  auto until = std::chrono::steady_clock::now() + 10s;
+  int through = 0;
+  while (std::chrono::steady_clock::now() < until) {
+    auto got = a->Get(("/v1/tasks/" + id).c_str());
+    through = got ? got->status : 0;
+    if (through == 200)
+      break;
+    std::this_thread::sleep_for(100ms);
+  }
+  CHECK(through == 200);
+  CHECK(c.forwarded(0, "node1") >= 1);
+  auto leaf_id = leaf.second["id"].get<std::string>();
+  auto requeued = post_json(*a, "/v1/tasks/" + leaf_id + "/requeue",
+                            json::object());
+  CHECK(requeued.first == 200);
+}
+
 TEST_CASE("two nodes append and fold one journal at once: every turn "
           "stays, each thread's history exact",
           "[postgres]") {
