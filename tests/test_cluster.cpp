@@ -716,6 +716,10 @@ TEST_CASE("the scheduler seat's holder cut off from PostgreSQL stops "
     std::this_thread::sleep_for(100ms);
   }
   CHECK(through == 200);
+  // Logged just after the answer went out.
+  until = std::chrono::steady_clock::now() + 5s;
+  while (c.forwarded(0, "node1") < 1 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(50ms);
   CHECK(c.forwarded(0, "node1") >= 1);
   auto leaf_id = leaf.second["id"].get<std::string>();
   auto requeued = post_json(*a, "/v1/tasks/" + leaf_id + "/requeue",
