@@ -21,6 +21,7 @@
 #include <catch2/catch.hpp>
 
 #include "spindle/messages/error.hpp"
+#include "spindle/runtime/actor_pool.hpp"
 #include "spindle/runtime/config.hpp"
 #include "spindle/runtime/memory.hpp"
 #include "spindle/runtime/postgres.hpp"
@@ -56,7 +57,7 @@ struct node {
     mem = std::move(*spawned);
   }
   ~node() {
-    caf::anon_send_exit(mem.actor, caf::exit_reason::user_shutdown);
+    stop_actor_pool(sys, caf::actor_cast<caf::actor>(mem.actor));
   }
 
   caf::expected<int64_t> store(const std::string& content,

@@ -18,6 +18,7 @@
 #include <catch2/catch.hpp>
 #include <sqlite3.h>
 
+#include "spindle/runtime/actor_pool.hpp"
 #include "spindle/runtime/config.hpp"
 #include "spindle/runtime/memory.hpp"
 #include "spindle/runtime/postgres.hpp"
@@ -1106,7 +1107,7 @@ TEST_CASE("memory: a retrieval on the caller's thread answers from what a "
   auto bad = mem->kept(memory_query{"u 1", "t1", "the orchard"});
   REQUIRE(bad.has_value());
   CHECK_FALSE(*bad);
-  anon_send_exit(mem->actor, caf::exit_reason::user_shutdown);
+  stop_actor_pool(sys, caf::actor_cast<caf::actor>(mem->actor));
 }
 
 TEST_CASE("memory: builds that retrieve on their own threads see every "

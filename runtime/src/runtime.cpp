@@ -7,6 +7,7 @@
 #include "spindle/actors/fenced_store.hpp"
 #include "spindle/actors/scheduler.hpp"
 #include "spindle/messages/error.hpp"
+#include "spindle/runtime/actor_pool.hpp"
 #include "spindle/runtime/cluster.hpp"
 
 namespace spindle {
@@ -198,39 +199,6 @@ caf::error runtime::start_orchestration() {
   return failure;
 }
 
-namespace {
-
-// Stops a caf::actor_pool worker by worker. CAF 0.17.6's pool watches its
-// workers, and when two of them go down at once (as an exit sent to the
-// pool makes them: it forwards the exit to each) the two down messages
-// race inside the pool (`actor_pool::filter` writes its planned exit
-// reason while `quit` reads it, found by TSan against an instrumented
-// CAF). So the pool first stops watching them and forgets them (`(sys,
-// delete)`, handled inside the sender's enqueue), then each worker and
-// the pool get the exit.
-void stop_pool(caf::actor_system& sys, const caf::actor& pool) {
-  // Not a pool (the in-memory mode's one memory actor): the exit below.
-  if (!pool
-      || dynamic_cast<caf::actor_pool*>(
-           caf::actor_cast<caf::abstract_actor*>(pool))
-           == nullptr)
-    return;
-  std::vector<caf::actor> workers;
-  {
-    caf::scoped_actor self{sys};
-    self
-      ->request(pool, std::chrono::seconds{5}, caf::sys_atom::value,
-                caf::get_atom::value)
-      .receive([&](std::vector<caf::actor>& xs) { workers = std::move(xs); },
-               [](caf::error&) {});
-  }
-  caf::anon_send(pool, caf::sys_atom::value, caf::delete_atom::value);
-  for (auto& w : workers)
-    caf::anon_send_exit(w, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(pool, caf::exit_reason::user_shutdown);
-}
-
-} // namespace
 
 std::vector<caf::actor> runtime::core_actors() const {
   // Dependents first: an actor is stopped before the actors it calls.
@@ -267,8 +235,8 @@ void runtime::stop() {
     compactor_->stop_all();
   // The two pools (builders, memory) worker by worker, in the order
   // core_actors gives; then every core actor (the pools again: a no-op).
-  stop_pool(*system_, caf::actor_cast<caf::actor>(context_builder_));
-  stop_pool(*system_, caf::actor_cast<caf::actor>(memory_));
+  stop_actor_pool(*system_, caf::actor_cast<caf::actor>(context_builder_));
+  stop_actor_pool(*system_, caf::actor_cast<caf::actor>(memory_));
   for (auto& handle : core_actors())
     caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);
   // -- each area resets its handles here --
