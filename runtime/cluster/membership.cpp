@@ -199,8 +199,14 @@ struct cluster_membership::impl {
     return seat_term == term;
   }
 
+  enum class seat_result { here, elsewhere, failed };
+
   // Takes the seat or learns its holder (see `contend_for_scheduler`).
   bool contend() {
+    return contend_once() == seat_result::here;
+  }
+
+  seat_result contend_once() {
     std::lock_guard<std::mutex> contending{contend_mtx};
     auto now = standing->read();
     bool held = false;
@@ -223,7 +229,7 @@ struct cluster_membership::impl {
         mine = run(*db, seat_sql, params);
       }
       if (!mine || !mine->empty())
-        return true;
+        return seat_result::here;
       spdlog::error("cluster: node '{}' finds the scheduler seat taken by "
                     "another node while its own lease ran",
                     options.node_name);
@@ -246,7 +252,7 @@ struct cluster_membership::impl {
         held = false;
       }
       if (!now.live)
-        return false;
+        return seat_result::failed;
     }
     // Held by a live node: learn who, without the row lock a take would
     // wait for behind the holder's writes.
@@ -263,7 +269,7 @@ struct cluster_membership::impl {
         seat.epoch = 0;
         seat.holder = (*seen)[0][0].text;
         seat.holder_url = (*seen)[0][1].text;
-        return false;
+        return seat_result::elsewhere;
       }
     }
     auto take = records::acquire_thread_lease(
@@ -274,11 +280,15 @@ struct cluster_membership::impl {
       std::lock_guard<std::mutex> guard{db_mtx};
       rows = run(*db, take.sql, take.params);
     }
-    if (!rows)
-      return false; // tried again at the next renewal
+    if (!rows) {
+      spdlog::warn("cluster: node '{}' cannot take the scheduler seat now "
+                   "({}); it tries again",
+                   options.node_name, describe(rows.error()));
+      return seat_result::failed;
+    }
     auto answer = records::decode_lease(*rows);
     if (!answer || (answer->epoch == 0 && answer->holder.empty()))
-      return false; // raced with another node: the next renewal knows
+      return seat_result::failed; // raced with another node: ask again
     if (answer->epoch > 0) {
       {
         std::lock_guard<std::mutex> guard{seat_mtx};
@@ -291,7 +301,7 @@ struct cluster_membership::impl {
       spdlog::info("cluster: node '{}' holds the scheduler seat (epoch {})",
                    options.node_name, answer->epoch);
       notify_seat(answer->epoch);
-      return true;
+      return seat_result::here;
     }
     {
       std::lock_guard<std::mutex> guard{seat_mtx};
@@ -300,7 +310,7 @@ struct cluster_membership::impl {
       seat.holder = answer->holder;
       seat.holder_url = answer->holder_url;
     }
-    return false;
+    return seat_result::elsewhere;
   }
 
   std::vector<sql_value> who() const {
@@ -563,7 +573,16 @@ void cluster_membership::on_scheduler_seat(
 }
 
 bool cluster_membership::contend_for_scheduler() {
-  return impl_->contend();
+  // A failure (the statement's error, a race with another node) is tried
+  // again a few times: a lone node that starts should hold the seat when
+  // its runtime answers.
+  using result = impl::seat_result;
+  auto got = impl_->contend_once();
+  for (int retry = 0; got == result::failed && retry < 10; ++retry) {
+    std::this_thread::sleep_for(milliseconds{100});
+    got = impl_->contend_once();
+  }
+  return got == result::here;
 }
 
 void cluster_membership::scheduler_failed(uint64_t epoch) {
