@@ -329,7 +329,8 @@ void add_serve(CLI::App& app, registry& commands) {
   sub->add_option("--node-lease-ms", args->node_lease_ms,
                   "with --store: how long a node's lease runs after its "
                   "last renewal; a node killed outright has its threads "
-                  "served elsewhere this long after (default 5000; renewed "
+                  "and the scheduler seat served elsewhere this long after "
+                  "(default 5000; renewed "
                   "five times per lease)")
     ->envname("SPINDLE_NODE_LEASE_MS")
     ->check(CLI::Range(500L, 600000L));

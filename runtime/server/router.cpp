@@ -715,10 +715,7 @@ void router::dispatch(std::shared_ptr<request> req, responder_ptr res) {
       // Between two seats (a holder died, its lease not out yet): nothing
       // happened, send it again.
       record(e->route, *req, 503, 0, json::object());
-      auto refused = error_response(
-        api_error{503, "not_owner",
-                  "no node runs the scheduler now (a node is taking it "
-                  "over); try again shortly"});
+      auto refused = error_response(to_api_error(rt_.no_scheduler_here()));
       refused.set_header("Retry-After", "1");
       res->send(std::move(refused));
     }

@@ -479,6 +479,9 @@ public:
   /// holding the scheduler seat (`url` empty: no node holds it now, or
   /// none is known yet). Always here outside a cluster. Thread-safe.
   thread_location locate_scheduler() const;
+  /// The error of an orchestration call on a node without a scheduler:
+  /// `not_owner` naming the seat's holder, or saying none holds it now.
+  caf::error no_scheduler_here() const;
 
   /// Creates an orchestration holding `payload` and returns its ID
   /// (0001, ..., 9999, A000, ...). Errors: exhausted, storage_failure,
@@ -701,8 +704,6 @@ private:
   /// The seat was taken (`epoch` > 0) or lost (0): the scheduler that ran
   /// under the old one stops, a new one starts.
   void scheduler_seat_changed(uint64_t epoch);
-  /// The error of an orchestration call on a node without a scheduler.
-  caf::error no_scheduler_here() const;
   /// `call`/`call_async` to the scheduler, or `no_scheduler_here`.
   template <class R, class... Ts>
   caf::expected<R> ask_scheduler(std::chrono::milliseconds timeout,
