@@ -10,14 +10,23 @@
 //    SQLite work of its turns costs alone (the ceiling of one store
 //    thread); then what the turn journal's folds cost at three values of
 //    fold_every.
-// 2. RSS of a process whose store holds 1M threads of 4 turns while 10k are
+// 2. With SPINDLE_BENCH_PG (the URL of a PostgreSQL database, e.g. from
+//    `.ci/postgres start`; its database is only the admin connection): the
+//    same add_turn drivers at 1, 8 and 64 clients on PostgreSQL, each point
+//    on a database of its own (CREATE DATABASE), beside SQLite's group
+//    commit (sync normal and full) and beside pgbench -N and -S at the same
+//    client counts on the same server (its own ceiling on this machine).
+// 3. RSS of a process whose store holds 1M threads of 4 turns while 10k are
 //    resident, after touching many more than 10k of them (they are loaded
 //    and passivated again), in a fresh child process.
 //
-// Usage: bench_storage [--quick] [--json PATH] [--only throughput|rss]
+// Usage: [SPINDLE_BENCH_PG=URL] bench_storage [--quick] [--json PATH]
+//                                             [--only throughput|postgres|rss]
 
 #include <atomic>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <future>
@@ -32,6 +41,7 @@
 #include "report.hpp"
 #include "spindle/actors/records.hpp"
 #include "spindle/runtime/database.hpp"
+#include "spindle/runtime/postgres.hpp"
 #include "spindle/runtime/runtime.hpp"
 
 using namespace spindle;
@@ -62,12 +72,20 @@ enum class mode {
   per_write_full,
   /// group_normal with a store that sleeps as soon as its mailbox is empty.
   group_normal_no_linger,
+  /// Group commit on the PostgreSQL database `store` names.
+  postgres,
 };
 
 runtime_options options_for(mode m, const std::string& dir,
-                            uint64_t fold_every = 0) {
+                            uint64_t fold_every = 0,
+                            const std::string& store = {}) {
   runtime_options opts;
   opts.conversation.memory = false;
+  if (m == mode::postgres) {
+    opts.storage.data_dir = dir;
+    opts.storage.store = store;
+    return opts;
+  }
   if (m == mode::memory) {
     opts.storage.data_dir = ":memory:";
     return opts;
@@ -106,10 +124,12 @@ double writes_per_commit(const runtime& rt) {
 }
 
 // add_turn calls per second with `clients` threads, each writing to its own
-// conversation threads (8 each), for `secs` seconds.
-rate add_turn_rate(mode m, size_t clients, double secs) {
+// conversation threads (8 each), for `secs` seconds. `store`: the
+// PostgreSQL database of mode::postgres.
+rate add_turn_rate(mode m, size_t clients, double secs,
+                   const std::string& store = {}) {
   scratch_dir dir;
-  runtime rt{options_for(m, dir.path.string())};
+  runtime rt{options_for(m, dir.path.string(), 0, store)};
   std::atomic<bool> stop{false};
   std::atomic<uint64_t> done{0};
   std::atomic<uint64_t> errors{0};
@@ -149,11 +169,11 @@ rate add_turn_rate(mode m, size_t clients, double secs) {
 // add_turn calls per second from `clients` event-based drivers, each
 // keeping one add_turn in flight on each of its 8 threads (through the
 // registry, as the facade does), for `secs` seconds. `fold_every` 0 keeps
-// the default.
+// the default; `store`: the PostgreSQL database of mode::postgres.
 rate pipelined_rate(mode m, size_t clients, double secs,
-                    uint64_t fold_every = 0) {
+                    uint64_t fold_every = 0, const std::string& store = {}) {
   scratch_dir dir;
-  runtime rt{options_for(m, dir.path.string(), fold_every)};
+  runtime rt{options_for(m, dir.path.string(), fold_every, store)};
   auto registry = rt.thread_registry();
   std::atomic<uint64_t> errors{0};
   std::vector<std::promise<uint64_t>> done(clients);
@@ -488,6 +508,304 @@ void throughput(report& rep, bool quick) {
   rep.add(std::move(f));
 }
 
+// -- PostgreSQL ---------------------------------------------------------------
+
+// `url` with its database replaced by `name` (its parameters kept).
+std::string with_database(const std::string& url, const std::string& name) {
+  auto scheme = url.find("://");
+  auto start = scheme == std::string::npos ? 0 : scheme + 3;
+  auto query = url.find('?', start);
+  auto slash = url.find('/', start);
+  if (slash != std::string::npos && query != std::string::npos
+      && slash > query)
+    slash = std::string::npos;
+  auto end = slash != std::string::npos ? slash : query;
+  auto head = url.substr(0, end);
+  auto tail = query != std::string::npos ? url.substr(query) : std::string{};
+  return head + "/" + name + tail;
+}
+
+// The server behind SPINDLE_BENCH_PG: a connection to the URL's own
+// database, which only creates and drops the databases of the points.
+class pg_server {
+public:
+  explicit pg_server(std::string url) : url_(std::move(url)) {
+    auto conn = open_postgres(url_, false);
+    if (!conn) {
+      std::cerr << "bench_storage: " << describe(conn.error()) << "\n";
+      return;
+    }
+    admin_ = std::move(*conn);
+  }
+
+  explicit operator bool() const noexcept {
+    return admin_ != nullptr;
+  }
+
+  /// A new, empty database; its URL, or empty when it could not be made.
+  std::string create(const std::string& name) {
+    if (auto err = admin_->exec("DROP DATABASE IF EXISTS " + name
+                                + " WITH (FORCE);");
+        err
+        || (err = admin_->exec("CREATE DATABASE " + name + ";"))) {
+      std::cerr << "bench_storage: " << describe(err) << "\n";
+      return {};
+    }
+    return with_database(url_, name);
+  }
+
+  void drop(const std::string& name) {
+    if (auto err = admin_->exec("DROP DATABASE IF EXISTS " + name
+                                + " WITH (FORCE);"))
+      std::cerr << "bench_storage: " << describe(err) << "\n";
+  }
+
+  /// A setting of the server (SHOW), or "?".
+  std::string setting(const std::string& name) {
+    auto q = admin_->prepare("SHOW " + name + ";");
+    if (!q)
+      return "?";
+    auto row = (*q)->step();
+    std::string out = row && *row ? (*q)->column(0).text : "?";
+    (*q)->reset();
+    return out;
+  }
+
+  const std::string& url() const noexcept {
+    return url_;
+  }
+
+private:
+  std::string url_;
+  std::unique_ptr<sql_connection> admin_;
+};
+
+// A database of its own for one point, dropped after it.
+class scratch_database {
+public:
+  scratch_database(pg_server& server, const std::string& what)
+    : server_(server),
+      name_("spindle_bench_" + what + "_" + std::to_string(getpid()) + "_"
+            + std::to_string(counter++)),
+      url_(server.create(name_)) {
+  }
+  ~scratch_database() {
+    if (!url_.empty())
+      server_.drop(name_);
+  }
+  scratch_database(const scratch_database&) = delete;
+  scratch_database& operator=(const scratch_database&) = delete;
+
+  const std::string& url() const noexcept {
+    return url_;
+  }
+
+private:
+  pg_server& server_;
+  std::string name_;
+  std::string url_;
+  static inline int counter = 0;
+};
+
+// `text` as one shell word.
+std::string shell_quoted(const std::string& text) {
+  std::string out = "'";
+  for (char c : text)
+    if (c == '\'')
+      out += "'\\''";
+    else
+      out += c;
+  return out + "'";
+}
+
+// Runs `command` through the shell; its output (stdout and stderr), and
+// whether it exited with 0.
+std::pair<std::string, bool> shell(const std::string& command) {
+  std::string out;
+  FILE* p = ::popen((command + " 2>&1").c_str(), "r");
+  if (p == nullptr)
+    return {"popen failed", false};
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;)
+    out.append(buf, n);
+  int rc = ::pclose(p);
+  return {out, rc == 0};
+}
+
+// pgbench's scale: 1M rows in pgbench_accounts, so that 64 clients of
+// pgbench -N rarely update the same row.
+constexpr int pgbench_scale = 10;
+
+// Fills the database at `url` for pgbench (-i). Errors on stderr.
+bool pgbench_init(const std::string& url) {
+  auto [out, ok] = shell("pgbench -i -q -s " + std::to_string(pgbench_scale)
+                         + " " + shell_quoted(url));
+  if (!ok)
+    std::cerr << "bench_storage: pgbench -i failed on " << redact_url(url)
+              << ":\n"
+              << out;
+  return ok;
+}
+
+// pgbench's transactions per second ("tps = ...") with `clients`
+// connections for `secs` seconds: `-S` (select only) or `-N` (simple
+// update), prepared statements as spindle uses them; 0 when it failed.
+double pgbench_tps(const std::string& url, const std::string& script,
+                   size_t clients, int secs) {
+  auto threads = std::min<size_t>(clients, 2);
+  auto [out, ok] = shell("pgbench -n " + script + " -M prepared -c "
+                         + std::to_string(clients) + " -j "
+                         + std::to_string(threads) + " -T "
+                         + std::to_string(secs) + " " + shell_quoted(url));
+  auto at = out.find("tps = ");
+  if (!ok || at == std::string::npos) {
+    std::cerr << "bench_storage: pgbench " << script << " -c " << clients
+              << " failed on " << redact_url(url) << ":\n"
+              << out;
+    return 0;
+  }
+  return std::strtod(out.c_str() + at + 6, nullptr);
+}
+
+// add_turn per second on PostgreSQL beside SQLite and pgbench, all on this
+// machine in the same run. Skipped without SPINDLE_BENCH_PG.
+void on_postgres(report& rep, bool quick) {
+  const char* env = std::getenv("SPINDLE_BENCH_PG");
+  if (env == nullptr || *env == 0) {
+    std::cerr << "storage on PostgreSQL: skipped (no SPINDLE_BENCH_PG)\n";
+    return;
+  }
+  pg_server server{env};
+  if (!server)
+    return;
+  bool have_pgbench = shell("pgbench --version").second;
+  if (!have_pgbench)
+    std::cerr << "bench_storage: pgbench not found; its columns are 0\n";
+  const double secs = quick ? 0.3 : 3.0;
+  const int pgbench_secs = quick ? 1 : 3;
+  table t;
+  t.title = "add_turn per second on PostgreSQL (durable, group commit) "
+            "beside SQLite's group commit and pgbench on the same server";
+  t.columns = {"clients",
+               "PostgreSQL, blocking",
+               "PostgreSQL, pipelined",
+               "SQLite sync normal, blocking",
+               "SQLite sync normal, pipelined",
+               "SQLite sync full, blocking",
+               "SQLite sync full, pipelined",
+               "pgbench -N tps",
+               "pgbench -S tps",
+               "PG blocking / pgbench -N",
+               "PG pipelined / pgbench -N",
+               "writes per commit, PG blocking / pipelined",
+               "us per commit, PG blocking / pipelined"};
+  rate pg_blocking_64, pg_pipelined_64;
+  double pgbench_n_64 = 0;
+  for (size_t clients : {1, 8, 64}) {
+    // pgbench first, on a database of its own filled for it.
+    double tps_n = 0;
+    double tps_s = 0;
+    if (have_pgbench) {
+      scratch_database db{server, "pgbench"};
+      if (!db.url().empty() && pgbench_init(db.url())) {
+        tps_s = pgbench_tps(db.url(), "-S", clients, pgbench_secs);
+        tps_n = pgbench_tps(db.url(), "-N", clients, pgbench_secs);
+      }
+    }
+    auto on_pg = [&](bool pipelined) {
+      scratch_database db{server, "add_turn"};
+      if (db.url().empty())
+        return rate{};
+      return pipelined
+               ? pipelined_rate(mode::postgres, clients, secs, 0, db.url())
+               : add_turn_rate(mode::postgres, clients, secs, db.url());
+    };
+    auto pg_blocking = on_pg(false);
+    auto pg_pipelined = on_pg(true);
+    auto normal_blocking = add_turn_rate(mode::group_normal, clients, secs);
+    auto normal_pipelined = pipelined_rate(mode::group_normal, clients, secs);
+    auto full_blocking = add_turn_rate(mode::group_full, clients, secs);
+    auto full_pipelined = pipelined_rate(mode::group_full, clients, secs);
+    auto to_pgbench = [&](const rate& r) {
+      return tps_n > 0 ? ratio(r.per_second, tps_n) : 0.0;
+    };
+    t.add_row(clients, std::round(pg_blocking.per_second),
+              std::round(pg_pipelined.per_second),
+              std::round(normal_blocking.per_second),
+              std::round(normal_pipelined.per_second),
+              std::round(full_blocking.per_second),
+              std::round(full_pipelined.per_second), std::round(tps_n),
+              std::round(tps_s), to_pgbench(pg_blocking),
+              to_pgbench(pg_pipelined),
+              bench::fmt(pg_blocking.writes_per_commit, 1) + " / "
+                + bench::fmt(pg_pipelined.writes_per_commit, 1),
+              bench::fmt(us_each(pg_blocking.store.commit_seconds,
+                                 pg_blocking.store.commits),
+                         1)
+                + " / "
+                + bench::fmt(us_each(pg_pipelined.store.commit_seconds,
+                                     pg_pipelined.store.commits),
+                             1));
+    if (clients == 64) {
+      pg_blocking_64 = pg_blocking;
+      pg_pipelined_64 = pg_pipelined;
+      pgbench_n_64 = tps_n;
+    }
+  }
+  auto met = [&](const rate& r) {
+    return pgbench_n_64 > 0 && r.per_second >= 0.5 * pgbench_n_64;
+  };
+  auto verdict = std::string{"Target: durable add_turn on PostgreSQL at "
+                             "least 0.5x pgbench -N at 64 clients: "};
+  if (pgbench_n_64 <= 0)
+    verdict += "not judged (no pgbench -N figure).";
+  else
+    verdict += std::string{met(pg_blocking_64) ? "met" : "missed"}
+               + " by blocking callers ("
+               + bench::fmt(ratio(pg_blocking_64.per_second, pgbench_n_64),
+                            2)
+               + "x), " + (met(pg_pipelined_64) ? "met" : "missed")
+               + " by pipelined ones ("
+               + bench::fmt(ratio(pg_pipelined_64.per_second, pgbench_n_64),
+                            2)
+               + "x).";
+  t.notes = {
+    "One operation = add_turn of a 45-byte user turn, answered after its "
+    "commit, with the drivers of the tables above: blocking callers (one "
+    "runtime::add_turn in flight per client thread, round-robin over 8 "
+    "threads of its own) and pipelined ones (an event-based client keeping "
+    "one add_turn in flight on each of its 8 threads). PostgreSQL: the "
+    "runtime with storage_options::store on the server SPINDLE_BENCH_PG "
+    "names (PostgreSQL " + server.setting("server_version")
+      + " over loopback on this machine; fsync=" + server.setting("fsync")
+      + ", synchronous_commit=" + server.setting("synchronous_commit")
+      + ", full_page_writes=" + server.setting("full_page_writes")
+      + "), every point on a new database (CREATE DATABASE, dropped "
+        "after it). SQLite: group commit in a new data directory per "
+        "point.",
+    "Durability: spindle answers a write after PostgreSQL's COMMIT "
+    "returned, so it keeps what the server keeps. With fsync off and "
+    "synchronous_commit on (.ci/postgres) a commit survives the crash of "
+    "any process, the server's included, but not of the machine: SQLite "
+    "sync normal promises the same; sync full survives power loss "
+    "(docs/storage.md, \"Choosing a backend\").",
+    "pgbench on the same server, each client count on a new database "
+    "(pgbench -i -s " + std::to_string(pgbench_scale)
+      + "): -N (simple update: per transaction an UPDATE of "
+        "pgbench_accounts, a SELECT and an INSERT into pgbench_history) and "
+        "-S (one SELECT by primary key), -M prepared, -c clients, -j "
+        "min(clients, 2), -T "
+      + std::to_string(pgbench_secs)
+      + ". Its tps is the database's own ceiling on this machine: every "
+        "client a connection and a server process of its own, where "
+        "spindle writes through one connection (the state store's) and "
+        "batches.",
+    "writes per commit and us per commit (BEGIN to COMMIT): the state "
+    "store's counts (runtime::store_stats).",
+    verdict};
+  rep.add(std::move(t));
+}
+
 // Writes `threads` threads of 4 turns straight into the store's tables, as
 // spindle would have.
 void fill(const std::string& dir, size_t threads) {
@@ -601,6 +919,8 @@ int main(int argc, char** argv) {
   report rep{"storage"};
   if (report::selected(argc, argv, "throughput"))
     throughput(rep, quick);
+  if (report::selected(argc, argv, "postgres"))
+    on_postgres(rep, quick);
   // Forks children; every runtime of this process has stopped by now.
   if (report::selected(argc, argv, "rss"))
     resident_memory(rep, quick);
