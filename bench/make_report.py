@@ -448,6 +448,7 @@ def machine_rows(benchmarks, run):
         add("spindle", ", ".join(x for x in (spindle, commit and
                                              "commit " + commit) if x))
     add("Redis", re.sub(r"\s+sha=.*", "", run.get("redis", "")))
+    add("PostgreSQL", run.get("postgres"))
     add("charts", run.get("gnuplot"))
     if run.get("started"):
         add("date", "%s to %s" % (run["started"],
@@ -545,6 +546,13 @@ def render(benchmarks, unplaced, run, runs, results, charts_dir,
         "(redis-benchmark at the client counts the benchmarks used) and "
         "stops the server, also when something fails or the run is "
         "interrupted.\n"
+        "- It also starts a throwaway PostgreSQL (`.ci/postgres`: "
+        "loopback, fsync off, synchronous_commit on) and gives every "
+        "`bench_*` executable a new database of it as `SPINDLE_BENCH_PG`, "
+        "so that their PostgreSQL parts run (`bench_storage` beside "
+        "pgbench, `bench_ids`, `bench_threads`' memory); it is stopped "
+        "when they are done, also on errors. With `SPINDLE_BENCH_PG` set "
+        "already, that database is used and no server is started.\n"
         "- `bench/make_report.py` writes this file. A baseline table "
         "follows the table it compares to, then the ratios and a chart.\n"
         "- Charts: a table gets one when its first column is "

@@ -13,7 +13,9 @@
              the Redis tables are measured, the Python benchmarks run on
              the fake build and fail (it has no spindle), the report is
              written and says so, the exit status is 1 and Redis is
-             stopped.
+             stopped. Where PostgreSQL is installed, every bench_*
+             executable gets a database of its own on a throwaway server
+             as SPINDLE_BENCH_PG, and the server is stopped.
 
 Usage: bench_report_test.py [Generator|RunReport ...] (unittest names)
 Python 3 standard library only.
@@ -291,6 +293,16 @@ class Generator(unittest.TestCase):
                          "bench_none")
 
 
+def listening(url):
+    """True if something accepts connections at the host and port of
+    `url` (postgres://user@host:port/db)."""
+    authority = url.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1]
+    host, port = authority.rsplit(":", 1)
+    with socket.socket() as s:
+        s.settimeout(1)
+        return s.connect_ex((host, int(port))) == 0
+
+
 def redis_stopped(port):
     """True if nothing listens on `port`; otherwise shuts that Redis down
     (so a failing check leaves nothing behind) and returns False."""
@@ -316,10 +328,12 @@ class RunReport(unittest.TestCase):
             with open(path, "w") as f:
                 f.write('#!/bin/sh\n'
                         '[ %s = orchestration ] && echo "$@" > "%s"\n'
+                        'echo "${SPINDLE_BENCH_PG:-}" > "%s"\n'
                         'while [ $# -gt 0 ]; do\n'
                         '  [ "$1" = --json ] && cp "%s" "$2"\n'
                         '  shift\n'
                         'done\n' % (name, args,
+                                     os.path.join(work, name + "-pg"),
                                      os.path.join(FIXTURE, name + ".json")))
             os.chmod(path, 0o755)
         broken = os.path.join(bench, "bench_broken")
@@ -389,6 +403,20 @@ class RunReport(unittest.TestCase):
             self.assertTrue(os.path.exists(
                 os.path.join(work, "out", "benchmarks", chart)), chart)
         self.assertTrue(facts["redis"].startswith("Redis server"))
+        # PostgreSQL: each executable got a database of its own on the
+        # throwaway server, which is stopped now.
+        if facts["postgres"].startswith("PostgreSQL"):
+            urls = {}
+            for name in ("ids", "orchestration", "server", "threads"):
+                with open(os.path.join(work, name + "-pg")) as f:
+                    urls[name] = f.read().strip()
+                self.assertRegex(urls[name], r"^postgres://.*/spindle_bench_"
+                                 + name + "$")
+            self.assertFalse(listening(urls["ids"]), urls["ids"])
+            self.assertIn("| PostgreSQL | %s |" % facts["postgres"], md)
+        else:
+            self.assertTrue(facts["postgres"].startswith("not run"),
+                            facts["postgres"])
 
     def test_usage_errors(self):
         run = subprocess.run([RUN_REPORT, "--frobnicate"],
