@@ -23,6 +23,7 @@
 // Usage: [SPINDLE_BENCH_PG=URL] bench_storage [--quick] [--json PATH]
 //                                             [--only throughput|postgres|rss]
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdio>
@@ -699,75 +700,102 @@ void on_postgres(report& rep, bool quick) {
                "PG pipelined / pgbench -N",
                "writes per commit, PG blocking / pipelined",
                "us per commit, PG blocking / pipelined"};
-  rate pg_blocking_64, pg_pipelined_64;
-  double pgbench_n_64 = 0;
+  // Each point in `rounds` rounds, the eight measurements of a client
+  // count one right after the other in an order that rotates from round
+  // to round: the machine's load drifts over seconds, so a figure is its
+  // median round and a ratio the median of the rounds' ratios.
+  const int rounds = quick ? 1 : 3;
+  double blocking_64 = 0;  // PG blocking / pgbench -N at 64 clients
+  double pipelined_64 = 0; // PG pipelined / pgbench -N at 64 clients
   for (size_t clients : {1, 8, 64}) {
-    // pgbench first, on a database of its own filled for it.
-    double tps_n = 0;
-    double tps_s = 0;
-    if (have_pgbench) {
-      scratch_database db{server, "pgbench"};
-      if (!db.url().empty() && pgbench_init(db.url())) {
-        tps_s = pgbench_tps(db.url(), "-S", clients, pgbench_secs);
-        tps_n = pgbench_tps(db.url(), "-N", clients, pgbench_secs);
-      }
+    enum { pg_b, pg_p, normal_b, normal_p, full_b, full_p, n_points };
+    std::vector<std::vector<rate>> runs(n_points);
+    std::vector<double> tps_n, tps_s, ratio_b, ratio_p;
+    for (int round = 0; round < rounds; ++round) {
+      std::vector<rate> got(n_points);
+      double n = 0;
+      double s = 0;
+      std::vector<std::function<void()>> steps;
+      // pgbench on a database of its own filled for it: -S reads, then
+      // -N writes.
+      steps.emplace_back([&] {
+        if (!have_pgbench)
+          return;
+        scratch_database db{server, "pgbench"};
+        if (!db.url().empty() && pgbench_init(db.url())) {
+          s = pgbench_tps(db.url(), "-S", clients, pgbench_secs);
+          n = pgbench_tps(db.url(), "-N", clients, pgbench_secs);
+        }
+      });
+      for (bool pipelined : {false, true})
+        steps.emplace_back([&, pipelined] {
+          scratch_database db{server, "add_turn"};
+          if (db.url().empty())
+            return;
+          got[pipelined ? pg_p : pg_b]
+            = pipelined
+                ? pipelined_rate(mode::postgres, clients, secs, 0, db.url())
+                : add_turn_rate(mode::postgres, clients, secs, db.url());
+        });
+      for (auto m : {mode::group_normal, mode::group_full})
+        for (bool pipelined : {false, true})
+          steps.emplace_back([&, m, pipelined] {
+            auto at = (m == mode::group_normal ? normal_b : full_b)
+                      + (pipelined ? 1 : 0);
+            got[at] = pipelined ? pipelined_rate(m, clients, secs)
+                                : add_turn_rate(m, clients, secs);
+          });
+      for (size_t k = 0; k < steps.size(); ++k)
+        steps[(k + static_cast<size_t>(round)) % steps.size()]();
+      for (int i = 0; i < n_points; ++i)
+        runs[i].push_back(std::move(got[i]));
+      tps_n.push_back(n);
+      tps_s.push_back(s);
+      ratio_b.push_back(n > 0 ? runs[pg_b].back().per_second / n : 0);
+      ratio_p.push_back(n > 0 ? runs[pg_p].back().per_second / n : 0);
     }
-    auto on_pg = [&](bool pipelined) {
-      scratch_database db{server, "add_turn"};
-      if (db.url().empty())
-        return rate{};
-      return pipelined
-               ? pipelined_rate(mode::postgres, clients, secs, 0, db.url())
-               : add_turn_rate(mode::postgres, clients, secs, db.url());
+    // The median round of each measurement (by its add_turn/s).
+    auto median_of = [](std::vector<rate>& r) -> const rate& {
+      std::sort(r.begin(), r.end(), [](const rate& x, const rate& y) {
+        return x.per_second < y.per_second;
+      });
+      return r[r.size() / 2];
     };
-    auto pg_blocking = on_pg(false);
-    auto pg_pipelined = on_pg(true);
-    auto normal_blocking = add_turn_rate(mode::group_normal, clients, secs);
-    auto normal_pipelined = pipelined_rate(mode::group_normal, clients, secs);
-    auto full_blocking = add_turn_rate(mode::group_full, clients, secs);
-    auto full_pipelined = pipelined_rate(mode::group_full, clients, secs);
-    auto to_pgbench = [&](const rate& r) {
-      return tps_n > 0 ? ratio(r.per_second, tps_n) : 0.0;
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
     };
+    auto& pg_blocking = median_of(runs[pg_b]);
+    auto& pg_pipelined = median_of(runs[pg_p]);
+    auto per_commit = [](const rate& r) {
+      return bench::fmt(us_each(r.store.commit_seconds, r.store.commits), 1);
+    };
+    auto b = std::round(median(ratio_b) * 100) / 100;
+    auto p = std::round(median(ratio_p) * 100) / 100;
     t.add_row(clients, std::round(pg_blocking.per_second),
               std::round(pg_pipelined.per_second),
-              std::round(normal_blocking.per_second),
-              std::round(normal_pipelined.per_second),
-              std::round(full_blocking.per_second),
-              std::round(full_pipelined.per_second), std::round(tps_n),
-              std::round(tps_s), to_pgbench(pg_blocking),
-              to_pgbench(pg_pipelined),
+              std::round(median_of(runs[normal_b]).per_second),
+              std::round(median_of(runs[normal_p]).per_second),
+              std::round(median_of(runs[full_b]).per_second),
+              std::round(median_of(runs[full_p]).per_second),
+              std::round(median(tps_n)), std::round(median(tps_s)), b, p,
               bench::fmt(pg_blocking.writes_per_commit, 1) + " / "
                 + bench::fmt(pg_pipelined.writes_per_commit, 1),
-              bench::fmt(us_each(pg_blocking.store.commit_seconds,
-                                 pg_blocking.store.commits),
-                         1)
-                + " / "
-                + bench::fmt(us_each(pg_pipelined.store.commit_seconds,
-                                     pg_pipelined.store.commits),
-                             1));
+              per_commit(pg_blocking) + " / " + per_commit(pg_pipelined));
     if (clients == 64) {
-      pg_blocking_64 = pg_blocking;
-      pg_pipelined_64 = pg_pipelined;
-      pgbench_n_64 = tps_n;
+      blocking_64 = b;
+      pipelined_64 = p;
     }
   }
-  auto met = [&](const rate& r) {
-    return pgbench_n_64 > 0 && r.per_second >= 0.5 * pgbench_n_64;
-  };
   auto verdict = std::string{"Target: durable add_turn on PostgreSQL at "
                              "least 0.5x pgbench -N at 64 clients: "};
-  if (pgbench_n_64 <= 0)
+  if (blocking_64 <= 0)
     verdict += "not judged (no pgbench -N figure).";
   else
-    verdict += std::string{met(pg_blocking_64) ? "met" : "missed"}
-               + " by blocking callers ("
-               + bench::fmt(ratio(pg_blocking_64.per_second, pgbench_n_64),
-                            2)
-               + "x), " + (met(pg_pipelined_64) ? "met" : "missed")
-               + " by pipelined ones ("
-               + bench::fmt(ratio(pg_pipelined_64.per_second, pgbench_n_64),
-                            2)
+    verdict += std::string{blocking_64 >= 0.5 ? "met" : "missed"}
+               + " by blocking callers (" + bench::fmt(blocking_64, 2)
+               + "x), " + (pipelined_64 >= 0.5 ? "met" : "missed")
+               + " by pipelined ones (" + bench::fmt(pipelined_64, 2)
                + "x).";
   t.notes = {
     "One operation = add_turn of a 45-byte user turn, answered after its "
@@ -800,8 +828,13 @@ void on_postgres(report& rep, bool quick) {
         "client a connection and a server process of its own, where "
         "spindle writes through one connection (the state store's) and "
         "batches.",
-    "writes per commit and us per commit (BEGIN to COMMIT): the state "
-    "store's counts (runtime::store_stats).",
+    "Each figure is the median of " + std::to_string(rounds)
+      + " round(s); in a round the eight measurements of a client count "
+        "run one right after the other, in an order that rotates from "
+        "round to round. PG / pgbench -N: the median of the rounds' "
+        "ratios. writes per commit and us per commit (BEGIN to COMMIT): "
+        "the state store's counts (runtime::store_stats) in the median "
+        "round.",
     verdict};
   rep.add(std::move(t));
 }
