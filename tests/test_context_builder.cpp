@@ -4,7 +4,11 @@
 // pins every FORBIDDEN pattern of sections 4, 5, 7 and 8 that spindle's
 // design could regress.
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <future>
+#include <memory>
 #include <thread>
 
 #include <caf/all.hpp>
@@ -463,4 +467,91 @@ TEST_CASE("prompt assembly: D7 order with every part present") {
   auto plain = assemble_messages("sys", "", std::vector<turn>{}, "orig", "orig");
   REQUIRE(plain.size() == 2);
   REQUIRE(plain[1].content == "orig");
+}
+
+namespace {
+
+// Counts the builds that counted the tokens of `message`.
+class counting_counter : public token_counter {
+public:
+  counting_counter(std::string message, std::atomic<int>& builds)
+    : message_(std::move(message)), builds_(builds) {
+  }
+  token_encoding_id id() const noexcept override {
+    return token_encoding_id::o200k_base;
+  }
+  std::string_view name() const noexcept override {
+    return "o200k_base";
+  }
+  size_t count_text(std::string_view text) const override {
+    if (text == message_)
+      ++builds_;
+    return text.size() / 4 + 1;
+  }
+
+private:
+  std::string message_;
+  std::atomic<int>& builds_;
+};
+
+} // namespace
+
+TEST_CASE("context builder: a builder handles at most context_builder_turn "
+          "messages each time its worker runs it, then lets the next job "
+          "run") {
+  spindle::config cfg{1}; // one worker: the order is its queue's order
+  caf::actor_system sys{cfg};
+  const std::string message = "a message only the builds count";
+  std::atomic<int> builds{0};
+  context_builder_options opts;
+  opts.tokens = std::make_shared<counting_counter>(message, builds);
+  // A resident thread: a build reads its view and answers in one message.
+  auto views = std::make_shared<thread_views>();
+  auto view = std::make_shared<thread_view>();
+  view->turns = std::make_shared<turn_log>();
+  views->publish("t", view);
+  opts.views = views;
+  auto builder = spawn_context_builder(sys, thread_registry_actor{},
+                                       memory_actor{}, query_rewriter_actor{},
+                                       opts);
+  // The worker is held while the builds and the probe queue behind it.
+  std::promise<void> release;
+  auto held = release.get_future().share();
+  std::promise<void> holding;
+  auto blocker = sys.spawn([&, held](caf::event_based_actor* self) {
+    return caf::behavior{[&, held, self](caf::ok_atom) {
+      holding.set_value();
+      held.wait();
+      self->quit();
+    }};
+  });
+  caf::anon_send(blocker, caf::ok_atom::value);
+  REQUIRE(holding.get_future().wait_for(5s) == std::future_status::ready);
+  const int n = std::max(40, 5 * static_cast<int>(context_builder_turn));
+  caf::scoped_actor client{sys};
+  for (int i = 0; i < n; ++i)
+    client->send(builder, build_context_atom::value,
+                 build_request{"t", "u", message, build_options{}});
+  std::promise<int> seen;
+  auto probe = sys.spawn([&](caf::event_based_actor* self) {
+    return caf::behavior{[&, self](caf::ok_atom) {
+      seen.set_value(builds.load());
+      self->quit();
+    }};
+  });
+  caf::anon_send(probe, caf::ok_atom::value);
+  release.set_value();
+  auto at_probe = seen.get_future();
+  REQUIRE(at_probe.wait_for(5s) == std::future_status::ready);
+  // The builder ran first and served one turn's builds (one message each),
+  // then the probe.
+  CHECK(at_probe.get() == static_cast<int>(context_builder_turn));
+  // Every build is answered, in the end.
+  int answered = 0;
+  client->receive_for(answered, n)(
+    [&](built_context& ctx) { CHECK(ctx.messages.size() == 2); },
+    caf::after(5s) >> [] { FAIL("a build was not answered"); });
+  CHECK(answered == n);
+  CHECK(builds.load() == n);
+  caf::anon_send_exit(builder, caf::exit_reason::user_shutdown);
 }

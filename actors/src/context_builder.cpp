@@ -1,5 +1,6 @@
 #include "spindle/actors/context_builder.hpp"
 
+#include <algorithm>
 #include <memory>
 
 #include <caf/all.hpp>
@@ -374,6 +375,55 @@ context_builder(context_builder_pointer self, thread_registry_actor registry,
       return job->promise;
     },
   };
+}
+
+namespace {
+
+class turn_limited_builder final
+  : public context_builder_actor::stateful_base<context_builder_state> {
+public:
+  using super = context_builder_actor::stateful_base<context_builder_state>;
+
+  turn_limited_builder(caf::actor_config& cfg, thread_registry_actor registry,
+                       memory_actor memory, query_rewriter_actor rewriter,
+                       context_builder_options options, size_t per_turn)
+    : super(cfg),
+      registry_(std::move(registry)),
+      memory_(std::move(memory)),
+      rewriter_(std::move(rewriter)),
+      options_(std::move(options)),
+      per_turn_(std::max<size_t>(1, per_turn)) {
+  }
+
+  behavior_type make_behavior() override {
+    return context_builder(this, std::move(registry_), std::move(memory_),
+                           std::move(rewriter_), std::move(options_));
+  }
+
+  resume_result resume(caf::execution_unit* ctx,
+                       size_t max_throughput) override {
+    return super::resume(ctx, std::min(max_throughput, per_turn_));
+  }
+
+private:
+  thread_registry_actor registry_;
+  memory_actor memory_;
+  query_rewriter_actor rewriter_;
+  context_builder_options options_;
+  size_t per_turn_;
+};
+
+} // namespace
+
+context_builder_actor
+spawn_context_builder(caf::actor_system& system,
+                      thread_registry_actor registry, memory_actor memory,
+                      query_rewriter_actor rewriter,
+                      context_builder_options options, size_t per_turn) {
+  return system.spawn<turn_limited_builder>(std::move(registry),
+                                            std::move(memory),
+                                            std::move(rewriter),
+                                            std::move(options), per_turn);
 }
 
 } // namespace spindle

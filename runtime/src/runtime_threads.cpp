@@ -92,12 +92,15 @@ caf::error runtime::start_threads() {
   }
   // Builders keep no state between builds, so one per scheduler thread
   // behind a round-robin pool serves builds in parallel; the pool hands a
-  // request to a builder inside the sender's enqueue (no extra hop).
+  // request to a builder inside the sender's enqueue (no extra hop). A
+  // builder handles one message each time its worker runs it, so the
+  // exchanges its replies wake run between its builds rather than after
+  // its whole mailbox (docs/builder.md, "Latency").
   auto builder_rewriter = identity ? query_rewriter_actor{} : rewriter_;
   auto spawn_builder = [this, builder_options, builder_rewriter] {
     return caf::actor_cast<caf::actor>(
-      system_->spawn(spindle::context_builder, thread_registry_, memory_,
-                     builder_rewriter, builder_options));
+      spawn_context_builder(*system_, thread_registry_, memory_,
+                            builder_rewriter, builder_options));
   };
   auto builders = std::max<size_t>(1, system_->scheduler().num_workers());
   context_builder_ = caf::actor_cast<context_builder_actor>(

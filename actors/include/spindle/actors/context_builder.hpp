@@ -88,4 +88,21 @@ context_builder(context_builder_pointer self, thread_registry_actor registry,
                 memory_actor memory, query_rewriter_actor rewriter,
                 context_builder_options options);
 
+/// Messages a context builder handles each time a worker runs it, at most
+/// (a build of a resident thread whose memory a reader keeps is one).
+inline constexpr size_t context_builder_turn = 1;
+
+/// Spawns `context_builder` as an actor that handles at most `per_turn`
+/// messages each time a worker runs it, then goes to the back of that
+/// worker's queue. CAF 0.17 runs an actor until its mailbox is empty: a
+/// builder whose mailbox keeps filling would keep its worker while the
+/// exchanges its replies woke, queued on that worker behind it, wait
+/// (docs/builder.md, "Latency").
+context_builder_actor
+spawn_context_builder(caf::actor_system& system,
+                      thread_registry_actor registry, memory_actor memory,
+                      query_rewriter_actor rewriter,
+                      context_builder_options options,
+                      size_t per_turn = context_builder_turn);
+
 } // namespace spindle
