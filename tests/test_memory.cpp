@@ -593,6 +593,32 @@ TEST_CASE("memory: a retrieval considers the 64 newest entries holding each "
                                            "river.\n- Note 2999"));
 }
 
+TEST_CASE("memory: a snippet of many short entries lists them best first, "
+          "among equal scores the newest first, past the first two dozen "
+          "too") {
+  test::test_store dir;
+  runtime rt{memory_of(dir)};
+  // Alternately an entry with the term twice (scores higher) and once.
+  auto note = [](int i) {
+    return "Note " + std::to_string(1000 + i)
+           + (i % 2 == 0 ? ": mill mill." : ": mill.");
+  };
+  for (int i = 0; i < 80; ++i)
+    REQUIRE(rt.store_memory(note(i), memory_tags("u", "t")));
+  auto got = rt.retrieve_memory("u", "t", "the mill");
+  REQUIRE(got);
+  // The 64 newest hold the term (16..79): the twice-holding ones newest
+  // first, then the others newest first, every one shown.
+  std::string expected;
+  for (int i = 78; i >= 16; i -= 2)
+    expected += "- " + note(i) + "\n";
+  for (int i = 79; i >= 17; i -= 2)
+    expected += "- " + note(i) + (i == 17 ? "" : "\n");
+  CHECK(got->matched == 64);
+  CHECK(lines_of(got->text).size() == 64);
+  CHECK(got->text == expected);
+}
+
 TEST_CASE("memory: what a retrieval reads is bounded by constants, not by "
           "the number of stored entries, and what a reader keeps changes "
           "no answer") {
