@@ -2,11 +2,13 @@
 // backend has. Its schema is migrated once however many nodes start at
 // once; a newer schema is refused and left as it is; a bad or unreachable
 // URL stops `spindle serve` with exit code 2 and never shows the password;
-// hostile values are stored as they came; a database restart fails the
-// writes it catches with a clear error, none hangs, and spindle writes
-// again as soon as the database is back, having lost nothing it
-// acknowledged. Runs only on the PostgreSQL run (tests/CMakeLists.txt).
+// hostile values are stored as they came; a pipelined transaction (the
+// state store's batches) reports each statement's changes and keeps
+// nothing when one fails; a database restart fails the writes it catches
+// with a clear error, none hangs, and spindle writes again as soon as the
+// database is back, having lost nothing it acknowledged. Runs only on the PostgreSQL run (tests/CMakeLists.txt).
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <mutex>
@@ -339,6 +341,94 @@ TEST_CASE("postgres: a database restart fails the writes it catches with "
       stored.push_back(t.content);
     CHECK(stored == d.acknowledged[c]);
   }
+}
+
+TEST_CASE("postgres: a pipelined transaction reports what each statement "
+          "changed, a failing statement fails its sync and the rollback "
+          "keeps nothing, and the connection goes on") {
+  test::test_store store;
+  auto conn = open_postgres(store.url());
+  REQUIRE(conn);
+  auto& db = **conn;
+  REQUIRE(db.pipelines());
+  REQUIRE_FALSE(db.exec("CREATE TABLE pipe (k BIGINT PRIMARY KEY, v TEXT);"));
+  auto upsert = db.prepare("INSERT INTO pipe(k, v) VALUES(?1, ?2) "
+                           "ON CONFLICT (k) DO NOTHING;");
+  auto insert = db.prepare("INSERT INTO pipe(k, v) VALUES(?1, ?2);");
+  auto update = db.prepare("UPDATE pipe SET v = ?2 WHERE k >= ?1;");
+  REQUIRE(upsert);
+  REQUIRE(insert);
+  REQUIRE(update);
+  auto send = [](sql_query& q, int64_t k, const std::string& v) {
+    q.bind(1, sql_value::of(k));
+    q.bind(2, sql_value::of(v));
+    return q.send();
+  };
+  auto count = [&] { return store.query("SELECT count(*) FROM pipe;"); };
+
+  // 600 rows over three syncs, then a row that is there already.
+  REQUIRE_FALSE(db.begin_pipelined());
+  std::vector<int64_t> changes;
+  for (int64_t k = 0; k < 601; ++k) {
+    REQUIRE_FALSE(send(**upsert, k % 600, "v"));
+    if (k % 256 == 255 || k == 600) {
+      auto done = db.sync();
+      REQUIRE_FALSE(done.error);
+      changes.insert(changes.end(), done.changes.begin(), done.changes.end());
+    }
+  }
+  REQUIRE(changes.size() == 601);
+  CHECK(std::count(changes.begin(), changes.end(), 1) == 600);
+  CHECK(changes.back() == 0);
+  REQUIRE_FALSE(db.commit());
+  CHECK(count() == "600");
+
+  // A sync that went through, then one whose third statement fails: the
+  // statements after it, a first use of `update` among them, do not run,
+  // and the rollback undoes the sync before too.
+  REQUIRE_FALSE(db.begin_pipelined());
+  REQUIRE_FALSE(send(**upsert, 1000, "new"));
+  REQUIRE_FALSE(db.sync().error);
+  REQUIRE_FALSE(send(**insert, 1001, "new"));
+  REQUIRE_FALSE(send(**insert, 1002, "new"));
+  REQUIRE_FALSE(send(**insert, 5, "duplicate"));
+  REQUIRE_FALSE(send(**update, 0, "changed"));
+  auto failed = db.sync();
+  REQUIRE(failed.error);
+  CHECK(classify(failed.error) == errc::storage_failure);
+  CHECK(describe(failed.error).find("duplicate key") != std::string::npos);
+  CHECK(failed.changes == std::vector<int64_t>{1, 1});
+  db.rollback();
+  CHECK(count() == "600");
+  CHECK(store.query("SELECT count(*) FROM pipe WHERE v <> 'v';") == "0");
+
+  // A value PostgreSQL cannot hold is refused before anything is queued.
+  REQUIRE_FALSE(db.begin_pipelined());
+  REQUIRE_FALSE(send(**insert, 2000, "kept"));
+  auto nul = send(**insert, 2001, std::string{"a\0b", 3});
+  REQUIRE(nul);
+  CHECK(classify(nul) == errc::invalid_argument);
+  auto rest = db.sync();
+  REQUIRE_FALSE(rest.error);
+  CHECK(rest.changes == std::vector<int64_t>{1});
+  // The connection goes on: `update`, prepared in the pipeline that
+  // failed, is prepared again.
+  REQUIRE_FALSE(send(**update, 599, "changed"));
+  auto last = db.sync();
+  REQUIRE_FALSE(last.error);
+  CHECK(last.changes == std::vector<int64_t>{2});
+  REQUIRE_FALSE(db.commit());
+  CHECK(count() == "601");
+  CHECK(store.query("SELECT string_agg(k::text, ' ' ORDER BY k) FROM pipe "
+                    "WHERE v = 'changed';")
+        == "599 2000");
+  // And plain statements and transactions run as before.
+  REQUIRE_FALSE(db.begin());
+  (*insert)->bind(1, sql_value::of(int64_t{3000}));
+  (*insert)->bind(2, sql_value::of(std::string{"plain"}));
+  REQUIRE_FALSE((*insert)->run());
+  REQUIRE_FALSE(db.commit());
+  CHECK(count() == "602");
 }
 
 TEST_CASE("postgres: a store's URL is shown with its password hidden") {

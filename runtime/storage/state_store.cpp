@@ -381,42 +381,76 @@ sql_statement prepare_read(state_store_state& st, const sql_statement& query) {
   return query;
 }
 
-// Commits every pending write in one transaction, each in its own
-// savepoint, then answers them all in arrival order (running their hooks).
-// Empty writes (barriers) take no part in the transaction, and a batch of
-// barriers alone commits nothing. Returns the writes the batch carried.
-uint64_t flush(state_store_state& st) {
-  if (st.pending.empty())
-    return 0;
-  auto started = std::chrono::steady_clock::now();
-  auto batch = std::move(st.pending);
-  st.pending.clear();
-  auto writes = static_cast<uint64_t>(
-    std::count_if(batch.begin(), batch.end(),
-                  [](const auto& w) { return !w.write.empty(); }));
-  if (writes == 0) {
-    for (auto& w : batch)
-      w.answer(uint64_t{0});
-    return 0;
-  }
-  auto fail_all = [&](const caf::error& err) {
-    if (st.counters)
-      st.counters->committed(0, writes, 0);
-    for (auto& w : batch)
-      if (w.write.empty())
-        w.answer(uint64_t{0});
-      else
-        w.answer(err);
+/// Statements a pipelined batch sends before it reads what they came to,
+/// so that the answers the server holds meanwhile stay far below what a
+/// socket buffers (neither side then waits for the other to read).
+constexpr size_t pipeline_statements = 256;
+
+// On a database that pipelines (PostgreSQL): opens the transaction and runs
+// every write of `batch` in it without a savepoint, each statement sent
+// without waiting for the one before, their outcomes read once per
+// `pipeline_statements` (one round trip for a usual batch, where one
+// statement at a time costs one per statement and two more per write for
+// its savepoint). Fills `results`, one per write, and leaves the
+// transaction open for the commit. On any failure the transaction is
+// rolled back and the error returned: nothing of the batch is stored.
+caf::error run_pipelined(state_store_state& st,
+                         std::vector<state_store_state::pending_write>& batch,
+                         std::vector<caf::expected<uint64_t>>& results) {
+  if (auto err = st.db->begin_pipelined())
+    return err;
+  std::vector<int64_t> changes;
+  size_t queued = 0;
+  auto sync = [&] {
+    auto out = st.db->sync();
+    changes.insert(changes.end(), out.changes.begin(), out.changes.end());
+    queued = 0;
+    return std::move(out.error);
   };
-  if (auto err = st.db->begin()) {
-    fail_all(err);
-    return writes;
+  auto failed = [&](caf::error err) {
+    st.db->rollback();
+    return err;
+  };
+  for (auto& w : batch) {
+    assign_version(st, w.write);
+    for (auto& x : w.write) {
+      auto stmt = bound(st, x);
+      if (!stmt)
+        return failed(std::move(stmt.error()));
+      if (auto err = (*stmt)->send())
+        return failed(std::move(err));
+      ++queued;
+    }
+    if (queued >= pipeline_statements)
+      if (auto err = sync())
+        return failed(std::move(err));
   }
-  // SQLite undoes a failing statement alone; PostgreSQL spoils the whole
-  // transaction with it, so there every write has its savepoint.
+  if (queued > 0)
+    if (auto err = sync())
+      return failed(std::move(err));
+  size_t at = 0;
+  for (auto& w : batch) {
+    uint64_t sum = 0;
+    for (size_t k = 0; k < w.write.size() && at < changes.size(); ++k)
+      sum += static_cast<uint64_t>(changes[at++]);
+    results.emplace_back(sum);
+  }
+  if (at != changes.size())
+    return failed(make_error(errc::storage_failure,
+                             st.db->where()
+                               + ": a pipelined batch lost count of its "
+                                 "statements"));
+  return caf::none;
+}
+
+// Runs every write of `batch` in the open transaction, one statement at a
+// time, and fills `results`, one per write. SQLite undoes a failing
+// statement alone; PostgreSQL spoils the whole transaction with it, so
+// there every write has its savepoint. Returns the writes that failed.
+uint64_t run_each(state_store_state& st,
+                  std::vector<state_store_state::pending_write>& batch,
+                  std::vector<caf::expected<uint64_t>>& results) {
   bool savepoint_each = st.db->failure_spoils_transaction();
-  std::vector<caf::expected<uint64_t>> results;
-  results.reserve(batch.size());
   uint64_t failed_writes = 0;
   for (auto& w : batch) {
     uint64_t changes = 0;
@@ -450,6 +484,66 @@ uint64_t flush(state_store_state& st) {
       run(st, "RELEASE write;");
       results.emplace_back(changes);
     }
+  }
+  return failed_writes;
+}
+
+// Commits every pending write in one transaction, then answers them all in
+// arrival order (running their hooks). On PostgreSQL the batch is first
+// pipelined without savepoints (run_pipelined); if that fails, and the
+// database can be reached, it runs again as on SQLite, one write at a
+// time, each write in its own savepoint where a failing statement would
+// spoil the transaction, so a write the database refuses fails alone and
+// its batch neighbours commit. Empty writes (barriers) take no part in the
+// transaction, and a batch of barriers alone commits nothing. Returns the
+// writes the batch carried.
+uint64_t flush(state_store_state& st) {
+  if (st.pending.empty())
+    return 0;
+  auto started = std::chrono::steady_clock::now();
+  auto batch = std::move(st.pending);
+  st.pending.clear();
+  auto writes = static_cast<uint64_t>(
+    std::count_if(batch.begin(), batch.end(),
+                  [](const auto& w) { return !w.write.empty(); }));
+  if (writes == 0) {
+    for (auto& w : batch)
+      w.answer(uint64_t{0});
+    return 0;
+  }
+  auto fail_all = [&](const caf::error& err) {
+    if (st.counters)
+      st.counters->committed(0, writes, 0);
+    for (auto& w : batch)
+      if (w.write.empty())
+        w.answer(uint64_t{0});
+      else
+        w.answer(err);
+  };
+  std::vector<caf::expected<uint64_t>> results;
+  results.reserve(batch.size());
+  uint64_t failed_writes = 0;
+  bool pipelined = false;
+  if (st.db->pipelines()) {
+    auto err = run_pipelined(st, batch, results);
+    pipelined = !err;
+    if (err && classify(err) == errc::storage_unavailable) {
+      fail_all(err);
+      return writes;
+    }
+    if (err) {
+      results.clear();
+      spdlog::debug("storage: a pipelined batch of {} writes failed ({}); "
+                    "it runs again, one savepoint per write",
+                    writes, describe(err));
+    }
+  }
+  if (!pipelined) {
+    if (auto err = st.db->begin()) {
+      fail_all(err);
+      return writes;
+    }
+    failed_writes = run_each(st, batch, results);
   }
   if (auto err = st.db->commit()) {
     st.db->rollback();

@@ -147,6 +147,14 @@ public:
 
   caf::expected<bool> step() override;
 
+  caf::error send() override;
+
+  /// Prepares the statement again (under a new name) at its next use:
+  /// its preparation was in a pipeline that failed.
+  void forget_prepared() noexcept {
+    prepared_in_ = 0;
+  }
+
   int column_count() const override {
     return result_ ? PQnfields(result_.get()) : 0;
   }
@@ -189,6 +197,14 @@ public:
   }
 
 private:
+  /// The bound parameters as libpq takes them.
+  struct encoded {
+    std::vector<const char*> values;
+    std::vector<std::string> texts;
+    std::vector<Oid> types;
+  };
+  caf::error encode(encoded& out) const;
+
   pg_connection* conn_;
   std::string sql_;
   std::string name_;
@@ -254,10 +270,7 @@ public:
   }
 
   caf::error begin() override {
-    if (in_transaction_)
-      return make_error(errc::storage_failure,
-                        where_ + ": a transaction is already open");
-    if (auto err = usable())
+    if (auto err = ready_to_begin())
       return err;
     // The transaction's ID, to look its outcome up should the answer to
     // COMMIT be lost with the connection. One round trip for both.
@@ -275,6 +288,12 @@ public:
     if (!in_transaction_)
       return make_error(errc::storage_failure,
                         where_ + ": no transaction to commit");
+    if (in_pipeline_ && !leave_pipeline()) {
+      rollback();
+      return make_error(errc::storage_failure,
+                        where_ + ": statements of the transaction were not "
+                                 "run; it was rolled back");
+    }
     result_ptr r{PQexec(conn_, "COMMIT;")};
     in_transaction_ = false;
     if (PQresultStatus(r.get()) == PGRES_COMMAND_OK) {
@@ -295,12 +314,109 @@ public:
 
   void rollback() override {
     in_transaction_ = false;
+    if (in_pipeline_) {
+      if (!queued_.empty())
+        sync(); // what was queued runs (up to a failure) and is read
+      leave_pipeline();
+    }
     if (conn_ != nullptr && PQstatus(conn_) == CONNECTION_OK)
       result_ptr{PQexec(conn_, "ROLLBACK;")};
   }
 
   bool failure_spoils_transaction() const noexcept override {
     return true;
+  }
+
+  bool pipelines() const noexcept override {
+    return true;
+  }
+
+  caf::error begin_pipelined() override {
+    if (auto err = ready_to_begin())
+      return err;
+    if (PQenterPipelineMode(conn_) != 1)
+      return make_error(code_of(nullptr), where_
+                                            + ": cannot pipeline statements: "
+                                            + last_message());
+    in_pipeline_ = true;
+    in_transaction_ = true;
+    txid_ = 0;
+    // The transaction's ID, as begin() takes it.
+    for (auto [sql, what] : {std::pair{"BEGIN", queued::begin},
+                             std::pair{"SELECT txid_current()",
+                                       queued::txid}}) {
+      if (PQsendQueryParams(conn_, sql, 0, nullptr, nullptr, nullptr,
+                            nullptr, 0)
+          != 1) {
+        auto err = send_failed();
+        rollback();
+        return err;
+      }
+      queued_.push_back({what, nullptr});
+    }
+    return caf::none;
+  }
+
+  sql_pipeline_result sync() override {
+    sql_pipeline_result out;
+    if (!in_pipeline_) {
+      out.error = make_error(errc::storage_failure,
+                             where_ + ": no pipelined transaction");
+      return out;
+    }
+    auto batch = std::move(queued_);
+    queued_.clear();
+    caf::error first;
+    auto lost = [&] {
+      return make_error(errc::storage_unavailable,
+                        where_ + ": the connection was lost during the "
+                                 "transaction: "
+                          + last_message());
+    };
+    bool gone = PQpipelineSync(conn_) != 1;
+    if (gone)
+      first = lost();
+    for (auto& q : batch) {
+      if (gone)
+        break;
+      result_ptr r{PQgetResult(conn_)};
+      if (r == nullptr) {
+        // A command without a result: the connection is gone.
+        gone = true;
+        first = first ? first : lost();
+        break;
+      }
+      // Each command's results end with a null.
+      while (auto* extra = PQgetResult(conn_))
+        PQclear(extra);
+      if (PQresultStatus(r.get()) == PGRES_PIPELINE_ABORTED)
+        continue; // after the first failure, up to the sync
+      if (auto err = check(r.get())) {
+        if (!first)
+          first = std::move(err);
+        continue;
+      }
+      if (q.kind == queued::txid && PQntuples(r.get()) > 0)
+        txid_ = std::strtoll(PQgetvalue(r.get(), 0, 0), nullptr, 10);
+      if (q.kind == queued::statement) {
+        note_changes(r.get());
+        out.changes.push_back(changes_);
+      }
+    }
+    if (!gone) {
+      result_ptr r{PQgetResult(conn_)};
+      if (PQresultStatus(r.get()) != PGRES_PIPELINE_SYNC)
+        first = first ? first : lost();
+    }
+    if (first) {
+      // A statement prepared in a pipeline that failed may not exist:
+      // prepared again, under a new name, at its next use.
+      for (auto& q : batch)
+        if (q.kind == queued::prepare)
+          q.query->forget_prepared();
+    }
+    out.error = std::move(first);
+    return out;
   }
 
   std::string where() const override {
@@ -338,6 +454,24 @@ public:
 
   std::string next_statement_name() {
     return "s" + std::to_string(++statements_);
+  }
+
+  bool in_pipeline() const noexcept {
+    return in_pipeline_;
+  }
+
+  /// Notes a preparation (`query` non-null) or a statement queued in the
+  /// pipeline, whose result `sync` reads in this order.
+  void queued_prepare(pg_query* query) {
+    queued_.push_back({queued::prepare, query});
+  }
+  void queued_statement() {
+    queued_.push_back({queued::statement, nullptr});
+  }
+
+  /// The error of a command libpq could not queue.
+  caf::error send_failed() {
+    return make_error(code_of(nullptr), where_ + ": " + last_message());
   }
 
   /// An error for a result that is not a success (null when it is one).
@@ -394,8 +528,35 @@ public:
   }
 
 private:
+  /// None if a transaction can begin: none is open, and the connection
+  /// works (reopened if it was lost).
+  caf::error ready_to_begin() {
+    if (in_transaction_)
+      return make_error(errc::storage_failure,
+                        where_ + ": a transaction is already open");
+    return usable();
+  }
+
+  /// Leaves pipeline mode, every result read. False if the connection
+  /// could not (it broke, or results were left unread): it is closed
+  /// then, and the next statement outside a transaction opens a new one.
+  bool leave_pipeline() {
+    in_pipeline_ = false;
+    queued_.clear();
+    if (conn_ == nullptr)
+      return false;
+    if (PQexitPipelineMode(conn_) == 1)
+      return true;
+    PQfinish(conn_);
+    conn_ = nullptr;
+    return false;
+  }
+
   caf::error setup() {
     ++generation_;
+    // A new connection is not in pipeline mode.
+    in_pipeline_ = false;
+    queued_.clear();
     PQsetNoticeProcessor(
       conn_,
       [](void*, const char* message) {
@@ -459,6 +620,14 @@ private:
   bool in_transaction_ = false;
   int64_t txid_ = 0;
   int64_t changes_ = 0;
+  /// Pipeline mode (begin_pipelined to the end of the transaction), and
+  /// the commands queued since the last sync.
+  struct queued {
+    enum kind_t { begin, txid, prepare, statement } kind;
+    pg_query* query; // prepare: the query prepared
+  };
+  bool in_pipeline_ = false;
+  std::vector<queued> queued_;
 };
 
 caf::expected<bool> pg_query::step() {
@@ -470,46 +639,23 @@ caf::expected<bool> pg_query::step() {
   executed_ = true;
   if (auto err = conn_->usable())
     return err;
-  auto n = params_.size();
-  std::vector<const char*> values(n, nullptr);
-  std::vector<std::string> texts(n);
-  std::vector<Oid> types(n, 0);
-  for (size_t i = 0; i < n; ++i) {
-    auto& p = params_[i];
-    switch (p.type) {
-      case sql_value::kind::integer:
-        texts[i] = std::to_string(p.integer);
-        values[i] = texts[i].c_str();
-        types[i] = int8_oid;
-        break;
-      case sql_value::kind::text:
-        // Parameters travel as C strings: a NUL would cut the text short.
-        if (p.text.find('\0') != std::string::npos)
-          return make_error(errc::invalid_argument,
-                            conn_->where()
-                              + ": a text with a NUL character cannot be "
-                                "stored in PostgreSQL");
-        values[i] = p.text.c_str();
-        types[i] = text_oid;
-        break;
-      default:
-        break; // NULL
-    }
-  }
+  encoded e;
+  if (auto err = encode(e))
+    return err;
+  auto n = static_cast<int>(e.values.size());
   if (prepared_in_ != conn_->generation()) {
     // Prepared on this connection with the types of the first values
     // bound (integers BIGINT, texts TEXT); NULLs leave theirs to the
     // server.
     name_ = conn_->next_statement_name();
-    result_ptr p{PQprepare(conn_->handle(), name_.c_str(), sql_.c_str(),
-                           static_cast<int>(n), types.data())};
+    result_ptr p{PQprepare(conn_->handle(), name_.c_str(), sql_.c_str(), n,
+                           e.types.data())};
     if (auto err = conn_->check(p.get()))
       return err;
     prepared_in_ = conn_->generation();
   }
-  result_.reset(PQexecPrepared(conn_->handle(), name_.c_str(),
-                               static_cast<int>(n), values.data(), nullptr,
-                               nullptr, 0));
+  result_.reset(PQexecPrepared(conn_->handle(), name_.c_str(), n,
+                               e.values.data(), nullptr, nullptr, 0));
   if (auto err = conn_->check(result_.get())) {
     result_.reset();
     // The statement may be gone with a lost connection: prepare again.
@@ -523,6 +669,64 @@ caf::expected<bool> pg_query::step() {
             : 0;
   row_ = 0;
   return rows_ > 0;
+}
+
+caf::error pg_query::encode(encoded& out) const {
+  auto n = params_.size();
+  out.values.assign(n, nullptr);
+  out.texts.assign(n, std::string{});
+  out.types.assign(n, 0);
+  for (size_t i = 0; i < n; ++i) {
+    auto& p = params_[i];
+    switch (p.type) {
+      case sql_value::kind::integer:
+        out.texts[i] = std::to_string(p.integer);
+        out.values[i] = out.texts[i].c_str();
+        out.types[i] = int8_oid;
+        break;
+      case sql_value::kind::text:
+        // Parameters travel as C strings: a NUL would cut the text short.
+        if (p.text.find('\0') != std::string::npos)
+          return make_error(errc::invalid_argument,
+                            conn_->where()
+                              + ": a text with a NUL character cannot be "
+                                "stored in PostgreSQL");
+        out.values[i] = p.text.c_str();
+        out.types[i] = text_oid;
+        break;
+      default:
+        break; // NULL
+    }
+  }
+  return caf::none;
+}
+
+caf::error pg_query::send() {
+  if (!conn_->in_pipeline())
+    return make_error(errc::storage_failure,
+                      conn_->where() + ": no pipelined transaction");
+  encoded e;
+  if (auto err = encode(e))
+    return err;
+  auto n = static_cast<int>(e.values.size());
+  auto* h = conn_->handle();
+  if (prepared_in_ != conn_->generation()) {
+    // As step() prepares it, queued before its first use.
+    name_ = conn_->next_statement_name();
+    if (PQsendPrepare(h, name_.c_str(), sql_.c_str(), n, e.types.data())
+        != 1)
+      return conn_->send_failed();
+    prepared_in_ = conn_->generation();
+    conn_->queued_prepare(this);
+  }
+  // libpq copies the values into its buffer: the bindings can go.
+  if (PQsendQueryPrepared(h, name_.c_str(), n, e.values.data(), nullptr,
+                          nullptr, 0)
+      != 1)
+    return conn_->send_failed();
+  conn_->queued_statement();
+  params_.clear();
+  return caf::none;
 }
 
 } // namespace

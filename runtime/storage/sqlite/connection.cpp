@@ -1,10 +1,29 @@
 // SQLite behind the sql_connection interface: the state store's and the
 // counter store's connection to a data directory's spindle.db.
 
+#include "spindle/messages/error.hpp"
 #include "spindle/runtime/database.hpp"
 #include "spindle/runtime/sql_connection.hpp"
 
 namespace spindle {
+
+// Pipelining: PostgreSQL's alone (pipelines()); SQLite runs in the process
+// and has no round trips to save.
+
+caf::error sql_query::send() {
+  return make_error(errc::storage_failure,
+                    "this database does not pipeline statements");
+}
+
+caf::error sql_connection::begin_pipelined() {
+  return make_error(errc::storage_failure,
+                    where() + " does not pipeline statements");
+}
+
+sql_pipeline_result sql_connection::sync() {
+  return {{}, make_error(errc::storage_failure,
+                         where() + " does not pipeline statements")};
+}
 
 caf::error sql_query::run() {
   auto rc = step();

@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include <caf/error.hpp>
 #include <caf/expected.hpp>
@@ -39,10 +40,29 @@ public:
   /// Clears the bindings and rewinds, ready for the next use.
   virtual void reset() = 0;
 
+  /// Queues the statement with its bound parameters in the pipelined
+  /// transaction of its connection (sql_connection::begin_pipelined) and
+  /// clears the bindings; `sql_connection::sync` runs it. Rows it returns
+  /// are not read. Errors: `invalid_argument` for a value the database
+  /// cannot hold, `storage_failure` or `storage_unavailable` when it could
+  /// not be queued; nothing of it is queued then.
+  virtual caf::error send();
+
   /// Runs to completion and resets; for statements without rows.
   caf::error run();
   /// Runs to completion and resets; every row it returned.
   caf::expected<sql_rows> rows();
+};
+
+/// What the statements of a pipelined transaction came to
+/// (sql_connection::sync).
+struct sql_pipeline_result {
+  /// Rows each statement changed, in the order they were queued: every
+  /// one of them when `error` is none.
+  std::vector<int64_t> changes;
+  /// The first failure. The statements after it did not run, and the
+  /// transaction can only be rolled back.
+  caf::error error;
 };
 
 /// A connection to the database behind the state store and the counter
@@ -77,6 +97,23 @@ public:
 
   /// Rolls the transaction back (if one is open).
   virtual void rollback() = 0;
+
+  /// Whether `begin_pipelined` is available: statements sent to the
+  /// database without waiting for the one before (PostgreSQL's pipeline
+  /// mode), so a batch of them costs one round trip.
+  virtual bool pipelines() const noexcept {
+    return false;
+  }
+
+  /// Starts a transaction that will write, whose statements are queued
+  /// (sql_query::send) and run by `sync`, BEGIN itself among them; commit()
+  /// or rollback() end it, as any transaction. Errors: `storage_failure`,
+  /// `storage_unavailable`; no transaction is open then.
+  virtual caf::error begin_pipelined();
+
+  /// Sends what was queued since `begin_pipelined` or the last `sync` and
+  /// reads what each statement came to; the transaction stays open.
+  virtual sql_pipeline_result sync();
 
   /// Whether a failing statement spoils its whole transaction (PostgreSQL)
   /// rather than undoing itself alone (SQLite): then every write of a
