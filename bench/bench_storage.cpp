@@ -815,8 +815,9 @@ void on_postgres(report& rep, bool quick) {
     "returned, so it keeps what the server keeps. With fsync off and "
     "synchronous_commit on (.ci/postgres) a commit survives the crash of "
     "any process, the server's included, but not of the machine: SQLite "
-    "sync normal promises the same; sync full survives power loss "
-    "(docs/storage.md, \"Choosing a backend\").",
+    "sync normal promises the same (and after a machine's crash keeps a "
+    "whole database, which a server without fsync need not); sync full "
+    "survives power loss (docs/storage.md, \"Choosing a backend\").",
     "pgbench on the same server, each client count on a new database "
     "(pgbench -i -s " + std::to_string(pgbench_scale)
       + "): -N (simple update: per transaction an UPDATE of "
