@@ -342,9 +342,9 @@ public:
     in_transaction_ = true;
     txid_ = 0;
     // The transaction's ID, as begin() takes it.
-    for (auto [sql, what] : {std::pair{"BEGIN", queued::begin},
+    for (auto [sql, what] : {std::pair{"BEGIN", queued::kind_t::begin},
                              std::pair{"SELECT txid_current()",
-                                       queued::txid}}) {
+                                       queued::kind_t::txid}}) {
       if (PQsendQueryParams(conn_, sql, 0, nullptr, nullptr, nullptr,
                             nullptr, 0)
           != 1) {
@@ -396,9 +396,9 @@ public:
           first = std::move(err);
         continue;
       }
-      if (q.kind == queued::txid && PQntuples(r.get()) > 0)
+      if (q.kind == queued::kind_t::txid && PQntuples(r.get()) > 0)
         txid_ = std::strtoll(PQgetvalue(r.get(), 0, 0), nullptr, 10);
-      if (q.kind == queued::statement) {
+      if (q.kind == queued::kind_t::statement) {
         note_changes(r.get());
         out.changes.push_back(changes_);
       }
@@ -412,7 +412,7 @@ public:
       // A statement prepared in a pipeline that failed may not exist:
       // prepared again, under a new name, at its next use.
       for (auto& q : batch)
-        if (q.kind == queued::prepare)
+        if (q.kind == queued::kind_t::prepare)
           q.query->forget_prepared();
     }
     out.error = std::move(first);
@@ -463,10 +463,10 @@ public:
   /// Notes a preparation (`query` non-null) or a statement queued in the
   /// pipeline, whose result `sync` reads in this order.
   void queued_prepare(pg_query* query) {
-    queued_.push_back({queued::prepare, query});
+    queued_.push_back({queued::kind_t::prepare, query});
   }
   void queued_statement() {
-    queued_.push_back({queued::statement, nullptr});
+    queued_.push_back({queued::kind_t::statement, nullptr});
   }
 
   /// The error of a command libpq could not queue.
@@ -623,7 +623,7 @@ private:
   /// Pipeline mode (begin_pipelined to the end of the transaction), and
   /// the commands queued since the last sync.
   struct queued {
-    enum kind_t { begin, txid, prepare, statement } kind;
+    enum class kind_t { begin, txid, prepare, statement } kind;
     pg_query* query; // prepare: the query prepared
   };
   bool in_pipeline_ = false;
