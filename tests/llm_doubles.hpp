@@ -28,12 +28,12 @@ public:
     return "scripted";
   }
 
-  caf::expected<completion> complete(const std::vector<chat_message>& messages,
+  caf::expected<completion> complete(const prompt& messages,
                                      const completion_options& options,
                                      const delta_callback& on_delta) override {
     {
       std::lock_guard<std::mutex> guard{mtx_};
-      prompts_.push_back(messages);
+      prompts_.push_back(messages.to_messages());
       timeouts_.push_back(options.timeout);
     }
     completion out;
@@ -72,7 +72,7 @@ class instant_provider : public scripted_provider {
 public:
   using scripted_provider::scripted_provider;
 
-  bool start(std::vector<chat_message> messages, completion_options options,
+  bool start(prompt messages, completion_options options,
              delta_callback on_delta, completion_done done) override {
     done(complete(messages, options, on_delta));
     return true;
@@ -87,7 +87,7 @@ public:
   std::string name() const override {
     return "failing";
   }
-  caf::expected<completion> complete(const std::vector<chat_message>&,
+  caf::expected<completion> complete(const prompt&,
                                      const completion_options&,
                                      const delta_callback&) override {
     ++calls;
@@ -109,7 +109,7 @@ public:
   std::string name() const override {
     return "slow";
   }
-  caf::expected<completion> complete(const std::vector<chat_message>&,
+  caf::expected<completion> complete(const prompt&,
                                      const completion_options&,
                                      const delta_callback&) override {
     std::this_thread::sleep_for(delay_);
@@ -131,7 +131,7 @@ public:
   std::string name() const override {
     return "echo";
   }
-  caf::expected<completion> complete(const std::vector<chat_message>& messages,
+  caf::expected<completion> complete(const prompt& messages,
                                      const completion_options&,
                                      const delta_callback& on_delta) override {
     auto text = "echo: " + summarize_prompt(messages).original;
@@ -160,7 +160,7 @@ public:
     return "gated";
   }
 
-  caf::expected<completion> complete(const std::vector<chat_message>& messages,
+  caf::expected<completion> complete(const prompt& messages,
                                      const completion_options&,
                                      const delta_callback& on_delta) override {
     std::unique_lock<std::mutex> lock{mtx_};
@@ -170,7 +170,7 @@ public:
     cv_.wait_for(lock, std::chrono::seconds{20}, [this] { return open_; });
     --waiting_;
     lock.unlock();
-    std::string text = "reply to: " + messages.back().content;
+    std::string text = "reply to: " + std::string{messages.back().content};
     completion out{text, false};
     if (on_delta && !on_delta(text))
       out.interrupted = true;

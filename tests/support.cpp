@@ -1,4 +1,5 @@
 #include "support.hpp"
+#include "byte_counter.hpp"
 
 #include <algorithm>
 #include <array>
@@ -902,6 +903,24 @@ void sse_client::parse_events() {
                           : nlohmann::json::parse(data, nullptr, false);
     events_.push_back(std::move(e));
   }
+}
+
+} // namespace spindle::test
+
+// -- byte_counter -------------------------------------------------------------
+
+namespace spindle::test {
+
+token_encoding_id byte_counter::id() const noexcept {
+  return token_encoding_id::none;
+}
+
+std::string_view byte_counter::name() const noexcept {
+  return "bytes";
+}
+
+size_t byte_counter::count_text(std::string_view text) const {
+  return text.size();
 }
 
 } // namespace spindle::test

@@ -23,10 +23,10 @@ using namespace std::chrono_literals;
 
 namespace {
 
-std::string joined(const std::vector<chat_message>& messages) {
+std::string joined(const prompt& messages) {
   std::string out;
-  for (auto& m : messages)
-    out += m.role + ": " + m.content + "\n";
+  for (auto m : messages)
+    out += std::string{m.role} + ": " + std::string{m.content} + "\n";
   return out;
 }
 
@@ -92,7 +92,8 @@ TEST_CASE("context builder: build_contextual_messages_sees_previous_turns") {
   REQUIRE(m[1].role == "user");
   REQUIRE(m[1].content == "Who is Donald Trump?");
   REQUIRE(m[2].role == "assistant");
-  REQUIRE_THAT(m[2].content, Catch::StartsWith("Donald Trump is"));
+  REQUIRE_THAT(std::string{m[2].content},
+               Catch::StartsWith("Donald Trump is"));
   REQUIRE(m[3].role == "user");
   REQUIRE(m[3].content == "who are his children");
 }

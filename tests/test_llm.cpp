@@ -12,7 +12,8 @@ using namespace spindle;
 
 namespace {
 
-std::vector<chat_message> prompt(bool memory, int history, bool rewrite) {
+std::vector<chat_message> sample_prompt(bool memory, int history,
+                                        bool rewrite) {
   std::vector<chat_message> m{{"system", "You are helpful.", {}}};
   if (memory)
     m.push_back({"system", "Long-term memory:\n- likes tea", {}});
@@ -33,7 +34,7 @@ std::vector<chat_message> prompt(bool memory, int history, bool rewrite) {
 TEST_CASE("offline provider: says it is offline and reports what it "
           "received") {
   offline_provider p;
-  auto r = p.complete(prompt(true, 2, false), {}, {});
+  auto r = p.complete(sample_prompt(true, 2, false), {}, {});
   REQUIRE(r);
   REQUIRE_FALSE(r->interrupted);
   REQUIRE_THAT(r->text, Catch::StartsWith("[offline provider]"));
@@ -43,7 +44,7 @@ TEST_CASE("offline provider: says it is offline and reports what it "
   REQUIRE_THAT(r->text, Catch::Contains("2 history turns"));
   REQUIRE_THAT(r->text, Catch::Contains("rewritten query no"));
   REQUIRE_THAT(r->text, Catch::Contains("\"who are his children\""));
-  auto rw = p.complete(prompt(false, 0, true), {}, {});
+  auto rw = p.complete(sample_prompt(false, 0, true), {}, {});
   REQUIRE_THAT(rw->text, Catch::Contains("long-term memory no"));
   REQUIRE_THAT(rw->text, Catch::Contains("0 history turns"));
   REQUIRE_THAT(rw->text, Catch::Contains("rewritten query yes"));
@@ -55,7 +56,7 @@ TEST_CASE("offline provider: says it is offline and reports what it "
 TEST_CASE("offline provider: deterministic, streamed in at most 4 deltas "
           "that add up to the reply, safe from many threads") {
   offline_provider p;
-  auto m = prompt(true, 6, true);
+  auto m = sample_prompt(true, 6, true);
   std::vector<std::string> deltas;
   auto r = p.complete(m, {}, [&](std::string_view d) {
     deltas.emplace_back(d);
@@ -88,13 +89,14 @@ TEST_CASE("offline provider: stops when the callback returns false and "
           "returns what was generated") {
   offline_provider p;
   int calls = 0;
-  auto r = p.complete(prompt(false, 2, false), {}, [&](std::string_view) {
+  auto r = p.complete(sample_prompt(false, 2, false), {},
+                      [&](std::string_view) {
     return ++calls < 2;
   });
   REQUIRE(r);
   REQUIRE(r->interrupted);
   REQUIRE(calls == 2);
-  auto full = offline_provider::reply_for(prompt(false, 2, false));
+  auto full = offline_provider::reply_for(sample_prompt(false, 2, false));
   REQUIRE(r->text.size() < full.size());
   REQUIRE(full.compare(0, r->text.size(), r->text) == 0);
 }
@@ -107,7 +109,7 @@ TEST_CASE("offline provider: an empty prompt is an upstream failure") {
 }
 
 TEST_CASE("prompt summary: reads the D7 layout back") {
-  auto s = summarize_prompt(prompt(true, 3, true));
+  auto s = summarize_prompt(sample_prompt(true, 3, true));
   REQUIRE(s.messages == 6);
   REQUIRE(s.system_prompt);
   REQUIRE(s.memory);

@@ -25,7 +25,7 @@ using spindle::test::fake_upstream;
 
 namespace {
 
-std::vector<chat_message> prompt() {
+std::vector<chat_message> hello_prompt() {
   return {{"system", "be brief", ""}, {"user", "hello", ""}};
 }
 
@@ -177,7 +177,7 @@ TEST_CASE("openai provider: streams deltas in order and sends the exact "
   fake.set_replies({"Donald Trump has five children."});
   auto p = provider_for(fake, "sk-test");
   std::vector<std::string> deltas;
-  auto r = p->complete(prompt(), {}, [&](std::string_view d) {
+  auto r = p->complete(hello_prompt(), {}, [&](std::string_view d) {
     deltas.emplace_back(d);
     return true;
   });
@@ -205,7 +205,7 @@ TEST_CASE("openai provider: a plain JSON completion is read as one delta") {
   fake.set_replies({"plain answer"});
   auto p = provider_for(fake);
   int calls = 0;
-  auto r = p->complete(prompt(), {}, [&](std::string_view d) {
+  auto r = p->complete(hello_prompt(), {}, [&](std::string_view d) {
     ++calls;
     CHECK(d == "plain answer");
     return true;
@@ -219,7 +219,7 @@ TEST_CASE("openai provider: an upstream error is upstream_failure carrying "
           "the upstream's message") {
   test::fake_openai fake;
   fake.set_mode(test::fake_openai::mode::error);
-  auto r = provider_for(fake)->complete(prompt(), {}, {});
+  auto r = provider_for(fake)->complete(hello_prompt(), {}, {});
   REQUIRE_FALSE(r);
   CHECK(classify(r.error()) == errc::upstream_failure);
   CHECK(describe(r.error()).find("500") != std::string::npos);
@@ -231,7 +231,7 @@ TEST_CASE("openai provider: an unreachable endpoint is upstream_failure") {
   opts.base_url = "http://127.0.0.1:1";
   opts.model = "m";
   opts.connect_timeout = 1s;
-  auto r = (*make_openai_provider(opts))->complete(prompt(), {}, {});
+  auto r = (*make_openai_provider(opts))->complete(hello_prompt(), {}, {});
   REQUIRE_FALSE(r);
   CHECK(classify(r.error()) == errc::upstream_failure);
   CHECK(describe(r.error()).find("cannot reach") != std::string::npos);
@@ -243,7 +243,7 @@ TEST_CASE("openai provider: the overall timeout stops a slow stream") {
   fake.set_replies({std::string(70, 'x')}); // 10 chunks, 200 ms apart
   completion_options opts;
   opts.timeout = 500ms;
-  auto r = provider_for(fake)->complete(prompt(), opts, {});
+  auto r = provider_for(fake)->complete(hello_prompt(), opts, {});
   REQUIRE_FALSE(r);
   CHECK(classify(r.error()) == errc::timeout);
 }
@@ -253,7 +253,7 @@ TEST_CASE("openai provider: a delta callback returning false interrupts and "
   test::fake_openai fake;
   fake.set_replies({std::string(70, 'y')});
   int seen = 0;
-  auto r = provider_for(fake)->complete(prompt(), {}, [&](std::string_view) {
+  auto r = provider_for(fake)->complete(hello_prompt(), {}, [&](std::string_view) {
     return ++seen < 3;
   });
   REQUIRE(r);

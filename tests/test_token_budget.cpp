@@ -21,6 +21,7 @@
 #include "spindle/messages/memory.hpp"
 #include "spindle/messages/tokens.hpp"
 #include "spindle/runtime/runtime.hpp"
+#include "byte_counter.hpp"
 #include "spindle/runtime/tokenizer.hpp"
 #include "support.hpp"
 #include "tiktoken/golden.hpp"
@@ -30,19 +31,7 @@ using json = nlohmann::json;
 
 namespace {
 
-// One token per byte: budgets in these tests are easy to compute by hand.
-class byte_counter final : public token_counter {
-public:
-  token_encoding_id id() const noexcept override {
-    return token_encoding_id::none;
-  }
-  std::string_view name() const noexcept override {
-    return "bytes";
-  }
-  size_t count_text(std::string_view text) const override {
-    return text.size();
-  }
-};
+using test::byte_counter;
 
 turn calling(std::vector<tool_call> calls, std::string content = {}) {
   turn t = make_assistant_turn(std::move(content));
@@ -64,10 +53,10 @@ size_t cost(const chat_message& m) {
   return count_message_tokens(byte_counter{}, m);
 }
 
-size_t total(const std::vector<chat_message>& prompt) {
+size_t total(const prompt& messages) {
   size_t n = reply_primer_tokens;
-  for (auto& m : prompt)
-    n += cost(m);
+  for (auto m : messages)
+    n += cost(m.to_message());
   return n;
 }
 
@@ -176,7 +165,7 @@ TEST_CASE("token budget: a call and its results fit together or not at "
     // The history is empty (an assistant turn alone would be an orphan)
     // or starts with the user turn and holds the whole call.
     for (size_t i = 0; i < prompt->size(); ++i) {
-      auto& msg = (*prompt)[i];
+      auto msg = (*prompt)[i];
       if (!msg.tool_calls.empty()) {
         REQUIRE(i + 2 < prompt->size());
         CHECK((*prompt)[i + 1].tool_call_id == "c1");
@@ -306,8 +295,8 @@ TEST_CASE("token budget: a long thread's prompt fits its budget") {
   CHECK(m.encoding == "o200k_base");
   CHECK(m.budget == 64000 - default_reply_tokens);
   size_t counted = reply_primer_tokens;
-  for (auto& msg : built->messages)
-    counted += count_message_tokens(o200k(), msg);
+  for (auto msg : built->messages)
+    counted += count_message_tokens(o200k(), msg.to_message());
   CHECK(m.total_tokens == counted);
   CHECK(counted <= m.budget);
   CHECK_FALSE(m.turns.empty());
@@ -661,11 +650,11 @@ TEST_CASE("token budget: 10000 random prompts are within budget by the "
         REQUIRE(classify(prompt.error()) == errc::too_large);
         ++too_large;
         // The floor alone exceeds the budget: checked below like a prompt.
-        prompt = std::vector<chat_message>{
-          chat_message{"system", p.system_prompt, {}, {}},
-          chat_message{"user", p.original, {}, {}}};
-        if (p.system_prompt.empty())
-          prompt->erase(prompt->begin());
+        std::vector<chat_message> floor_only;
+        if (!p.system_prompt.empty())
+          floor_only.push_back({"system", p.system_prompt, {}, {}});
+        floor_only.push_back({"user", p.original, {}, {}});
+        prompt = spindle::prompt{std::move(floor_only)};
         m.total_tokens = ~uint64_t{0};
       }
       // Structure: never an orphan first, never a call split from its
@@ -688,11 +677,11 @@ TEST_CASE("token budget: 10000 random prompts are within budget by the "
                  || p.first_index + first_head < covered))
         ++first_head;
       if (!m.turns.empty() && m.turns.front() > p.first_index + first_head) {
-        auto& first = (*prompt)[h];
+        auto first = (*prompt)[h];
         CHECK((first.role == "user" || first.role == "system"));
       }
       for (size_t k = 0; k + 1 < prompt->size(); ++k) {
-        auto& msg = (*prompt)[k];
+        auto msg = (*prompt)[k];
         for (size_t c = 0; c < msg.tool_calls.size(); ++c) {
           REQUIRE(k + 1 + c < prompt->size());
           CHECK((*prompt)[k + 1 + c].tool_call_id == msg.tool_calls[c].id);
@@ -700,7 +689,7 @@ TEST_CASE("token budget: 10000 random prompts are within budget by the "
       }
       expected e{m.budget, m.total_tokens, reply_primer_tokens,
                  corpus.records, 0};
-      for (auto& msg : *prompt) {
+      for (auto msg : *prompt) {
         e.fixed += message_overhead_tokens;
         corpus.add("role", msg.role);
         corpus.add("content", msg.content);

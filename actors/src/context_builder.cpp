@@ -102,9 +102,14 @@ void finish(context_builder_pointer self, const job_ptr& job) {
                           : 0;
     parts.original = job->request.message;
     parts.rewritten = out.rewritten_query;
+    // A resident thread's turns stay in its log: the prompt keeps the log
+    // and reads the turns it holds in place.
+    std::shared_ptr<const void> owner;
+    if (job->view)
+      owner = job->view->turns;
     auto fitted = fit_prompt(*st.options.tokens, job->max_context_tokens,
                              st.options.reply_tokens, parts, window,
-                             out.manifest);
+                             out.manifest, std::move(owner));
     if (!fitted) {
       fail(job, std::move(fitted.error()));
       return;

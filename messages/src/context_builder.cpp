@@ -109,6 +109,33 @@ void append_unit(std::vector<chat_message>& out, const history_unit& u,
   }
 }
 
+// Appends the unit's messages to a prompt: its stored turns read in
+// place (`in_place`, the prompt keeping what holds them) or copied.
+void append_unit(prompt& out, const history_unit& u,
+                 const std::vector<const turn*>& history, bool in_place) {
+  auto& head = *history[u.head];
+  if (in_place)
+    out.push_turn(head);
+  else
+    out.push_back(to_chat_message(head));
+  auto& calls = head.tool_calls;
+  for (size_t k = 0; k < calls.size(); ++k) {
+    if (u.results[k] == history_unit::npos) {
+      out.push_back(interrupted_result(calls[k].id));
+      continue;
+    }
+    // A result was matched to its call by its `tool_call_id`.
+    auto& result = *history[u.results[k]];
+    if (in_place) {
+      out.push_turn(result, true);
+    } else {
+      auto m = to_chat_message(result);
+      m.tool_calls.clear();
+      out.push_back(std::move(m));
+    }
+  }
+}
+
 } // namespace
 
 std::vector<chat_message> close_tool_calls(std::vector<chat_message> history) {
@@ -174,7 +201,7 @@ caf::error validate_context_tokens(uint64_t max_context_tokens,
   return caf::none;
 }
 
-caf::expected<std::vector<chat_message>>
+caf::expected<prompt>
 fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
            uint64_t reply_tokens, const prompt_parts& parts,
            context_manifest& manifest) {
@@ -186,11 +213,11 @@ fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
                     manifest);
 }
 
-caf::expected<std::vector<chat_message>>
+caf::expected<prompt>
 fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
            uint64_t reply_tokens, const prompt_parts& parts,
            const std::vector<const turn*>& history,
-           context_manifest& manifest) {
+           context_manifest& manifest, std::shared_ptr<const void> owner) {
   if (auto err = validate_context_tokens(max_context_tokens, reply_tokens))
     return err;
   manifest.encoding = std::string{counter.name()};
@@ -311,8 +338,11 @@ fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
   manifest.history_tokens = history_used;
   manifest.total_tokens = used + history_used;
   // The prompt, in D7's order.
-  std::vector<chat_message> out;
-  out.reserve(history.size() + 3);
+  prompt out;
+  out.reserve(history.size() + 4);
+  const bool in_place = owner != nullptr;
+  if (in_place)
+    out.keep(std::move(owner));
   if (!system.content.empty())
     out.push_back(std::move(system));
   if (!summary.content.empty())
@@ -325,8 +355,7 @@ fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
     for (auto r : units[i].results)
       if (r != history_unit::npos)
         kept[r] = true;
-    append_unit(out, units[i],
-                [&](size_t j) { return to_chat_message(*history[j]); });
+    append_unit(out, units[i], history, in_place);
   }
   manifest.turns.reserve(history.size());
   for (size_t i = 0; i < history.size(); ++i) {

@@ -138,16 +138,17 @@ std::shared_ptr<endpoint> make_endpoint(const openai_options& o) {
 }
 
 http::request<http::string_body>
-make_request(const endpoint& ep, const std::vector<chat_message>& messages,
+make_request(const endpoint& ep, const prompt& messages,
              const completion_options& options) {
   json body;
   body["model"] = options.model.empty() ? ep.model : options.model;
   body["stream"] = true;
   body["messages"] = json::array();
-  for (auto& m : messages) {
-    json msg{{"role", m.role}, {"content", m.content}};
+  for (auto m : messages) {
+    json msg{{"role", std::string{m.role}},
+             {"content", std::string{m.content}}};
     if (!m.tool_call_id.empty())
-      msg["tool_call_id"] = m.tool_call_id;
+      msg["tool_call_id"] = std::string{m.tool_call_id};
     if (!m.tool_calls.empty()) {
       msg["tool_calls"] = json::parse(tool_calls_to_json(m.tool_calls));
       if (m.content.empty())
@@ -821,7 +822,7 @@ std::string openai_provider::name() const {
   return "openai:" + options_.model;
 }
 
-void openai_provider::launch(const std::vector<chat_message>& messages,
+void openai_provider::launch(const prompt& messages,
                              const completion_options& options,
                              delta_callback on_delta, completion_done done) {
   if (!endpoint_->refused.empty()) {
@@ -836,7 +837,7 @@ void openai_provider::launch(const std::vector<chat_message>& messages,
   asio::post(loop, [call] { call->begin(); });
 }
 
-bool openai_provider::start(std::vector<chat_message> messages,
+bool openai_provider::start(prompt messages,
                             completion_options options,
                             delta_callback on_delta, completion_done done) {
   launch(messages, options, std::move(on_delta), std::move(done));
@@ -844,7 +845,7 @@ bool openai_provider::start(std::vector<chat_message> messages,
 }
 
 caf::expected<completion>
-openai_provider::complete(const std::vector<chat_message>& messages,
+openai_provider::complete(const prompt& messages,
                           const completion_options& options,
                           const delta_callback& on_delta) {
   if (options_.loops->on_loop_thread())

@@ -86,12 +86,13 @@ json turns_json(const std::vector<turn>& turns) {
   return out;
 }
 
-json messages_json(const std::vector<chat_message>& messages) {
+json messages_json(const prompt& messages) {
   json out = json::array();
-  for (auto& m : messages) {
-    json msg{{"role", m.role}, {"content", m.content}};
+  for (auto m : messages) {
+    json msg{{"role", std::string{m.role}},
+             {"content", std::string{m.content}}};
     if (!m.tool_call_id.empty())
-      msg["tool_call_id"] = m.tool_call_id;
+      msg["tool_call_id"] = std::string{m.tool_call_id};
     if (!m.tool_calls.empty())
       msg["tool_calls"] = json::parse(tool_calls_to_json(m.tool_calls));
     out.push_back(std::move(msg));

@@ -111,7 +111,7 @@ struct exchange_state {
   bool held = false;
   int attempt = 0;
   build_request build;
-  std::vector<chat_message> prompt;
+  spindle::prompt prompt;
   std::shared_ptr<completion_box> box = std::make_shared<completion_box>();
   /// Set by whichever comes first: the provider's end or the watchdog.
   std::shared_ptr<std::atomic<bool>> ended

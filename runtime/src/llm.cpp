@@ -14,7 +14,7 @@ namespace spindle {
 
 llm_provider::~llm_provider() = default;
 
-bool llm_provider::start(std::vector<chat_message>, completion_options,
+bool llm_provider::start(prompt, completion_options,
                          delta_callback, completion_done) {
   return false;
 }
@@ -57,16 +57,16 @@ std::string trim_model_output(const std::string& text) {
   return text.substr(b, e - b);
 }
 
-prompt_summary summarize_prompt(const std::vector<chat_message>& messages) {
+prompt_summary summarize_prompt(const prompt& messages) {
   prompt_summary out;
   out.messages = messages.size();
   if (messages.empty())
     return out;
   size_t first = 0;
-  auto is_memory = [](const chat_message& m) {
+  auto is_memory = [](const chat_message_view& m) {
     return m.role == "system" && starts_with(m.content, memory_message_prefix);
   };
-  auto is_summary = [](const chat_message& m) {
+  auto is_summary = [](const chat_message_view& m) {
     return m.role == "system"
            && starts_with(m.content, summary_message_prefix);
   };
@@ -83,7 +83,7 @@ prompt_summary summarize_prompt(const std::vector<chat_message>& messages) {
     out.memory = true;
     ++first;
   }
-  auto& last = messages.back();
+  auto last = messages.back();
   auto last_index = messages.size() - 1;
   out.history_turns = last_index > first ? last_index - first : 0;
   std::string_view content{last.content};
@@ -95,7 +95,7 @@ prompt_summary summarize_prompt(const std::vector<chat_message>& messages) {
       content.substr(original_prefix.size(), sep - original_prefix.size())};
     out.rewritten = std::string{content.substr(sep + rewrite_separator.size())};
   } else {
-    out.original = last.content;
+    out.original = std::string{last.content};
   }
   return out;
 }
@@ -131,7 +131,7 @@ std::string offline_provider::name() const {
 }
 
 std::string
-offline_provider::reply_for(const std::vector<chat_message>& messages) {
+offline_provider::reply_for(const prompt& messages) {
   auto s = summarize_prompt(messages);
   std::string out = "[offline provider] No language model is configured, so "
                     "this is not an answer. Received ";
@@ -160,7 +160,7 @@ offline_provider::reply_for(const std::vector<chat_message>& messages) {
 }
 
 caf::expected<completion>
-offline_provider::complete(const std::vector<chat_message>& messages,
+offline_provider::complete(const prompt& messages,
                            const completion_options&,
                            const delta_callback& on_delta) {
   if (messages.empty())
@@ -251,7 +251,7 @@ struct delayed_reply : std::enable_shared_from_this<delayed_reply> {
 
 } // namespace
 
-bool offline_provider::start(std::vector<chat_message> messages,
+bool offline_provider::start(prompt messages,
                              completion_options options,
                              delta_callback on_delta, completion_done done) {
   if (delta_delay_.count() > 0 && !loops_)

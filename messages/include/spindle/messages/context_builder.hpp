@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -12,6 +13,7 @@
 
 #include "spindle/messages/atoms.hpp"
 #include "spindle/messages/chat.hpp"
+#include "spindle/messages/prompt.hpp"
 #include "spindle/messages/threads.hpp"
 
 // The context builder and the query rewriter: what they are asked, what they
@@ -198,8 +200,9 @@ struct prompt_parts {
 /// were counted with `counter`'s encoding. `manifest` receives the counts.
 /// Errors: `too_large` when the system prompt and the message alone do not
 /// fit (both counts and the budget in the text); `invalid_argument` when
-/// `reply_tokens` leaves no budget. This function is thread-safe.
-caf::expected<std::vector<chat_message>>
+/// `reply_tokens` leaves no budget. The prompt owns copies of the turns it
+/// keeps. This function is thread-safe.
+caf::expected<prompt>
 fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
            uint64_t reply_tokens, const prompt_parts& parts,
            context_manifest& manifest);
@@ -207,13 +210,16 @@ fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
 /// `fit_prompt` with the history window given by `history` (oldest first,
 /// the turns it points to outliving the call) instead of `parts.history`,
 /// which is not read: a caller holding turns it may not move, such as a
-/// thread's published log, fits them in place, and copies only those the
-/// prompt keeps. This function is thread-safe.
-caf::expected<std::vector<chat_message>>
+/// thread's published log, fits them in place. With `owner`, which keeps
+/// those turns alive and unchanged (the log), the prompt reads the turns
+/// it keeps in place and keeps `owner`; without, it owns copies of them.
+/// This function is thread-safe.
+caf::expected<prompt>
 fit_prompt(const token_counter& counter, uint64_t max_context_tokens,
            uint64_t reply_tokens, const prompt_parts& parts,
            const std::vector<const turn*>& history,
-           context_manifest& manifest);
+           context_manifest& manifest,
+           std::shared_ptr<const void> owner = nullptr);
 
 /// Errors: `invalid_argument` naming `max_context_tokens` when it is not in
 /// (reply_tokens, max_context_tokens_limit]. Thread-safe.
@@ -270,8 +276,9 @@ caf::error validate_build_request(const build_request& x);
 
 /// A built prompt and what went into it.
 struct built_context {
-  /// The prompt, in D7's order.
-  std::vector<chat_message> messages;
+  /// The prompt, in D7's order. Its history turns are read in place from
+  /// the thread's log when the thread was resident (`prompt`).
+  prompt messages;
   /// The history window used (oldest first); empty for an unknown thread,
   /// and when the request asked for no copy (`build_options::turns`).
   std::vector<turn> short_term_history;

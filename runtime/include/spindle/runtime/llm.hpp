@@ -12,6 +12,7 @@
 #include <caf/expected.hpp>
 
 #include "spindle/messages/chat.hpp"
+#include "spindle/messages/prompt.hpp"
 #include "spindle/runtime/flow.hpp"
 #include "spindle/messages/error.hpp"
 
@@ -107,7 +108,7 @@ public:
   /// thread. Errors: `upstream_failure` (the backend failed or refused),
   /// `timeout` (`options.timeout` passed).
   virtual caf::expected<completion>
-  complete(const std::vector<chat_message>& messages,
+  complete(const prompt& messages,
            const completion_options& options, const delta_callback& on_delta)
     = 0;
 
@@ -118,7 +119,7 @@ public:
   /// returns, and must not block. Returns false, calling neither, when the
   /// provider has no asynchronous form; the caller then runs `complete` on
   /// a thread of its own. The default returns false.
-  virtual bool start(std::vector<chat_message> messages,
+  virtual bool start(prompt messages,
                      completion_options options, delta_callback on_delta,
                      completion_done done);
 };
@@ -147,7 +148,7 @@ struct prompt_summary {
 std::string trim_model_output(const std::string& text);
 
 /// Reads a prompt back into its parts. This function is thread-safe.
-prompt_summary summarize_prompt(const std::vector<chat_message>& messages);
+prompt_summary summarize_prompt(const prompt& messages);
 
 /// The default provider: no network, no model. Its reply says plainly that
 /// it is the offline provider and reports what it received (how many
@@ -166,16 +167,16 @@ public:
 
   std::string name() const override;
 
-  caf::expected<completion> complete(const std::vector<chat_message>& messages,
+  caf::expected<completion> complete(const prompt& messages,
                                      const completion_options& options,
                                      const delta_callback& on_delta) override;
 
   /// Without a delay, streams every delta and ends before it returns.
-  bool start(std::vector<chat_message> messages, completion_options options,
+  bool start(prompt messages, completion_options options,
              delta_callback on_delta, completion_done done) override;
 
   /// The reply for `messages`, without streaming.
-  static std::string reply_for(const std::vector<chat_message>& messages);
+  static std::string reply_for(const prompt& messages);
 
 private:
   std::chrono::milliseconds delta_delay_;

@@ -67,7 +67,7 @@ public:
   /// The blocking form: `start` and a wait for its end. Thread-safe, but
   /// never to be called on a thread of the provider's loops, where it
   /// would wait for itself: there it fails at once with `unavailable`.
-  caf::expected<completion> complete(const std::vector<chat_message>& messages,
+  caf::expected<completion> complete(const prompt& messages,
                                      const completion_options& options,
                                      const delta_callback& on_delta) override;
 
@@ -77,7 +77,7 @@ public:
   /// `unavailable`). `on_delta` returning false (or throwing) closes the
   /// connection and ends the call with the partial text, `interrupted`.
   /// Always returns true. Thread-safe.
-  bool start(std::vector<chat_message> messages, completion_options options,
+  bool start(prompt messages, completion_options options,
              delta_callback on_delta, completion_done done) override;
 
   /// The options, with `loops` set to the pool in use. Thread-safe.
@@ -89,7 +89,7 @@ private:
   openai_provider(openai_options options,
                   std::shared_ptr<const detail::openai_endpoint> ep);
 
-  void launch(const std::vector<chat_message>& messages,
+  void launch(const prompt& messages,
               const completion_options& options, delta_callback on_delta,
               completion_done done);
 
