@@ -1126,7 +1126,9 @@ void builder_latency(report& rep, bool quick) {
         "or the thread); builders are a round-robin pool, one per "
         "scheduler thread. Each build asks, as an exchange does, for the "
         "prompt without a copy of its turns (build_options::turns = false; "
-        "the /context route's builds copy them into short_term_history).",
+        "the /context route's builds copy them into short_term_history); "
+        "the prompt reads the turns it keeps in place from the thread's "
+        "log (docs/builder.md, \"The prompt\").",
     "memory on, in memory: each build retrieves from the one memory actor "
     "(a private :memory: database has one connection), the same message "
     "from 16 users.",
