@@ -81,12 +81,6 @@ void prompt::pop_back() {
   entries_.pop_back();
 }
 
-void prompt::clear() {
-  entries_.clear();
-  owned_.clear();
-  owner_.reset();
-}
-
 bool operator==(const prompt& x, const prompt& y) {
   if (x.size() != y.size())
     return false;

@@ -45,9 +45,10 @@ struct chat_message_view {
 /// Not thread-safe; const members may be called from several threads.
 class prompt {
 public:
+  /// Reads the messages in order; each one a view, as `operator[]`.
   class const_iterator {
   public:
-    using iterator_category = std::random_access_iterator_tag;
+    using iterator_category = std::input_iterator_tag;
     using value_type = chat_message_view;
     using difference_type = std::ptrdiff_t;
     using pointer = void;
@@ -67,22 +68,6 @@ public:
       auto old = *this;
       ++i_;
       return old;
-    }
-    const_iterator& operator--() {
-      --i_;
-      return *this;
-    }
-    const_iterator& operator+=(difference_type n) {
-      i_ = static_cast<size_t>(static_cast<difference_type>(i_) + n);
-      return *this;
-    }
-    friend const_iterator operator+(const_iterator x, difference_type n) {
-      return x += n;
-    }
-    friend difference_type operator-(const const_iterator& x,
-                                     const const_iterator& y) {
-      return static_cast<difference_type>(x.i_)
-             - static_cast<difference_type>(y.i_);
     }
     friend bool operator==(const const_iterator& x, const const_iterator& y) {
       return x.i_ == y.i_;
@@ -139,7 +124,6 @@ public:
   void push_turn(const turn& x, bool as_result = false);
   /// Precondition: `!empty()`.
   void pop_back();
-  void clear();
 
   friend bool operator==(const prompt& x, const prompt& y);
   friend bool operator!=(const prompt& x, const prompt& y) {
