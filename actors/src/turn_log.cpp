@@ -3,6 +3,8 @@
 #include <new>
 #include <stdexcept>
 
+#include "spindle/messages/work.hpp"
+
 namespace spindle {
 
 turn_log::~turn_log() {
@@ -35,6 +37,7 @@ size_t turn_log::push_back(turn x) {
 }
 
 void turn_log::copy(size_t first, size_t last, std::vector<turn>& out) const {
+  count_work(work().turns_copied, last - first);
   out.reserve(out.size() + (last - first));
   for (auto i = first; i < last; ++i)
     out.push_back((*this)[i]);

@@ -18,6 +18,7 @@
 #include "spindle/runtime/io_pool.hpp"
 #include "spindle/messages/clock.hpp"
 #include "spindle/messages/error.hpp"
+#include "spindle/messages/work.hpp"
 #include "spindle/runtime/logging.hpp"
 #include "spindle/runtime/runtime.hpp"
 #include "spindle/version.hpp"
@@ -159,6 +160,27 @@ void add_gauges(http_metrics& metrics, runtime& rt) {
                         {{{"result", "running"}},
                          static_cast<double>(c.running)}};
                     });
+  // Work on the paths whose cost must not grow with the data
+  // (docs/threads.md, "Flat cost"): divided by exchanges, a constant.
+  metrics.add_gauge(
+    "spindle_work_total",
+    "Work done since start: turns copied out of threads' logs, loaded from "
+    "the store and summarized; long-term memory rows and postings read and "
+    "written",
+    [] {
+      auto w = read_work();
+      http_metrics::samples out;
+      for (auto [kind, value] :
+           {std::pair{"turns_copied", w.turns_copied},
+            std::pair{"turns_loaded", w.turns_loaded},
+            std::pair{"turns_summarized", w.turns_summarized},
+            std::pair{"memory_rows_read", w.memory_rows_read},
+            std::pair{"memory_rows_written", w.memory_rows_written},
+            std::pair{"memory_postings_read", w.memory_postings_read},
+            std::pair{"memory_postings_written", w.memory_postings_written}})
+        out.push_back({{{"kind", kind}}, static_cast<double>(value)});
+      return out;
+    });
   // The state store's counters, read without asking it (docs/storage.md).
   struct storage_gauge {
     const char* name;

@@ -20,6 +20,7 @@
 #include "spindle/messages/context_item.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/ids.hpp"
+#include "spindle/messages/work.hpp"
 #include "spindle/runtime/memory.hpp"
 #include "spindle/runtime/sql_connection.hpp"
 
@@ -63,6 +64,7 @@ inline bool get_varint(std::string_view& in, uint64_t& v) {
 // A list is encoded newest first: the first ID whole, then each ID as its
 // distance below the previous one, each followed by tf, words, shortest.
 std::string encode(const std::vector<posting>& list) {
+  count_work(work().memory_postings_written, list.size());
   std::string out;
   out.reserve(list.size() * 6);
   int64_t prev = 0;
@@ -79,6 +81,13 @@ std::string encode(const std::vector<posting>& list) {
 
 // Decodes into `out` (appending); a damaged tail is dropped.
 void decode(std::string_view in, std::vector<posting>& out) {
+  struct counted {
+    std::vector<posting>& out;
+    size_t before;
+    ~counted() {
+      count_work(work().memory_postings_read, out.size() - before);
+    }
+  } counting{out, out.size()};
   int64_t prev = 0;
   bool first = true;
   while (!in.empty()) {
@@ -177,18 +186,30 @@ public:
     return *this;
   }
 
+  // Counted in work(): each row a statement reads.
   caf::expected<bool> step() {
-    if (!pg_)
-      return lite_.step();
+    if (!pg_) {
+      auto row = lite_.step();
+      if (row && *row)
+        count_work(work().memory_rows_read, 1);
+      return row;
+    }
     row_.clear();
     auto row = pg_->step();
-    if (row && *row)
+    if (row && *row) {
+      count_work(work().memory_rows_read, 1);
       for (int i = 0; i < pg_->column_count(); ++i)
         row_.push_back(pg_->column(i));
+    }
     return row;
   }
   caf::error run() {
     return pg_ ? pg_->run() : lite_.run();
+  }
+  // A statement that writes a row (counted in work()).
+  caf::error write() {
+    count_work(work().memory_rows_written, 1);
+    return run();
   }
   void reset() {
     if (!pg_) {
@@ -567,19 +588,19 @@ struct memory_writer::impl {
         .bind(2, std::string_view{key.second})
         .bind(3, now.df)
         .bind_blob(4, now.recent);
-      if (auto err = write.run())
+      if (auto err = write.write())
         return err;
       written.put(cache_key, std::move(now));
     }
     for (auto& [scope, g] : grown) {
       grow_scope.bind(1, scope).bind(2, g.first).bind(3, g.second);
-      if (auto err = grow_scope.run())
+      if (auto err = grow_scope.write())
         return err;
     }
     if (!mark_indexed)
       return caf::none;
     set_indexed.bind(1, highest);
-    return set_indexed.run();
+    return set_indexed.write();
   }
 
   // Runs `body` in a write transaction: committed if it succeeds, rolled
@@ -980,7 +1001,7 @@ memory_writer::store_all(const std::vector<memory_entry>& entries) {
         .bind(3, std::string_view{e.content})
         .bind(4, now)
         .bind(5, id);
-      if (auto failed = p.insert_entry.run())
+      if (auto failed = p.insert_entry.write())
         return failed;
       ids.push_back(id);
       rows.push_back(entry_row{id, e.scope.user_id, e.scope.thread_id,
