@@ -7,15 +7,18 @@
 
 #include "spindle/messages/clock.hpp"
 #include "spindle/messages/error.hpp"
+#include "spindle/messages/work.hpp"
 #include "spindle/runtime/logging.hpp"
 
 namespace spindle {
 
 compactor::compactor(caf::actor_system& sys, thread_registry_actor registry,
+                     std::shared_ptr<const thread_views> views,
                      std::shared_ptr<summarizer> impl,
                      std::shared_ptr<const token_counter> tokens,
                      options opts)
-  : sys_(sys), registry_(std::move(registry)), impl_(std::move(impl)),
+  : sys_(sys), registry_(std::move(registry)), views_(std::move(views)),
+    impl_(std::move(impl)),
     tokens_(std::move(tokens)), opts_(opts),
     name_(impl_ ? impl_->name() : std::string{}) {
 }
@@ -43,68 +46,64 @@ void compactor::request(const std::string& thread_id, uint64_t summary_upto,
                         uint64_t upto) {
   if (!impl_ || upto < summary_upto + opts_.min_turns)
     return;
+  // The turns to fold are read from the thread's published log, in place
+  // and only those: never a copy of the thread. A thread that is not
+  // resident (passivated meanwhile) is left for the next exchange, which
+  // activates it and asks again.
+  auto view = views_ ? views_->find(thread_id) : nullptr;
+  if (!view)
+    return;
+  uint64_t from = view->summary ? view->summary->upto : 0;
+  uint64_t size = view->turns->size();
+  if (upto <= from || upto > size || upto < from + opts_.min_turns)
+    return; // covered already, or cleared since the prompt was built
+  // A long backlog (a thread stored before compaction existed, or one
+  // whose jobs failed) is folded a bounded piece per exchange.
+  upto = std::min<uint64_t>(upto, from + std::max<uint64_t>(
+                                           opts_.max_turns_per_job,
+                                           opts_.min_turns));
   {
     std::lock_guard<std::mutex> guard{mtx_};
     if (!running_.emplace(thread_id, caf::actor{}).second)
       return; // the running job's result is what the next prompt uses
   }
   started_.fetch_add(1);
+  summary_input in;
+  if (view->summary)
+    in.previous = view->summary->content;
+  view->turns->copy(static_cast<size_t>(from), static_cast<size_t>(upto),
+                    in.turns);
+  count_work(work().turns_summarized, upto - from);
+  auto epoch = view->epoch;
+  view.reset();
   auto self_ptr = shared_from_this();
   auto fail = [self_ptr, thread_id](const std::string& what) {
     spdlog::warn(log_fields("compaction_failed",
                             {{"thread_id", thread_id}, {"error", what}}));
     self_ptr->finish(thread_id, outcome::failed);
   };
-  // The job is an actor of the scheduler: it waits for the thread and for
-  // the summarizer without holding a thread (a provider with an
-  // asynchronous form answers on its event loop); only a summarizer that
-  // blocks and has no such form gets a detached actor of its own.
-  auto job = sys_.spawn([self_ptr, thread_id, upto,
-                         fail](caf::event_based_actor* self) -> caf::behavior {
-    auto epoch = std::make_shared<uint64_t>(0);
-    auto from = std::make_shared<uint64_t>(0);
-    self
-      ->request(self_ptr->registry_, self_ptr->opts_.step_timeout,
-                caf::get_atom::value, thread_snapshot_atom::value, thread_id)
-      .then(
-        [self, self_ptr, thread_id, upto, epoch, from,
-         fail](thread_snapshot& snap) {
-          *from = snap.summary.upto;
-          *epoch = snap.epoch;
-          if (upto <= *from || upto > snap.turns.size()) {
-            self_ptr->finish(thread_id, outcome::not_needed); // or cleared
-            self->quit();
-            return;
-          }
-          summary_input in;
-          in.previous = std::move(snap.summary.content);
-          in.turns.assign(
-            std::make_move_iterator(snap.turns.begin()
-                                    + static_cast<long>(*from)),
-            std::make_move_iterator(snap.turns.begin()
-                                    + static_cast<long>(upto)));
-          auto me = caf::actor_cast<caf::actor>(self);
-          auto deliver = [me](caf::expected<std::string> text) {
-            if (text)
-              caf::anon_send(me, summary_atom::value, std::move(*text));
-            else
-              caf::anon_send(me, summary_atom::value, text.error());
-          };
-          auto impl = self_ptr->impl_;
-          if (!impl->blocking()) {
-            deliver(impl->summarize(in));
-            return;
-          }
-          if (impl->start(in, deliver))
-            return;
-          self->spawn<caf::detached>(
-            [impl, in = std::move(in), deliver](caf::event_based_actor*) {
-              deliver(impl->summarize(in));
-            });
-        },
-        [self, fail](caf::error& err) {
-          fail(describe(err));
-          self->quit();
+  // The job is an actor of the scheduler: it waits for the summarizer and
+  // the store without holding a thread (a provider with an asynchronous
+  // form answers on its event loop); only a summarizer that blocks and has
+  // no such form gets a detached actor of its own.
+  auto job = sys_.spawn([self_ptr, thread_id, from, upto, epoch, fail,
+                         in = std::move(in)](
+                          caf::event_based_actor* self) mutable
+                        -> caf::behavior {
+    auto me = caf::actor_cast<caf::actor>(self);
+    auto deliver = [me](caf::expected<std::string> text) {
+      if (text)
+        caf::anon_send(me, summary_atom::value, std::move(*text));
+      else
+        caf::anon_send(me, summary_atom::value, text.error());
+    };
+    auto impl = self_ptr->impl_;
+    if (!impl->blocking())
+      deliver(impl->summarize(in));
+    else if (!impl->start(in, deliver))
+      self->spawn<caf::detached>(
+        [impl, in = std::move(in), deliver](caf::event_based_actor*) {
+          deliver(impl->summarize(in));
         });
     return {
       [self, self_ptr, thread_id, upto, epoch, from,
@@ -123,12 +122,12 @@ void compactor::request(const std::string& thread_id, uint64_t summary_upto,
         }
         self
           ->request(c.registry_, c.opts_.step_timeout, summary_atom::value,
-                    thread_id, std::move(s), *epoch)
+                    thread_id, std::move(s), epoch)
           .then(
             [self, self_ptr, thread_id, from, upto](uint64_t) {
               spdlog::info(log_fields("compaction_stored",
                                       {{"thread_id", thread_id},
-                                       {"from", *from},
+                                       {"from", from},
                                        {"upto", upto}}));
               self_ptr->finish(thread_id, outcome::stored);
               self->quit();

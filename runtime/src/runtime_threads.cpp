@@ -74,7 +74,8 @@ caf::error runtime::start_threads() {
     copts.min_turns = conv.compact_min_turns;
     copts.step_timeout = conv.step_timeout;
     compactor_ = std::make_shared<compactor>(*system_, thread_registry_,
-                                             conv.summary_maker, counter, copts);
+                                             views, conv.summary_maker,
+                                             counter, copts);
   }
   auto builder_options = conv.builder;
   builder_options.views = views;
