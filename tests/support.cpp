@@ -33,6 +33,7 @@
 #include "spindle/runtime/database.hpp"
 #include "spindle/runtime/postgres.hpp"
 #include "spindle/runtime/sql_connection.hpp"
+#include "spindle/runtime/storage.hpp"
 
 extern char** environ;
 
@@ -246,6 +247,22 @@ void test_store::refuse(const std::string& name, const std::string& event,
   else
     exec("CREATE TRIGGER " + name + " " + event + " ON " + table + " WHEN "
          + when + " BEGIN SELECT RAISE(ABORT, '" + message + "'); END;");
+}
+
+std::unique_ptr<sql_connection> test_store::memory_connection() const {
+  if (on_postgres()) {
+    auto conn = open_postgres(url_);
+    if (!conn)
+      throw std::runtime_error("cannot connect to " + url_ + ": "
+                               + describe(conn.error()));
+    return std::move(*conn);
+  }
+  storage_options opts;
+  apply(opts);
+  auto db = database::open(memory_database_path(opts), sync_mode::normal);
+  if (!db)
+    throw std::runtime_error("cannot open memory.db: " + describe(db.error()));
+  return sqlite_connection(std::move(*db));
 }
 
 void test_store::allow(const std::string& name,

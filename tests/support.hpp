@@ -23,6 +23,10 @@ namespace httplib {
 class Client;
 } // namespace httplib
 
+namespace spindle {
+class sql_connection;
+} // namespace spindle
+
 namespace spindle::test {
 
 /// A fresh directory under the system's temp dir, removed on destruction.
@@ -111,6 +115,10 @@ public:
               const std::string& table, const std::string& when,
               const std::string& message) const;
   void allow(const std::string& name, const std::string& table) const;
+  /// A connection of its own to the database long-term memory keeps its
+  /// entries in: memory.db in the data directory (sync normal), or the
+  /// PostgreSQL database.
+  std::unique_ptr<sql_connection> memory_connection() const;
 
 private:
   temp_dir dir_;

@@ -60,21 +60,6 @@ runtime_options memory_of(const test::test_store& dir) {
   return opts;
 }
 
-// A connection of its own to the database memory keeps its entries in:
-// memory.db in `dir`, or the PostgreSQL database (its schema created if
-// missing).
-std::unique_ptr<sql_connection> memory_database(const test::test_store& dir) {
-  if (dir.on_postgres()) {
-    auto conn = open_postgres(dir.url());
-    REQUIRE(conn);
-    return std::move(*conn);
-  }
-  auto db = database::open(memory_database_path(durable_memory(dir).storage),
-                           sync_mode::normal);
-  REQUIRE(db);
-  return sqlite_connection(std::move(*db));
-}
-
 } // namespace
 
 // -- pure rules ---------------------------------------------------------------
@@ -431,7 +416,7 @@ TEST_CASE("memory: the user and thread columns, not the index, decide what "
   // The index files two entries under alice's scope and one under thread
   // t's anonymous scope; now the columns of one say it is mallory's, and
   // of another that it is in thread u.
-  REQUIRE_FALSE(memory_database(dir)->exec(
+  REQUIRE_FALSE(dir.memory_connection()->exec(
     "UPDATE memories SET user_id = 'mallory' WHERE content LIKE '%swarm%';"
     "UPDATE memories SET thread_id = 'u' WHERE content LIKE '%garden%';"));
   runtime rt{opts};
@@ -483,7 +468,7 @@ struct owner_of {
 // entries, each entry starting with "Owner {owner}." and then words of
 // the vocabulary.
 void seed_owned(const test::test_store& dir, size_t n) {
-  auto db = memory_database(dir);
+  auto db = dir.memory_connection();
   auto writer = memory_writer::open(*db);
   REQUIRE(writer);
   std::mt19937 gen{42};
@@ -624,7 +609,7 @@ TEST_CASE("memory: what a retrieval reads is bounded by constants, not by "
           "no answer") {
   test::test_store dir;
   seed_owned(dir, 100000);
-  auto db = memory_database(dir);
+  auto db = dir.memory_connection();
   // Nothing kept between retrievals: each reads all it uses.
   auto reader = memory_reader::open(*db, nullptr, 0);
   REQUIRE(reader);
