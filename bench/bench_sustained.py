@@ -145,9 +145,25 @@ def run(exe, tmp, name, data_mode, minutes, period, lua, log):
                 f"  turns {point['turns_to']:8.0f}"
                 f"  memories/user {point['memories_per_user']:8.0f}"
                 + (f"  ERRORS {r['errors']}" if r["errors"] else ""))
+            # Long-term memory stores that the exchange gave up waiting
+            # for (the writer's queue is behind by more than 5 s).
+            point["memory_timeouts"] = memory_timeouts(
+                os.path.join(tmp, name + ".err"))
+            if point["memory_timeouts"]:
+                log(f"    memory stores timed out so far: "
+                    f"{point['memory_timeouts']}")
             if not srv.alive():
                 bench_http.fail(f"{name} exited during the run")
     return points
+
+
+def memory_timeouts(path):
+    """Exchanges whose long-term memory store timed out, from the log."""
+    try:
+        with open(path, errors="replace") as f:
+            return sum(1 for line in f if "not stored: timeout" in line)
+    except OSError:
+        return 0
 
 
 def minute_rate(points, period, last=False):
@@ -211,12 +227,17 @@ def main():
     reached_turns = pts[-1]["turns_to"]
     reached_mem = pts[-1]["memories_per_user"]
     errors = sum(p["errors"] for p in pts)
+    timeouts = pts[-1].get("memory_timeouts", 0)
     print()
     print(f"first minute {first:,.0f} messages/s, last minute {last:,.0f}: "
           f"{flat:.2f}x (target >= {FLAT_TARGET}x with threads at "
           f">= {MIN_TURNS:,} turns and users at >= {MIN_MEMORIES:,} "
           f"memories; reached {reached_turns:,.0f} and {reached_mem:,.0f})")
-    summary = {"first_minute": first, "last_minute": last, "flat": flat,
+    print(f"long-term memory stores timed out: {timeouts:,} "
+          f"(the memory writer fell behind)" if timeouts else
+          "long-term memory stores timed out: 0")
+    summary = {"memory_timeouts": timeouts,
+               "first_minute": first, "last_minute": last, "flat": flat,
                "turns_reached": reached_turns,
                "memories_reached": reached_mem, "errors": errors}
     for mark in MARKS:
@@ -233,7 +254,7 @@ def main():
           f"{late['cpu_us_per_exchange']:.0f} us")
     summary["cpu_us_at_end"] = late["cpu_us_per_exchange"]
     ok = (flat >= FLAT_TARGET and reached_turns >= MIN_TURNS
-          and reached_mem >= MIN_MEMORIES and errors == 0)
+          and reached_mem >= MIN_MEMORIES and errors == 0 and timeouts == 0)
     if args.baseline_exe:
         base = minute_rate(result["baseline"], period)
         speed = first / base
@@ -274,7 +295,9 @@ def report_tables(result, period):
                      f"{sel[-1]['turns_to']:,.0f}",
                      f"{sel[-1]['memories_per_user']:,.0f}"])
     s = result["summary"]
-    notes = [f"First minute {s['first_minute']:,.0f} messages/s, last "
+    notes = [f"Long-term memory stores that timed out: "
+             f"{s['memory_timeouts']:,}.",
+             f"First minute {s['first_minute']:,.0f} messages/s, last "
              f"minute {s['last_minute']:,.0f}: {s['flat']:.2f}x (target "
              f">= {FLAT_TARGET}x)."]
     if "speedup" in s:

@@ -284,8 +284,16 @@ struct memory_state {
 using memory_server_actor = memory_actor::extend<caf::reacts_to<flush_atom>>;
 using memory_pointer = memory_server_actor::stateful_pointer<memory_state>;
 
-// A transaction holds at most this many stores.
-constexpr size_t max_batch = 256;
+// A transaction holds at most this many stores. Under sustained load the
+// writer is behind and its batches reach this bound; each distinct word of
+// a store rewrites its term's row, and a batch rewrites a row (and the
+// B-tree page holding it) once for all of its stores that hold the word,
+// and commits once. With 256, 16 users storing 2,000 entries a
+// second of random words (bench_sustained) outran the writer: its queue
+// grew and stores answered `timeout` after 5 s from the 25th second on;
+// with 2,048 from the sixth minute on (docs/memory.md, "The writer under
+// sustained load").
+constexpr size_t max_batch = 2048;
 
 void flush_stores(memory_pointer self) {
   auto& st = self->state;
