@@ -34,14 +34,14 @@ start empty; a --quick run may stop before 10,000).
 
 Usage
 -----
-    python3 bench/bench_sustained.py --quick                 # ~2 minutes
+    python3 bench/bench_sustained.py --quick                 # ~1 minute
     bench/build-baseline --commit 9c2246f build-baseline-flat
     python3 bench/bench_sustained.py \
         --baseline-exe build-baseline-flat/spindle --json out.json
 
 Options:
     --build-dir DIR     where the spindle executable is (default: build)
-    --minutes M         length of the run (default 10; 2 with --quick)
+    --minutes M         length of the run (default 10; 1 with --quick)
     --period S          seconds per wrk period (default 10; 5 with --quick)
     --baseline-exe EXE  also run EXE's first minute, before this build's
     --data MODE         durable (default) or memory (--data :memory:)
@@ -193,11 +193,11 @@ def main():
                     default="durable")
     ap.add_argument("--json")
     args = ap.parse_args()
-    minutes = args.minutes or (2 if args.quick else 10)
+    minutes = args.minutes or (1 if args.quick else 10)
     period = args.period or (5 if args.quick else 10)
     exe = os.path.abspath(os.path.join(args.build_dir, "spindle"))
     if not os.access(exe, os.X_OK):
-        bench_http.fail(f"no executable at {exe} (run .ci/build)")
+        bench_http.fail(f"{exe} not found (run .ci/build)")
     bench_http.raise_fd_limit()
 
     def log(msg):
