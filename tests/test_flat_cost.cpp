@@ -7,11 +7,13 @@
 
 #include <chrono>
 #include <random>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <catch2/catch.hpp>
+#include <httplib.h>
 
 #include "spindle/messages/work.hpp"
 #include "spindle/runtime/memory.hpp"
@@ -103,15 +105,15 @@ TEST_CASE("flat cost: the turns an exchange copies, loads and summarizes "
       turns = r->turns;
     }
     auto w = work_of(rt, thread, user, per_point, gen);
-    auto per = static_cast<double>(w.turns_copied + w.turns_loaded
-                                   + w.turns_summarized)
+    auto per = static_cast<double>(w[work_kind::turns_copied] + w[work_kind::turns_loaded]
+                                   + w[work_kind::turns_summarized])
                / per_point;
-    INFO("at " << turns << " turns: " << w.turns_copied << " copied, "
-               << w.turns_loaded << " loaded, " << w.turns_summarized
+    INFO("at " << turns << " turns: " << w[work_kind::turns_copied] << " copied, "
+               << w[work_kind::turns_loaded] << " loaded, " << w[work_kind::turns_summarized]
                << " summarized over " << per_point << " exchanges");
     CHECK(per <= bound);
     // Compaction keeps up: it folds what leaves the window, not less.
-    CHECK(w.turns_summarized >= 2 * per_point - 16);
+    CHECK(w[work_kind::turns_summarized] >= 2 * per_point - 16);
     seen.emplace_back(turns, per);
   }
   // And the summary keeps covering all but the window.
@@ -165,19 +167,53 @@ TEST_CASE("flat cost: the memory rows and postings an exchange reads and "
     for (int i = 0; i < 3; ++i)
       REQUIRE(rt.send_message(thread, random_words(gen), user));
     auto w = work_of(rt, thread, user, per_point, gen);
-    auto rows = static_cast<double>(w.memory_rows_read + w.memory_rows_written)
+    auto rows = static_cast<double>(w[work_kind::memory_rows_read] + w[work_kind::memory_rows_written])
                 / per_point;
-    auto postings = static_cast<double>(w.memory_postings_read
-                                        + w.memory_postings_written)
+    auto postings = static_cast<double>(w[work_kind::memory_postings_read]
+                                        + w[work_kind::memory_postings_written])
                     / per_point;
-    INFO("at " << target << " entries: " << w.memory_rows_read
-               << " rows read, " << w.memory_rows_written << " written, "
-               << w.memory_postings_read << " postings read, "
-               << w.memory_postings_written << " written over " << per_point
+    INFO("at " << target << " entries: " << w[work_kind::memory_rows_read]
+               << " rows read, " << w[work_kind::memory_rows_written] << " written, "
+               << w[work_kind::memory_postings_read] << " postings read, "
+               << w[work_kind::memory_postings_written] << " written over " << per_point
                << " exchanges");
     CHECK(rows <= rows_bound);
     CHECK(postings <= postings_bound);
     // Something was counted: each exchange stores its entry.
-    CHECK(w.memory_rows_written >= static_cast<uint64_t>(per_point));
+    CHECK(w[work_kind::memory_rows_written] >= static_cast<uint64_t>(per_point));
   }
+}
+
+TEST_CASE("flat cost: /metrics shows the counted work by kind, and the "
+          "turns a server's compaction summarized") {
+  test::temp_dir dir;
+  test::server_process srv{{"--data", dir.str()}};
+  httplib::Client cli{"127.0.0.1", srv.port()};
+  cli.set_read_timeout(30, 0);
+  // A window of 2 turns: from the third message on, turns leave it.
+  for (int i = 0; i < 8; ++i) {
+    auto [code, body] = test::post_json(
+      cli, "/v1/threads/counted/messages",
+      {{"content", "message number " + std::to_string(i)},
+       {"user_id", "counter"},
+       {"max_turns", 2}});
+    REQUIRE(code == 200);
+  }
+  auto value = [&](const std::string& kind) {
+    auto m = cli.Get("/metrics");
+    REQUIRE(m);
+    std::smatch match;
+    std::regex line{"spindle_work_total\\{kind=\"" + kind
+                    + "\"\\} ([0-9.e+]+)"};
+    REQUIRE(std::regex_search(m->body, match, line));
+    return std::stod(match[1].str());
+  };
+  for (auto* kind : work_kind_names)
+    value(kind);
+  auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (value("turns_summarized") < 4
+         && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(10ms);
+  CHECK(value("turns_summarized") >= 4);
+  CHECK(value("memory_rows_written") >= 8);
 }

@@ -108,7 +108,7 @@ decode_thread(const sql_rows& rows) {
     if (row[2].integer < 0
         || row[2].integer > static_cast<int64_t>(turn_role::tool))
       return unreadable("a turn role " + std::to_string(row[2].integer));
-    count_work(work().turns_loaded, 1);
+    count_work(work_kind::turns_loaded, 1);
     turn t;
     t.role = static_cast<turn_role>(row[2].integer);
     t.content = row[3].text;

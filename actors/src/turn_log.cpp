@@ -37,7 +37,7 @@ size_t turn_log::push_back(turn x) {
 }
 
 void turn_log::copy(size_t first, size_t last, std::vector<turn>& out) const {
-  count_work(work().turns_copied, last - first);
+  count_work(work_kind::turns_copied, last - first);
   out.reserve(out.size() + (last - first));
   for (auto i = first; i < last; ++i)
     out.push_back((*this)[i]);

@@ -170,15 +170,9 @@ void add_gauges(http_metrics& metrics, runtime& rt) {
     [] {
       auto w = read_work();
       http_metrics::samples out;
-      for (auto [kind, value] :
-           {std::pair{"turns_copied", w.turns_copied},
-            std::pair{"turns_loaded", w.turns_loaded},
-            std::pair{"turns_summarized", w.turns_summarized},
-            std::pair{"memory_rows_read", w.memory_rows_read},
-            std::pair{"memory_rows_written", w.memory_rows_written},
-            std::pair{"memory_postings_read", w.memory_postings_read},
-            std::pair{"memory_postings_written", w.memory_postings_written}})
-        out.push_back({{{"kind", kind}}, static_cast<double>(value)});
+      for (size_t i = 0; i < work_kinds; ++i)
+        out.push_back({{{"kind", work_kind_names[i]}},
+                       static_cast<double>(w.counts[i])});
       return out;
     });
   // The state store's counters, read without asking it (docs/storage.md).

@@ -73,7 +73,7 @@ void compactor::request(const std::string& thread_id, uint64_t summary_upto,
     in.previous = view->summary->content;
   view->turns->copy(static_cast<size_t>(from), static_cast<size_t>(upto),
                     in.turns);
-  count_work(work().turns_summarized, upto - from);
+  count_work(work_kind::turns_summarized, upto - from);
   auto epoch = view->epoch;
   view.reset();
   auto self_ptr = shared_from_this();

@@ -64,7 +64,7 @@ inline bool get_varint(std::string_view& in, uint64_t& v) {
 // A list is encoded newest first: the first ID whole, then each ID as its
 // distance below the previous one, each followed by tf, words, shortest.
 std::string encode(const std::vector<posting>& list) {
-  count_work(work().memory_postings_written, list.size());
+  count_work(work_kind::memory_postings_written, list.size());
   std::string out;
   out.reserve(list.size() * 6);
   int64_t prev = 0;
@@ -85,7 +85,7 @@ void decode(std::string_view in, std::vector<posting>& out) {
     std::vector<posting>& out;
     size_t before;
     ~counted() {
-      count_work(work().memory_postings_read, out.size() - before);
+      count_work(work_kind::memory_postings_read, out.size() - before);
     }
   } counting{out, out.size()};
   int64_t prev = 0;
@@ -191,13 +191,13 @@ public:
     if (!pg_) {
       auto row = lite_.step();
       if (row && *row)
-        count_work(work().memory_rows_read, 1);
+        count_work(work_kind::memory_rows_read, 1);
       return row;
     }
     row_.clear();
     auto row = pg_->step();
     if (row && *row) {
-      count_work(work().memory_rows_read, 1);
+      count_work(work_kind::memory_rows_read, 1);
       for (int i = 0; i < pg_->column_count(); ++i)
         row_.push_back(pg_->column(i));
     }
@@ -208,7 +208,7 @@ public:
   }
   // A statement that writes a row (counted in work()).
   caf::error write() {
-    count_work(work().memory_rows_written, 1);
+    count_work(work_kind::memory_rows_written, 1);
     return run();
   }
   void reset() {
