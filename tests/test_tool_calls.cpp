@@ -686,6 +686,7 @@ TEST_CASE("tool calls: chat completions answer a call in OpenAI's form and "
   ask["stream"] = true;
   auto streamed = cli.Post("/v1/chat/completions", ask.dump(),
                            "application/json");
+  INFO(httplib::to_string(streamed.error()));
   REQUIRE(streamed);
   REQUIRE(streamed->status == 200);
   std::string args, finish;

@@ -726,11 +726,12 @@ public:
     if (answered_.exchange(true))
       return;
     streaming_ = true;
-    auto c = conn_;
-    asio::post(c->executor(), [c, status, ct = std::move(content_type),
-                               hs = std::move(headers)]() mutable {
-      c->begin_stream(status, std::move(ct), std::move(hs));
-    });
+    stream_op op;
+    op.what = stream_op::begin;
+    op.status = status;
+    op.data = std::move(content_type);
+    op.headers = std::move(headers);
+    push(std::move(op));
   }
 
   bool write(std::string chunk) override {
@@ -740,18 +741,20 @@ public:
       return true;
     auto size = chunk.size();
     auto pending = buffered_.fetch_add(size) + size;
-    auto c = conn_;
+    stream_op op;
     if (pending > limit_) {
       // A producer that does not honour the flow control.
       gone_ = true;
-      asio::post(c->executor(), [c] { c->cut_off(); });
+      op.what = stream_op::cut;
+      push(std::move(op));
       return false;
     }
     if (pending > high_)
       maybe_pause();
-    asio::post(c->executor(), [c, chunk = std::move(chunk), size]() mutable {
-      c->stream_chunk(std::move(chunk), size);
-    });
+    op.what = stream_op::chunk;
+    op.data = std::move(chunk);
+    op.size = size;
+    push(std::move(op));
     return true;
   }
 
@@ -762,8 +765,9 @@ public:
   void end_stream() override {
     if (!streaming_ || ended_.exchange(true))
       return;
-    auto c = conn_;
-    asio::post(c->executor(), [c] { c->end_stream(); });
+    stream_op op;
+    op.what = stream_op::end;
+    push(std::move(op));
   }
 
   bool gone() const noexcept override {
@@ -805,6 +809,61 @@ public:
   }
 
 private:
+  /// One step of a streamed reply, applied on the connection's loop.
+  struct stream_op {
+    enum kind { begin, chunk, end, cut } what = chunk;
+    int status = 0;
+    std::string data; // the chunk, or begin's content type
+    size_t size = 0;
+    std::vector<std::pair<std::string, std::string>> headers;
+  };
+
+  // A stream's steps reach the loop in the order they were called, from
+  // whichever threads: they queue here and one posted handler applies what
+  // has queued. Posting each step alone would not keep that order: Asio
+  // runs a handler posted from another thread before the handlers the loop
+  // thread posted in the handler it is still running (they wait in its
+  // private queue until that handler returns), so a producer that answered
+  // at once could end a stream before the loop had begun it.
+  void push(stream_op op) {
+    bool post = false;
+    {
+      std::lock_guard<std::mutex> guard{ops_mx_};
+      ops_.push_back(std::move(op));
+      post = !apply_posted_;
+      apply_posted_ = true;
+    }
+    if (post)
+      asio::post(conn_->executor(),
+                 [self = shared_from_this()] { self->apply(); });
+  }
+
+  // On the loop.
+  void apply() {
+    std::vector<stream_op> ops;
+    {
+      std::lock_guard<std::mutex> guard{ops_mx_};
+      ops.swap(ops_);
+      apply_posted_ = false;
+    }
+    for (auto& op : ops)
+      switch (op.what) {
+        case stream_op::begin:
+          conn_->begin_stream(op.status, std::move(op.data),
+                              std::move(op.headers));
+          break;
+        case stream_op::chunk:
+          conn_->stream_chunk(std::move(op.data), op.size);
+          break;
+        case stream_op::end:
+          conn_->end_stream();
+          break;
+        case stream_op::cut:
+          conn_->cut_off();
+          break;
+      }
+  }
+
   // The decisions read the unsent count under one lock: a pause decided on
   // the producer's thread and a resume on the loop cannot cross (a resume
   // before the pause it answers would leave the producer paused).
@@ -846,6 +905,9 @@ private:
   std::atomic<bool> gone_{false};
   std::atomic<size_t> buffered_{0};
   std::vector<std::function<void()>> gone_handlers_;
+  std::mutex ops_mx_;
+  std::vector<stream_op> ops_;
+  bool apply_posted_ = false;
 };
 
 void connection::mark_gone() {
