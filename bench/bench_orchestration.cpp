@@ -45,7 +45,7 @@
 
 #include "report.hpp"
 #include "spindle/runtime/runtime.hpp"
-#include "spindle/runtime/task_files.hpp"
+#include "files/task_files.hpp"
 
 using namespace spindle;
 using namespace spindle::bench;

@@ -39,10 +39,12 @@
 #include <sqlite3.h>
 #include <unistd.h>
 
+#include <caf/event_based_actor.hpp>
+
 #include "report.hpp"
 #include "spindle/actors/records.hpp"
-#include "spindle/runtime/database.hpp"
-#include "spindle/runtime/postgres.hpp"
+#include "storage/database.hpp"
+#include "storage/postgres/postgres.hpp"
 #include "spindle/runtime/runtime.hpp"
 
 using namespace spindle;

@@ -49,9 +49,11 @@
 
 #include "report.hpp"
 #include "spindle/runtime/memory.hpp"
-#include "spindle/runtime/postgres.hpp"
+#include "storage/postgres/postgres.hpp"
 #include "spindle/runtime/runtime.hpp"
-#include "spindle/runtime/sql_connection.hpp"
+#include "storage/sql_connection.hpp"
+#include "storage/state_store.hpp"
+#include "memory/memory_index.hpp"
 
 using namespace spindle;
 using namespace spindle::bench;

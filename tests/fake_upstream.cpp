@@ -34,8 +34,8 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
-#include "spindle/runtime/io_pool.hpp"
-#include "spindle/runtime/tcp_or_tls.hpp"
+#include "net/io_pool.hpp"
+#include "net/tcp_or_tls.hpp"
 
 namespace {
 

@@ -30,10 +30,11 @@
 #include <sqlite3.h>
 
 #include "spindle/messages/error.hpp"
-#include "spindle/runtime/database.hpp"
-#include "spindle/runtime/postgres.hpp"
-#include "spindle/runtime/sql_connection.hpp"
+#include "storage/database.hpp"
+#include "storage/postgres/postgres.hpp"
+#include "storage/sql_connection.hpp"
 #include "spindle/runtime/storage.hpp"
+#include "storage/state_store.hpp"
 
 extern char** environ;
 

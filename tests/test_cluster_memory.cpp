@@ -24,7 +24,7 @@
 #include "spindle/runtime/actor_pool.hpp"
 #include "spindle/runtime/config.hpp"
 #include "spindle/runtime/memory.hpp"
-#include "spindle/runtime/postgres.hpp"
+#include "storage/postgres/postgres.hpp"
 #include "support.hpp"
 
 using namespace spindle;

@@ -15,6 +15,7 @@
 #include <catch2/catch.hpp>
 
 #include "llm_doubles.hpp"
+#include "spindle/actors/context_builder.hpp"
 #include "spindle/runtime/rewriter.hpp"
 #include "spindle/runtime/runtime.hpp"
 

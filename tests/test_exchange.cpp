@@ -12,7 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "llm_doubles.hpp"
-#include "spindle/runtime/io_pool.hpp"
+#include "net/io_pool.hpp"
 #include "spindle/runtime/runtime.hpp"
 
 using namespace spindle;

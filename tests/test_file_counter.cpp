@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "spindle/messages/error.hpp"
-#include "spindle/runtime/file_counter.hpp"
+#include "files/file_counter.hpp"
 #include "spindle/runtime/process.hpp"
 #include "support.hpp"
 

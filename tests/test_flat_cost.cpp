@@ -18,8 +18,9 @@
 #include "spindle/messages/work.hpp"
 #include "spindle/runtime/memory.hpp"
 #include "spindle/runtime/runtime.hpp"
-#include "spindle/runtime/sql_connection.hpp"
+#include "storage/sql_connection.hpp"
 #include "support.hpp"
+#include "memory/memory_index.hpp"
 
 using namespace spindle;
 using namespace std::chrono_literals;

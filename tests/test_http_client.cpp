@@ -19,7 +19,7 @@
 #include <catch2/catch.hpp>
 #include <httplib.h>
 
-#include "spindle/runtime/http_client.hpp"
+#include "net/http_client.hpp"
 
 using spindle::net::blocking_http_client;
 using namespace std::chrono_literals;

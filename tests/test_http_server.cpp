@@ -16,7 +16,7 @@
 #include <catch2/catch.hpp>
 
 #include "http_server.hpp"
-#include "spindle/runtime/io_pool.hpp"
+#include "net/io_pool.hpp"
 #include "support.hpp"
 
 using namespace spindle;

@@ -21,10 +21,12 @@
 #include "spindle/runtime/actor_pool.hpp"
 #include "spindle/runtime/config.hpp"
 #include "spindle/runtime/memory.hpp"
-#include "spindle/runtime/postgres.hpp"
+#include "storage/postgres/postgres.hpp"
 #include "spindle/runtime/runtime.hpp"
-#include "spindle/runtime/sql_connection.hpp"
+#include "storage/sql_connection.hpp"
 #include "support.hpp"
+#include "storage/state_store.hpp"
+#include "memory/memory_index.hpp"
 
 using namespace spindle;
 

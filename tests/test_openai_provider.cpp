@@ -13,7 +13,7 @@
 
 #include "fake_openai.hpp"
 #include "spindle/messages/error.hpp"
-#include "spindle/runtime/io_pool.hpp"
+#include "net/io_pool.hpp"
 #include "spindle/runtime/openai_provider.hpp"
 #include "support.hpp"
 

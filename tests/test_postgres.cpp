@@ -20,8 +20,8 @@
 #include <nlohmann/json.hpp>
 
 #include "spindle/messages/error.hpp"
-#include "spindle/runtime/database.hpp"
-#include "spindle/runtime/postgres.hpp"
+#include "storage/database.hpp"
+#include "storage/postgres/postgres.hpp"
 #include "spindle/runtime/runtime.hpp"
 #include "support.hpp"
 

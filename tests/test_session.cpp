@@ -18,7 +18,7 @@
 #include <unistd.h>
 
 #include "spindle/messages/error.hpp"
-#include "spindle/runtime/session_lock.hpp"
+#include "files/session_lock.hpp"
 #include "support.hpp"
 
 using namespace spindle;

@@ -18,7 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "spindle/runtime/task_files.hpp"
+#include "files/task_files.hpp"
 #include "support.hpp"
 
 using namespace spindle;

@@ -16,7 +16,7 @@
 #include "spindle/messages/tools.hpp"
 #include "spindle/runtime/openai_provider.hpp"
 #include "spindle/runtime/runtime.hpp"
-#include "spindle/runtime/server.hpp"
+#include "server/server.hpp"
 #include "support.hpp"
 
 using namespace spindle;

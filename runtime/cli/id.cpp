@@ -5,7 +5,7 @@
 
 #include "cli.hpp"
 #include "spindle/messages/error.hpp"
-#include "spindle/runtime/file_counter.hpp"
+#include "files/file_counter.hpp"
 
 namespace spindle::cli {
 

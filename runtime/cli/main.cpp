@@ -7,7 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli.hpp"
-#include "spindle/runtime/logging.hpp"
+#include "core/logging.hpp"
 #include "spindle/version.hpp"
 
 int main(int argc, char** argv) {

@@ -15,13 +15,13 @@
 
 #include "cli.hpp"
 #include "spindle/messages/error.hpp"
-#include "spindle/runtime/io_pool.hpp"
-#include "spindle/runtime/logging.hpp"
+#include "net/io_pool.hpp"
+#include "core/logging.hpp"
 #include "spindle/runtime/openai_provider.hpp"
-#include "spindle/runtime/postgres.hpp"
+#include "storage/postgres/postgres.hpp"
 #include "spindle/runtime/rewriter.hpp"
 #include "spindle/runtime/runtime.hpp"
-#include "spindle/runtime/server.hpp"
+#include "server/server.hpp"
 #include "spindle/runtime/tokenizer.hpp"
 #include "spindle/version.hpp"
 

@@ -15,9 +15,9 @@
 #include "cli.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/ids.hpp"
-#include "spindle/runtime/file_counter.hpp"
-#include "spindle/runtime/session_lock.hpp"
-#include "spindle/runtime/task_files.hpp"
+#include "files/file_counter.hpp"
+#include "files/session_lock.hpp"
+#include "files/task_files.hpp"
 
 namespace spindle::cli {
 

@@ -6,9 +6,9 @@
 
 #include "cli.hpp"
 #include "spindle/messages/error.hpp"
-#include "spindle/runtime/http_client.hpp"
+#include "net/http_client.hpp"
 #include "spindle/runtime/runtime.hpp"
-#include "spindle/runtime/stress.hpp"
+#include "stress/stress.hpp"
 
 namespace spindle::cli {
 

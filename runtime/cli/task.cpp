@@ -11,8 +11,8 @@
 
 #include "cli.hpp"
 #include "spindle/messages/error.hpp"
-#include "spindle/runtime/file_counter.hpp"
-#include "spindle/runtime/task_files.hpp"
+#include "files/file_counter.hpp"
+#include "files/task_files.hpp"
 
 namespace spindle::cli {
 

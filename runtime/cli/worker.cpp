@@ -34,7 +34,7 @@
 #include "cli.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/orchestration.hpp"
-#include "spindle/runtime/http_client.hpp"
+#include "net/http_client.hpp"
 
 extern char** environ;
 

@@ -15,9 +15,9 @@
 
 #include "spindle/actors/records.hpp"
 #include "spindle/messages/error.hpp"
-#include "spindle/runtime/postgres.hpp"
-#include "spindle/runtime/sql_connection.hpp"
-#include "spindle/runtime/url.hpp"
+#include "storage/postgres/postgres.hpp"
+#include "storage/sql_connection.hpp"
+#include "net/url.hpp"
 
 namespace spindle {
 

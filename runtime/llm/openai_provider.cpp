@@ -26,10 +26,10 @@
 
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/threads.hpp"
-#include "spindle/runtime/io_pool.hpp"
-#include "spindle/runtime/delta.hpp"
-#include "spindle/runtime/tcp_or_tls.hpp"
-#include "spindle/runtime/url.hpp"
+#include "net/io_pool.hpp"
+#include "llm/delta.hpp"
+#include "net/tcp_or_tls.hpp"
+#include "net/url.hpp"
 #include "spindle/version.hpp"
 
 // The OpenAI-compatible provider on the event loops (docs/llm.md, "The

@@ -1,4 +1,4 @@
-#include "spindle/runtime/http_client.hpp"
+#include "net/http_client.hpp"
 
 #include <poll.h>
 
@@ -13,8 +13,8 @@
 #include <boost/beast/core/flat_buffer.hpp>
 #include <boost/beast/http.hpp>
 
-#include "spindle/runtime/tcp_or_tls.hpp"
-#include "spindle/runtime/url.hpp"
+#include "net/tcp_or_tls.hpp"
+#include "net/url.hpp"
 #include "spindle/version.hpp"
 
 // Every operation is asynchronous on the client's own io_context, run until

@@ -1,4 +1,4 @@
-#include "spindle/runtime/io_pool.hpp"
+#include "net/io_pool.hpp"
 
 #include <pthread.h>
 

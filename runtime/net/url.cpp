@@ -1,4 +1,4 @@
-#include "spindle/runtime/url.hpp"
+#include "net/url.hpp"
 
 namespace spindle::net {
 

@@ -11,7 +11,7 @@
 #include <boost/beast/http.hpp>
 
 #include "router.hpp"
-#include "spindle/runtime/url.hpp"
+#include "net/url.hpp"
 
 namespace spindle::http {
 

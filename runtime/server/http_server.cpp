@@ -18,7 +18,7 @@
 #include <boost/beast/http/parser.hpp>
 
 #include "spindle/messages/error.hpp"
-#include "spindle/runtime/io_pool.hpp"
+#include "net/io_pool.hpp"
 
 namespace spindle::http {
 

@@ -6,9 +6,10 @@
 #include <nlohmann/json.hpp>
 
 #include "spindle/messages/error.hpp"
-#include "spindle/runtime/database.hpp"
-#include "spindle/runtime/postgres.hpp"
-#include "spindle/runtime/sql_connection.hpp"
+#include "storage/database.hpp"
+#include "storage/postgres/postgres.hpp"
+#include "storage/sql_connection.hpp"
+#include "storage/state_store.hpp"
 
 namespace spindle::http {
 

@@ -9,11 +9,11 @@
 
 #include "forward.hpp"
 #include "idempotency.hpp"
-#include "spindle/runtime/io_pool.hpp"
+#include "net/io_pool.hpp"
 #include "metrics.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/tools.hpp"
-#include "spindle/runtime/logging.hpp"
+#include "core/logging.hpp"
 #include "spindle/runtime/runtime.hpp"
 
 namespace spindle::http {

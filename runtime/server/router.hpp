@@ -24,7 +24,7 @@
 
 #include "http.hpp"
 #include "spindle/messages/threads.hpp"
-#include "spindle/runtime/server.hpp"
+#include "server/server.hpp"
 
 namespace boost::asio {
 class thread_pool;

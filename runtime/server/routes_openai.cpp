@@ -16,7 +16,7 @@
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/ids.hpp"
 #include "spindle/messages/memory.hpp"
-#include "spindle/runtime/logging.hpp"
+#include "core/logging.hpp"
 #include "spindle/runtime/runtime.hpp"
 
 namespace spindle::http {

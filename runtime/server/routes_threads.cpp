@@ -5,7 +5,7 @@
 
 #include "metrics.hpp"
 #include "router.hpp"
-#include "spindle/runtime/logging.hpp"
+#include "core/logging.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/ids.hpp"
 #include "spindle/runtime/runtime.hpp"

@@ -8,7 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "router.hpp"
-#include "spindle/runtime/logging.hpp"
+#include "core/logging.hpp"
 #include "spindle/runtime/tokenizer.hpp"
 
 namespace spindle::http {

@@ -1,4 +1,4 @@
-#include "spindle/runtime/server.hpp"
+#include "server/server.hpp"
 
 #include <algorithm>
 #include <condition_variable>
@@ -10,16 +10,17 @@
 #include <boost/asio/thread_pool.hpp>
 #include <spdlog/spdlog.h>
 
+#include "spindle/actors/event_log.hpp"
 #include "http_server.hpp"
 #include "idempotency.hpp"
 #include "metrics.hpp"
 #include "router.hpp"
-#include "spindle/runtime/allocator.hpp"
-#include "spindle/runtime/io_pool.hpp"
+#include "core/allocator.hpp"
+#include "net/io_pool.hpp"
 #include "spindle/messages/clock.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/work.hpp"
-#include "spindle/runtime/logging.hpp"
+#include "core/logging.hpp"
 #include "spindle/runtime/runtime.hpp"
 #include "spindle/version.hpp"
 

@@ -2,7 +2,7 @@
 // the helpers built on a query's step, and the pipelining defaults of a
 // backend that does not pipeline.
 
-#include "spindle/runtime/sql_connection.hpp"
+#include "storage/sql_connection.hpp"
 
 #include "spindle/messages/error.hpp"
 

@@ -1,4 +1,4 @@
-#include "spindle/runtime/storage.hpp"
+#include "storage/state_store.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -15,8 +15,9 @@
 #include "spindle/actors/records.hpp"
 #include "spindle/actors/thread_catalog.hpp"
 #include "spindle/messages/error.hpp"
-#include "spindle/runtime/postgres.hpp"
-#include "spindle/runtime/sql_connection.hpp"
+#include "storage/postgres/postgres.hpp"
+#include "storage/sql_connection.hpp"
+#include "storage/database.hpp"
 
 namespace spindle {
 

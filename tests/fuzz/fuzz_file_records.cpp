@@ -18,10 +18,10 @@
 
 #include "fuzz.hpp"
 #include "spindle/messages/hybrid36.hpp"
-#include "spindle/runtime/file_counter.hpp"
+#include "files/file_counter.hpp"
 #include "spindle/runtime/process.hpp"
-#include "spindle/runtime/session_lock.hpp"
-#include "spindle/runtime/task_files.hpp"
+#include "files/session_lock.hpp"
+#include "files/task_files.hpp"
 
 using namespace spindle;
 using spindle::fuzz::check;

@@ -21,9 +21,9 @@
 #include <unistd.h>
 
 #include "fuzz.hpp"
-#include "spindle/runtime/logging.hpp"
+#include "core/logging.hpp"
 #include "spindle/runtime/runtime.hpp"
-#include "spindle/runtime/server.hpp"
+#include "server/server.hpp"
 
 using namespace spindle;
 using spindle::fuzz::check;

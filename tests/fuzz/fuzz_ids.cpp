@@ -15,7 +15,7 @@
 #include "spindle/messages/memory.hpp"
 #include "spindle/messages/orchestration.hpp"
 #include "spindle/messages/task_id.hpp"
-#include "spindle/runtime/session_lock.hpp"
+#include "files/session_lock.hpp"
 
 using namespace spindle;
 using spindle::fuzz::check;

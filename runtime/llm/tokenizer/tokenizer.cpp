@@ -21,7 +21,7 @@
 
 #include "rank_data.hpp"
 #include "unicode_16.hpp"
-#include "spindle/runtime/logging.hpp"
+#include "core/logging.hpp"
 
 namespace spindle::tokens {
 

@@ -2,7 +2,7 @@
 // SQL as SQLite's (parameters ?N become $N), statements prepared once per
 // connection, parameters always bound, never spliced into the text.
 
-#include "spindle/runtime/postgres.hpp"
+#include "storage/postgres/postgres.hpp"
 
 #include <chrono>
 #include <cstdlib>

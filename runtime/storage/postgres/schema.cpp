@@ -8,8 +8,8 @@
 #include <string>
 
 #include "spindle/messages/error.hpp"
-#include "spindle/runtime/database.hpp"
-#include "spindle/runtime/sql_connection.hpp"
+#include "storage/database.hpp"
+#include "storage/sql_connection.hpp"
 
 namespace spindle {
 

@@ -2,8 +2,8 @@
 // counter store's connection to a data directory's spindle.db.
 
 #include "spindle/messages/error.hpp"
-#include "spindle/runtime/database.hpp"
-#include "spindle/runtime/sql_connection.hpp"
+#include "storage/database.hpp"
+#include "storage/sql_connection.hpp"
 
 namespace spindle {
 

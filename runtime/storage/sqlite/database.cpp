@@ -1,4 +1,4 @@
-#include "spindle/runtime/database.hpp"
+#include "storage/database.hpp"
 
 #include <algorithm>
 #include <chrono>

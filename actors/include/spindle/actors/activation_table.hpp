@@ -14,17 +14,9 @@
 #include <caf/actor_addr.hpp>
 #include <caf/error.hpp>
 #include <caf/expected.hpp>
+#include "spindle/messages/options.hpp"
 
 namespace spindle {
-
-/// How an owner keeps its virtual actors in memory.
-struct activation_options {
-  /// Most actors kept in memory; beyond it the least recently used idle
-  /// ones are passivated. 0: no cap.
-  uint64_t max_resident = 10000;
-  /// An actor unused this long is passivated. 0: never for being idle.
-  std::chrono::milliseconds idle_timeout{std::chrono::minutes{5}};
-};
 
 /// The bookkeeping of virtual actors, shared by the thread registry and the
 /// context directory: a key (a thread ID) maps to an actor that is resident,

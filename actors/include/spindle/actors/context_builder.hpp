@@ -12,48 +12,9 @@
 #include "spindle/messages/memory.hpp"
 #include "spindle/messages/threads.hpp"
 #include "spindle/messages/tokens.hpp"
+#include "spindle/messages/options.hpp"
 
 namespace spindle {
-
-/// The system prompt used when a build request names none.
-inline constexpr const char* default_system_prompt
-  = "You are a helpful assistant. Earlier turns of this conversation "
-    "precede the latest message; use them to understand follow-up "
-    "questions.";
-
-/// Tuning of the context builder.
-struct context_builder_options {
-  std::string system_prompt = default_system_prompt;
-  /// The share of a caller's build timeout left for the history read
-  /// (the builder's own read through the registry is not timed: see
-  /// docs/architecture.md, rules).
-  std::chrono::milliseconds read_timeout{5000};
-  /// Memory retrieval; past it the prompt is built without memory.
-  std::chrono::milliseconds memory_timeout{2000};
-  /// Query rewriting; past it the original message is used (D7).
-  std::chrono::milliseconds rewrite_timeout{2000};
-  /// Snippet budget (at most 2000, D8).
-  uint64_t memory_max_chars = 2000;
-  /// A rewriter that never blocks (the offline one), called by the builder
-  /// itself instead of messaging the rewriter actor. Empty: use the actor.
-  std::function<rewrite_result(const rewrite_request&)> inline_rewriter;
-  /// Counts each prompt's tokens and fits it to its budget
-  /// (docs/builder.md, "The token budget"). Null: no counting, and
-  /// `max_turns` alone bounds the history.
-  std::shared_ptr<const token_counter> tokens;
-  /// The budget of a build that names none (`--context-tokens`) and the
-  /// reply's reserve (`--reply-tokens`).
-  uint64_t context_tokens = default_context_tokens;
-  uint64_t reply_tokens = default_reply_tokens;
-  /// The views resident threads publish (turn_log.hpp): a build finds
-  /// its thread's turns there without a message; threads not published
-  /// are read through the registry. Null: always the registry.
-  std::shared_ptr<const thread_views> views;
-  /// Retrievals answered on the builder's own thread from what the memory
-  /// readers keep (`spawn_memory`'s); a retrieval it leaves goes to the
-  /// memory actor. Empty: always the actor.
-  kept_memory_retrieval kept_memory;
-};
 
 /// State of the context builder (protocol in
 /// messages/context_builder.hpp). It owns nothing mutable: per build it

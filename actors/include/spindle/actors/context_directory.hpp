@@ -12,20 +12,9 @@
 #include "spindle/messages/storage.hpp"
 #include "spindle/messages/context_window.hpp"
 #include "spindle/messages/id_allocator.hpp"
+#include "spindle/messages/options.hpp"
 
 namespace spindle {
-
-/// How the context directory and the managers it creates are set up.
-struct context_directory_options {
-  /// Bounds of a window created without explicit options.
-  window_options window;
-  /// Timeout of each request a manager makes (ID allocator, directory,
-  /// state store).
-  std::chrono::milliseconds request_timeout{30000};
-  /// With a state store: how many managers stay in memory, and for how
-  /// long an unused one does.
-  activation_options activation;
-};
 
 /// State of the context directory (see messages/context_manager.hpp for
 /// its protocol).

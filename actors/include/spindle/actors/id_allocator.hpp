@@ -11,44 +11,9 @@
 #include <caf/typed_response_promise.hpp>
 
 #include "spindle/messages/id_allocator.hpp"
+#include "spindle/messages/options.hpp"
 
 namespace spindle {
-
-/// Tuning of the ID allocator.
-struct id_allocator_options {
-  /// Values of the `ctx` counter reserved durably ahead of use.
-  uint64_t context_block = 4096;
-  /// Values reserved ahead for orchestration and task counters. Smaller,
-  /// because at most 736335 of them exist and a restart skips what was
-  /// reserved but not handed out.
-  uint64_t sequence_block = 64;
-  /// How long a load or store at the counter store may take.
-  std::chrono::milliseconds store_timeout{30000};
-  /// Counters kept in memory; beyond it the least recently used idle ones
-  /// are forgotten. A forgotten counter's next use loads it again and
-  /// continues above its durable mark, as after a restart (a gap, never a
-  /// reuse). Every task with children has a counter, so without a cap
-  /// memory grows with the tasks ever created. 0: no cap.
-  uint64_t max_counters = 10000;
-  /// Cluster mode, for a counter store that several nodes share
-  /// (PostgreSQL): no block is held, every `next`, `advance` and `peek`
-  /// reaches the counter store, and an ID is answered only after the
-  /// increment that made it is committed, so an ID handed out after
-  /// another's request was answered, on any node, is larger. Requests for
-  /// one counter that arrive while its round trip is in flight go
-  /// together in the next one. The blocks above are then unused. Off: the
-  /// block reservation of one process per store (SQLite, in memory). The
-  /// runtime turns it on for PostgreSQL (`for_store`).
-  bool cluster = false;
-
-  /// These options, in cluster mode when the counter store is shared by
-  /// nodes (`shared_store`), else as they are.
-  id_allocator_options for_store(bool shared_store) const {
-    auto out = *this;
-    out.cluster = out.cluster || shared_store;
-    return out;
-  }
-};
 
 /// State of the ID allocator (see messages/id_allocator.hpp for its
 /// protocol). For each counter it keeps the next value to hand out and the

@@ -21,33 +21,9 @@
 #include "spindle/messages/storage.hpp"
 #include "spindle/messages/threads.hpp"
 #include "spindle/messages/tokens.hpp"
+#include "spindle/messages/options.hpp"
 
 namespace spindle {
-
-/// Tuning of the thread registry.
-struct thread_registry_options {
-  /// How long a fork waits for the source thread's snapshot.
-  std::chrono::milliseconds snapshot_timeout{5000};
-  /// How long a load from or a write to the state store may take.
-  std::chrono::milliseconds store_timeout{30000};
-  /// With a state store: how many thread actors stay in memory, and for
-  /// how long an unused one does.
-  activation_options activation;
-  /// Where thread actors publish their turns for readers that do not
-  /// message them (the context builder); null: nowhere.
-  std::shared_ptr<thread_views> views;
-  /// Where threads' changes are published (docs/api.md, "Events"); null:
-  /// nowhere.
-  std::shared_ptr<event_log> events;
-  /// Counts every turn once, when it is stored (null: not counted).
-  std::shared_ptr<const token_counter> tokens;
-  /// In a cluster (a PostgreSQL store shared by several nodes): this
-  /// node's standing. A thread is activated only under its lease, every
-  /// write of it is fenced with the lease's epoch, and nothing is served
-  /// while the node's own lease does not run (docs/cluster.md). Null: not
-  /// in a cluster.
-  std::shared_ptr<const cluster_standing> cluster;
-};
 
 /// State of the thread registry (protocol in messages/threads.hpp): the one
 /// map from thread ID to thread actor.

@@ -6,6 +6,8 @@
 #include <caf/atom.hpp>
 #include <caf/error.hpp>
 #include <caf/expected.hpp>
+#include <caf/make_message.hpp>
+#include <caf/message.hpp>
 
 namespace spindle {
 

@@ -11,14 +11,12 @@
 #include <caf/actor_system.hpp>
 #include <caf/expected.hpp>
 
-#include "spindle/actors/context_builder.hpp"
-#include "spindle/actors/thread_registry.hpp"
 #include "spindle/messages/context_builder.hpp"
 #include "spindle/messages/memory.hpp"
+#include "spindle/messages/options.hpp"
 #include "spindle/messages/threads.hpp"
 #include "spindle/runtime/llm.hpp"
 #include "spindle/runtime/memory.hpp"
-#include "spindle/runtime/compaction.hpp"
 #include "spindle/runtime/rewriter.hpp"
 #include "spindle/runtime/summarizer.hpp"
 
@@ -58,6 +56,16 @@ struct conversation_options {
   std::chrono::milliseconds reply_timeout{120000};
   /// Each registry, thread and memory step of an exchange.
   std::chrono::milliseconds step_timeout{5000};
+};
+
+/// What compaction did since the runtime started.
+struct compaction_stats {
+  /// Jobs started, summaries stored, jobs that failed (summarizer or
+  /// store), jobs running now.
+  uint64_t started = 0;
+  uint64_t stored = 0;
+  uint64_t failed = 0;
+  uint64_t running = 0;
 };
 
 /// One message to send.
@@ -109,48 +117,6 @@ struct exchange_result {
   uint64_t thread_actor_id = 0;
 };
 
-/// What an exchange talks to.
-struct exchange_services {
-  thread_registry_actor registry;
-  context_builder_actor builder;
-  /// Invalid: no memory is stored.
-  memory_actor memory;
-  std::shared_ptr<llm_provider> provider;
-  conversation_options options;
-  /// When set, the exchange enters itself here while it runs, so that a
-  /// stopping runtime can stop it.
-  std::shared_ptr<class exchange_set> live;
-  /// When set, an exchange asks it to fold the turns its prompt left out.
-  std::shared_ptr<compactor> compaction;
-};
-
-/// The exchanges running now: entered and left in O(1) (a link or a
-/// monitor per exchange would make every exit scan all of them).
-/// Thread-safe.
-class exchange_set {
-public:
-  void enter(caf::actor x);
-  void leave(caf::actor_id id);
-  /// Stops every exchange still running (they report `unavailable`).
-  void stop_all();
-  /// How many exchanges run now.
-  size_t running();
-
-  /// The exchange that holds `thread_id` now (at most one: D9) and the
-  /// control of its reply, entered when it holds the thread and left when
-  /// it releases it.
-  void hold(const std::string& thread_id, std::shared_ptr<flow_control> flow);
-  void let_go(const std::string& thread_id, const flow_control* flow);
-  /// Cancels the reply of the exchange holding `thread_id`: false when no
-  /// exchange holds it, or its reply was cancelled already.
-  bool cancel(const std::string& thread_id);
-
-private:
-  std::mutex mx_;
-  std::unordered_map<caf::actor_id, caf::actor> live_;
-  std::unordered_map<std::string, std::shared_ptr<flow_control>> holding_;
-};
-
 /// Called once with the outcome of an exchange.
 using exchange_done = std::function<void(caf::expected<exchange_result>)>;
 
@@ -176,23 +142,5 @@ struct exchange_callbacks {
   /// provider; null: none.
   std::shared_ptr<flow_control> flow;
 };
-
-/// Runs one exchange in its own event-based actor:
-/// hold the thread (D9), build the prompt from the history read before the
-/// message is stored, store the user turn, stream the reply through
-/// `on_delta`, store the assistant turn (marked interrupted if `on_delta`
-/// returned false), store the exchange in memory, release the thread.
-/// `done` runs exactly once, on a runtime thread. Errors:
-/// invalid_id, invalid_argument, too_large (before anything is created or
-/// stored), conflict (`exit`), upstream_failure or timeout (the provider;
-/// the user turn stays stored), timeout, unavailable.
-void spawn_exchange(caf::actor_system& sys, const exchange_services& services,
-                    exchange_request request, delta_callback on_delta,
-                    exchange_done done);
-
-/// As above, with every callback of `exchange_callbacks`. The exchange is
-/// an event-based actor: no thread waits while the provider streams.
-void spawn_exchange(caf::actor_system& sys, const exchange_services& services,
-                    exchange_request request, exchange_callbacks callbacks);
 
 } // namespace spindle

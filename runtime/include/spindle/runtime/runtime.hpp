@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -14,14 +15,14 @@
 #include <caf/expected.hpp>
 #include <caf/scoped_actor.hpp>
 
-#include "spindle/actors/context_directory.hpp"
-#include "spindle/actors/event_log.hpp"
-#include "spindle/actors/id_allocator.hpp"
 #include "spindle/messages/context_manager.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/ids.hpp"
 #include "spindle/messages/task_id.hpp"
+#include "spindle/messages/id_allocator.hpp"
+#include "spindle/messages/options.hpp"
 #include "spindle/messages/orchestration.hpp"
+#include "spindle/messages/storage.hpp"
 #include "spindle/runtime/cluster.hpp"
 #include "spindle/runtime/process.hpp"
 #include "spindle/runtime/config.hpp"
@@ -30,6 +31,12 @@
 #include "spindle/runtime/llm.hpp"
 
 namespace spindle {
+
+// Held by the runtime, defined by the parts that own them (internal).
+class compactor;
+class event_log;
+class exchange_set;
+class storage_counters;
 
 /// Everything a runtime is started with.
 struct runtime_options {
@@ -126,9 +133,7 @@ public:
   /// What the state store did since the runtime started: commits, the
   /// writes they carried, journal folds (all zero in memory). Read without
   /// asking the store, so it never waits for a commit. Thread-safe.
-  storage_stats store_stats() const noexcept {
-    return storage_counters_->read();
-  }
+  storage_stats store_stats() const noexcept;
 
   /// The ID allocator actor.
   id_allocator_actor id_allocator() const noexcept {
@@ -681,8 +686,7 @@ private:
   counter_store_actor counter_store_;
   /// Invalid when the runtime keeps its state in memory only.
   storage_actor state_store_;
-  std::shared_ptr<storage_counters> storage_counters_
-    = std::make_shared<storage_counters>();
+  std::shared_ptr<storage_counters> storage_counters_;
   id_allocator_actor id_allocator_;
   // context items:
   context_directory_actor context_directory_;
