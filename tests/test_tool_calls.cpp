@@ -16,7 +16,7 @@
 #include "spindle/messages/tools.hpp"
 #include "spindle/runtime/openai_provider.hpp"
 #include "spindle/runtime/runtime.hpp"
-#include "server/server.hpp"
+#include "served.hpp"
 #include "support.hpp"
 
 using namespace spindle;
@@ -429,26 +429,8 @@ namespace {
 // upstream sees only the replies' requests).
 struct served {
   test::fake_openai fake;
-  std::unique_ptr<runtime> rt;
-  std::unique_ptr<server> srv;
-  std::thread serving;
-  int port = 0;
-
-  served() {
-    rt = std::make_unique<runtime>(on_fake(fake));
-    server_options so;
-    so.port = 0;
-    srv = std::make_unique<server>(*rt, so);
-    auto bound = srv->bind();
-    REQUIRE(bound);
-    port = *bound;
-    serving = std::thread{[this] { srv->run(); }};
-  }
-
-  ~served() {
-    srv->stop();
-    serving.join();
-  }
+  test::served_runtime on{on_fake(fake)};
+  int port = on.port();
 };
 
 json weather_tools() {

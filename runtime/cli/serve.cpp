@@ -143,6 +143,10 @@ int serve(serve_args args) {
       ? args.http.http_threads
       : std::max(1u, std::thread::hardware_concurrency()));
   args.http.loops = loops;
+  // The test suite's record of every answer, checked against
+  // docs/openapi.yaml (runtime/server/recorder.hpp).
+  if (auto* dir = std::getenv("SPINDLE_RECORD_RESPONSES"))
+    args.http.record_dir = dir;
   args.http.header_timeout = std::chrono::milliseconds(
     static_cast<int64_t>(args.header_timeout_s * 1000));
   args.http.body_timeout = std::chrono::milliseconds(

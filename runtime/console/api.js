@@ -5,6 +5,13 @@
 
 const TOKEN_KEY = "spindle.token";
 
+// The API's types, generated from docs/openapi.yaml into
+// runtime/clients/typescript/src/schema.d.ts. The console has no build
+// step: these are comments to the browser; CI type-checks the modules
+// against them (tests/ts_client/run.sh, tsc --checkJs), so a field the
+// console reads that the document does not have fails the build.
+/** @typedef {import("../clients/typescript/src/schema").components["schemas"]} Schemas */
+
 /** An error answer of the API: status, code and message as sent. */
 export class ApiError extends Error {
   constructor(status, code, message) {
@@ -17,6 +24,7 @@ export class ApiError extends Error {
   }
 }
 
+/** @type {(refused: boolean) => Promise<string | null>} */
 let askToken = async () => null; // set by the page: shows the token dialog
 let tokenPrompt = null; // one dialog for every request waiting on it
 
@@ -67,7 +75,14 @@ async function failure(res) {
   return new ApiError(res.status, code, message);
 }
 
-/** A JSON call; resolves to the parsed body (null for 204). */
+/**
+ * A JSON call; resolves to the parsed body (null for 204). Callers name
+ * the body's type from `Schemas`.
+ * @param {string} method
+ * @param {string} path
+ * @param {unknown} [body]
+ * @returns {Promise<any>}
+ */
 export async function api(method, path, body) {
   const init = { method, headers: {} };
   if (body !== undefined) {
@@ -136,6 +151,9 @@ export async function postStream(path, body, onEvent, signal) {
  * reconnects with Last-Event-ID after a drop (a `reset` event then says
  * what was missed). onState("live" | "down") reports the connection.
  * Returns a function that stops it.
+ * @param {string} query
+ * @param {(event: string, data: any) => void} onEvent
+ * @param {(state: "live" | "down", err?: Error) => void} [onState]
  */
 export function followEvents(query, onEvent, onState = () => {}) {
   const ctl = new AbortController();

@@ -5,6 +5,7 @@
 import { api } from "./api.js";
 import { $, h, replace } from "./dom.js";
 import { setLive } from "./main.js";
+/** @typedef {import("./api.js").Schemas} Schemas */
 
 const POINTS = 60;
 const CHARTS = [
@@ -108,6 +109,7 @@ function draw(canvas, series) {
 }
 
 async function poll() {
+  /** @type {Schemas["Stats"]} */
   let s;
   try {
     s = await api("GET", "/v1/stats?window=2");

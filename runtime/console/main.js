@@ -10,14 +10,16 @@ import * as health from "./health.js";
 const views = { threads, tasks, health };
 let current = null;
 
+let noticeTimer = 0;
+
 /** Shows `text` as an error (or a plain notice) until dismissed or replaced. */
 export function notify(text, kind = "error") {
   const box = $("#notice");
   box.textContent = String(text);
   box.className = "notice " + kind;
   box.hidden = false;
-  clearTimeout(notify.timer);
-  notify.timer = setTimeout(() => (box.hidden = true), kind === "error" ? 15000 : 4000);
+  clearTimeout(noticeTimer);
+  noticeTimer = setTimeout(() => (box.hidden = true), kind === "error" ? 15000 : 4000);
 }
 
 /** Asks a yes/no question in a modal dialog; resolves to true for yes. */
@@ -71,7 +73,7 @@ function route() {
       return p;
     }
   });
-  for (const a of document.querySelectorAll("nav a")) {
+  for (const a of /** @type {NodeListOf<HTMLAnchorElement>} */ (document.querySelectorAll("nav a"))) {
     if (a.dataset.view === name) a.setAttribute("aria-current", "page");
     else a.removeAttribute("aria-current");
   }

@@ -6,6 +6,7 @@
 import { api, followEvents, seg } from "./api.js";
 import { $, h, replace } from "./dom.js";
 import { notify, setLive } from "./main.js";
+/** @typedef {import("./api.js").Schemas} Schemas */
 
 const STATES = ["pending", "running", "completed", "failed", "stale"];
 
@@ -65,6 +66,7 @@ function onLive(s, err) {
 
 async function reload() {
   try {
+    /** @type {Schemas["OrchestrationList"]} */
     const list = await api("GET", "/v1/orchestrations");
     state.nodes.clear();
     state.orchs.clear();
@@ -94,6 +96,7 @@ function orchSection(id) {
 // Reads the orchestration's tree again: states, leases, the executable
 // set and the next task.
 async function refresh(id) {
+  /** @type {Schemas["OrchestrationTree"]} */
   let tree;
   try {
     tree = await api("GET", "/v1/orchestrations/" + seg(id));
@@ -116,6 +119,7 @@ async function refresh(id) {
   performance.measure("spindle:tree-apply", { start: started });
 }
 
+/** @param {Pick<Schemas["Task"], "id"> & Partial<Schemas["Task"]>} t */
 function addNode(t) {
   const parts = {
     state: h("span", { class: "state" }),
@@ -155,6 +159,7 @@ function addNode(t) {
 // Applies what is known of task `t` to its row (only what changed);
 // `order` is its place in claim order (0: not executable; undefined: not
 // known, as for an event).
+/** @param {any} node the tree node (its fields set by addNode) @param {Partial<Schemas["Task"]>} t @param {number} [order] */
 function update(node, t, order) {
   const old = node.task;
   const merged = { ...old, ...t };
@@ -233,7 +238,7 @@ function onEvent(type, data) {
       for (const id of ids) await refresh(id);
       // The next task may be in an orchestration that did not change.
       try {
-        setNext((await api("GET", "/v1/orchestrations")).next);
+        setNext((/** @type {Schemas["OrchestrationList"]} */ (await api("GET", "/v1/orchestrations"))).next);
       } catch {
         // shown with the next read
       }

@@ -6,6 +6,7 @@ import { api, followEvents, postStream, seg } from "./api.js";
 import { $, h, replace, timeEl } from "./dom.js";
 import { markdown } from "./markdown.js";
 import { confirmDialog, notify, setLive } from "./main.js";
+/** @typedef {import("./api.js").Schemas} Schemas */
 
 const state = {
   root: null,
@@ -95,6 +96,7 @@ async function loadList(fresh) {
   try {
     if (f && !f.includes("=")) {
       // An ID: read that thread (the server judges the ID).
+      /** @type {Schemas["Thread"]} */
       const t = await api("GET", "/v1/threads/" + seg(f));
       replace(state.list, threadItem(t));
       more.hidden = true;
@@ -106,6 +108,7 @@ async function loadList(fresh) {
       q.append("metadata." + pair.slice(0, at), pair.slice(at + 1));
     }
     if (state.cursor) q.set("cursor", state.cursor);
+    /** @type {Schemas["ThreadList"]} */
     const page = await api("GET", "/v1/threads?" + q);
     for (const t of page.data) state.list.append(threadItem(t));
     if (!state.list.children.length) state.list.append(h("li", { class: "empty", text: "No conversations." }));
@@ -122,6 +125,7 @@ async function loadList(fresh) {
 
 const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
 
+/** @param {Schemas["Thread"]} t */
 function threadItem(t) {
   const meta = Object.entries(t.metadata || {}).map(([k, v]) => h("span", { class: "chip", text: `${k}=${v}` }));
   return h(
@@ -139,6 +143,7 @@ function threadItem(t) {
 
 async function newThread() {
   try {
+    /** @type {Schemas["Thread"]} */
     const t = await api("POST", "/v1/threads", {});
     location.hash = "#/threads/" + seg(t.thread_id);
     loadList(true);
@@ -189,6 +194,7 @@ async function openThread(id) {
       h("p", { class: "loading", text: "Loading…" }),
     );
     try {
+      /** @type {Schemas["Thread"]} */
       const t = await api("GET", "/v1/threads/" + seg(id));
       if (state.thread !== id) return;
       renderThread(pane, t);
@@ -205,6 +211,7 @@ async function openThread(id) {
   selectTab(state.tab);
 }
 
+/** @param {HTMLElement} pane @param {Schemas["Thread"]} t */
 function renderThread(pane, t) {
   const tabs = h("div", { class: "tabs", role: "tablist", "aria-label": "Thread views" });
   for (const [key, label] of TABS) {
@@ -238,6 +245,7 @@ function renderThread(pane, t) {
   );
 }
 
+/** @param {Schemas["Thread"]} t */
 function info(t) {
   const meta = Object.entries(t.metadata || {}).map(([k, v]) => h("span", { class: "chip", text: `${k}=${v}` }));
   return [`${plural(t.turns, "turn")} · created `, timeEl(t.created_at), " · updated ", timeEl(t.updated_at), " ", meta];
@@ -245,6 +253,7 @@ function info(t) {
 
 async function refreshInfo() {
   try {
+    /** @type {Schemas["Thread"]} */
     const t = await api("GET", "/v1/threads/" + seg(state.thread));
     const el = $("#thread-info", state.root);
     if (el) replace(el, info(t));
@@ -270,6 +279,7 @@ function selectTab(tab) {
 // Fork: a copy of every completed turn and the metadata in a new thread.
 async function fork(id) {
   try {
+    /** @type {Schemas["ThreadCopy"]} */
     const t = await api("POST", `/v1/threads/${seg(id)}/copy`);
     notify(`Forked into ${t.thread_id}.`, "info");
     location.hash = "#/threads/" + seg(t.thread_id);
@@ -281,6 +291,7 @@ async function fork(id) {
 async function clear(id) {
   if (!(await confirmDialog("Clear this conversation?", `Every turn of ${id} is removed. Its metadata and context window stay.`))) return;
   try {
+    /** @type {Schemas["TurnsCleared"]} */
     const r = await api("DELETE", `/v1/threads/${seg(id)}/turns`);
     notify(`Cleared ${r.cleared} turns.`, "info");
     loadTurns();
@@ -305,6 +316,7 @@ async function remove(id) {
 
 // -- chat ------------------------------------------------------------------------
 
+/** @param {Schemas["Turn"]} t */
 function turnItem(t) {
   const role = ["user", "assistant", "system", "tool"].includes(t.role) ? t.role : "other";
   return h(
@@ -344,6 +356,7 @@ async function loadTurns() {
   const list = $("#turns", state.root);
   if (!list) return;
   try {
+    /** @type {Schemas["History"]} */
     const r = await api("GET", `/v1/threads/${seg(id)}/history?max_turns=100`);
     if (state.thread !== id || state.streaming) return;
     replace(list, r.turns.map(turnItem));
@@ -429,6 +442,7 @@ function contextPanel(panel) {
 async function loadItems() {
   const list = $("#items", state.root);
   try {
+    /** @type {Schemas["ContextItemList"]} */
     const r = await api("GET", `/v1/threads/${seg(state.thread)}/items`);
     replace(list, r.items.map(itemView));
     if (!r.items.length) list.append(h("li", { class: "empty", text: "The window is empty." }));
@@ -440,6 +454,7 @@ async function loadItems() {
 // Context items keep Universal Time: seconds since 1900 (docs/context.md).
 const ntpToMs = (seconds) => (seconds - 2208988800) * 1000;
 
+/** @param {Schemas["ContextItem"]} item */
 function itemView(item) {
   const meta = item.metadata ? Object.entries(item.metadata).map(([k, v]) => h("span", { class: "chip", text: `${k}=${typeof v === "string" ? v : JSON.stringify(v)}` })) : [];
   const body = item.type === "code" || item.type === "repl-history" ? h("pre", null, h("code", { text: item.content })) : markdown(item.content);
@@ -454,6 +469,7 @@ function itemView(item) {
 async function addItem(type, content) {
   const out = $("#evicted", state.root);
   try {
+    /** @type {Schemas["ContextItemAdded"]} */
     const r = await api("POST", `/v1/threads/${seg(state.thread)}/items`, { type, content: content.value });
     content.value = "";
     out.textContent = r.evicted.length ? `Added ${r.item.id}; evicted ${r.evicted.join(", ")}` : `Added ${r.item.id}`;
@@ -474,6 +490,7 @@ async function memoryPanel(panel) {
   const list = h("ul", { id: "memories", class: "items", "aria-label": "Memory entries" });
   replace(panel, h("p", { class: "sub", text: "Long-term memory entries stored from this conversation without a user." }), list);
   try {
+    /** @type {Schemas["MemoryEntryPage"]} */
     const r = await api("GET", `/v1/memories/entries?thread_id=${seg(state.thread)}&limit=100`);
     replace(
       list,

@@ -1,6 +1,7 @@
 #include "router.hpp"
 
 #include <algorithm>
+#include <charconv>
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
@@ -293,17 +294,31 @@ std::string path_thread(const request& req, bool allow_new) {
   return id;
 }
 
+void no_empty_params(const request& req,
+                     std::initializer_list<const char*> names) {
+  for (auto* name : names)
+    if (req.has_param(name) && req.get_param_value(name).empty())
+      throw api_error{400, "invalid_argument",
+                      std::string{"query parameter '"} + name
+                        + "' is empty: give a value or leave it out",
+                      name};
+}
+
+std::optional<int64_t> parse_int(std::string_view text) {
+  int64_t value = 0;
+  auto end = text.data() + text.size();
+  auto [at, ec] = std::from_chars(text.data(), end, value);
+  if (text.empty() || ec != std::errc{} || at != end)
+    return std::nullopt;
+  return value;
+}
+
 std::optional<int64_t> query_int(const request& req, const char* name) {
   if (!req.has_param(name))
     return std::nullopt;
   auto text = req.get_param_value(name);
-  try {
-    size_t used = 0;
-    auto value = std::stoll(text, &used);
-    if (used == text.size() && !text.empty())
-      return value;
-  } catch (...) {
-  }
+  if (auto value = parse_int(text))
+    return value;
   throw api_error{400, "invalid_argument",
                   std::string{"query parameter '"} + name
                     + "' must be an integer, not '" + text.substr(0, 32)
@@ -632,6 +647,14 @@ response replayed(const stored_reply& r) {
 
 void router::set_idempotency(std::shared_ptr<idempotency_store> store) {
   idempotency_ = std::move(store);
+}
+
+std::vector<std::string> router::route_names() const {
+  std::vector<std::string> out;
+  out.reserve(routes_.size());
+  for (auto& e : routes_)
+    out.push_back(e.route);
+  return out;
 }
 
 void router::idempotent(const std::string& route) {

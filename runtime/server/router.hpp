@@ -167,8 +167,17 @@ std::string path_thread(const request& req, bool allow_new);
 void only_params(const request& req,
                  std::initializer_list<const char*> allowed);
 
+/// Refuses (400 `invalid_argument`) any of `names` given with an empty
+/// value: `?user_id=` names no user, it does not leave the parameter out.
+void no_empty_params(const request& req,
+                     std::initializer_list<const char*> names);
+
 /// Query parameter as an integer; throws 400 `invalid_argument` naming it
 /// when present but not an integer.
+/// `text` as a decimal integer: an optional '-' and digits, nothing else
+/// (no sign '+', no spaces), within int64; nullopt otherwise.
+std::optional<int64_t> parse_int(std::string_view text);
+
 std::optional<int64_t> query_int(const request& req, const char* name);
 
 /// Sends `body` as JSON with `status`.
@@ -212,6 +221,10 @@ public:
   }
   /// Marks a registered route (by its name) as honouring Idempotency-Key.
   void idempotent(const std::string& route);
+
+  /// Every route's name ("GET /v1/threads/{id}"), in the order added: the
+  /// table docs/openapi.yaml must describe (test_openapi).
+  std::vector<std::string> route_names() const;
 
   /// The reply to a request refused before routing (and its log line).
   response refusal(const request& req, int status, const std::string& message);
@@ -312,6 +325,7 @@ void add_event_routes(router& r);
 void add_openai_routes(router& r);
 void add_token_routes(router& r);
 void add_console_routes(router& r);
+void add_openapi_routes(router& r);
 
 } // namespace http
 } // namespace spindle

@@ -263,6 +263,7 @@ void add_event_routes(router& r) {
     [&r](std::shared_ptr<async_call> call) {
       auto& req = call->req();
       only_params(req, {"types", "orchestration", "thread", "last_event_id"});
+      no_empty_params(req, {"last_event_id"});
       auto filter = filter_of(req);
       auto log = r.rt().events();
       auto resume = resume_of(req, *log);

@@ -12,14 +12,8 @@ namespace {
 
 // A positive decimal integer, whole; nullopt for anything else.
 std::optional<int64_t> positive_int(const std::string& text) {
-  size_t used = 0;
-  int64_t value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (...) {
-    return std::nullopt;
-  }
-  if (used != text.size() || value < 1)
+  auto value = parse_int(text);
+  if (!value || *value < 1)
     return std::nullopt;
   return value;
 }
@@ -58,6 +52,7 @@ void add_memory_routes(router& r) {
         [&r](const request& req, response& res,
              request_context&) {
           only_params(req, {"user_id", "thread_id", "q", "max_chars"});
+          no_empty_params(req, {"user_id", "thread_id"});
           auto user = req.get_param_value("user_id");
           auto thread = req.get_param_value("thread_id");
           auto query = req.get_param_value("q");
@@ -80,6 +75,7 @@ void add_memory_routes(router& r) {
   r.get(R"(/v1/memories/entries)", "GET /v1/memories/entries",
         [&r](const request& req, response& res, request_context&) {
           only_params(req, {"user_id", "thread_id", "limit", "cursor"});
+          no_empty_params(req, {"user_id", "thread_id"});
           memory_list_request lr;
           lr.user_id = req.get_param_value("user_id");
           lr.thread_id = req.get_param_value("thread_id");
@@ -119,6 +115,7 @@ void add_memory_routes(router& r) {
   r.del(R"(/v1/memories)", "DELETE /v1/memories",
         [&r](const request& req, response& res, request_context& ctx) {
           only_params(req, {"user_id", "thread_id"});
+          no_empty_params(req, {"user_id", "thread_id"});
           auto user = req.get_param_value("user_id");
           auto thread = req.get_param_value("thread_id");
           if (user.empty() == thread.empty())

@@ -111,6 +111,9 @@ task_retry retry_of(const json& body) {
 json claim_json(const task_claim& c) {
   auto out = task_json(c.task);
   out["lease"] = {{"token", c.lease}, {"expires_at", c.lease_expires_ms}};
+  // The task as GET /v1/tasks/{id} shows it now: under this lease.
+  if (c.lease_expires_ms > 0)
+    out["lease_expires_at"] = c.lease_expires_ms;
   return out;
 }
 

@@ -251,9 +251,11 @@ void add_thread_resource_routes(router& r) {
             auto id = path_thread(req, false);
             ctx.log["thread_id"] = id;
             auto body = parse_body(req, {"metadata"});
-            if (!body.contains("metadata"))
+            if (!body.contains("metadata") || !body["metadata"].is_object())
               throw api_error{400, "malformed",
-                              "field 'metadata' is required", "metadata"};
+                              "field 'metadata' is required: an object of "
+                              "strings (null to remove a key)",
+                              "metadata"};
             auto info = r.rt().update_thread_metadata(
               id, metadata_of(body, true));
             if (!info)

@@ -14,6 +14,7 @@
 #include "http_server.hpp"
 #include "idempotency.hpp"
 #include "metrics.hpp"
+#include "recorder.hpp"
 #include "router.hpp"
 #include "core/allocator.hpp"
 #include "net/io_pool.hpp"
@@ -336,6 +337,7 @@ server::server(runtime& rt, server_options options)
             http::reply(res, 200,
                         {{"clustered", false},
                          {"node", nullptr},
+                         {"scheduler", nullptr},
                          {"nodes", json::array()}});
             return;
           }
@@ -382,6 +384,7 @@ server::server(runtime& rt, server_options options)
                           "application/json");
         });
   http::add_console_routes(r);
+  http::add_openapi_routes(r);
   http::add_id_routes(r);
   http::add_thread_routes(r);
   http::add_thread_resource_routes(r);
@@ -414,15 +417,28 @@ server::server(runtime& rt, server_options options)
   lim.stream_buffer = o.stream_buffer;
   lim.send_buffer = o.send_buffer;
   auto* routes = &impl_->routes;
+  std::shared_ptr<http::response_recorder> recorder;
+  if (!o.record_dir.empty())
+    recorder = http::response_recorder::open(o.record_dir);
   impl_->http = std::make_unique<http::http_server>(
     *impl_->loops, lim,
-    [routes](std::shared_ptr<http::request> req, http::responder_ptr res) {
+    [routes, recorder](std::shared_ptr<http::request> req,
+                       http::responder_ptr res) {
+      if (recorder)
+        res = recorder->wrap(*req, std::move(res));
       routes->dispatch(std::move(req), std::move(res));
     },
-    [routes](const http::request& req, int status,
-             const std::string& message) {
-      return routes->refusal(req, status, message);
+    [routes, recorder](const http::request& req, int status,
+                       const std::string& message) {
+      auto res = routes->refusal(req, status, message);
+      if (recorder)
+        recorder->record(req, res);
+      return res;
     });
+}
+
+std::vector<std::string> server::routes() const {
+  return impl_->routes.route_names();
 }
 
 void server::add_connection_gauges() {

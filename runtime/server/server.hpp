@@ -68,6 +68,10 @@ struct server_options {
   /// How long the answer to a request with an Idempotency-Key is kept for
   /// its retries (docs/api.md, "Idempotent retries").
   std::chrono::seconds idempotency_retention{24 * 3600};
+  /// When set, every answer is recorded in this directory for the
+  /// contract's conformance check (recorder.hpp); `spindle serve` takes it
+  /// from SPINDLE_RECORD_RESPONSES. Empty: nothing is recorded.
+  std::string record_dir;
 };
 
 /// Counters of the connection layer (see /metrics).
@@ -105,6 +109,9 @@ public:
 
   /// Connection counters. Thread-safe.
   server_stats stats() const;
+
+  /// Every route's name ("GET /v1/threads/{id}"), as the router has them.
+  std::vector<std::string> routes() const;
 
   /// Stops accepting connections; in-flight requests finish. Thread-safe,
   /// idempotent.

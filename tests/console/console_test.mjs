@@ -304,6 +304,27 @@ try {
       },
       /Failed to load resource: the server responded with a status of 401/,
     );
+    await scenario(
+      "console: the API reference renders every operation of /v1/openapi.json, without a token and with nothing fetched from elsewhere",
+      async (page) => {
+        const requested = [];
+        page.on("request", (r) => requested.push(r.url()));
+        const doc = (await call(guarded.base, "GET", "/v1/openapi.json")).body;
+        const operations = Object.values(doc.paths).reduce(
+          (n, item) => n + ["get", "post", "put", "patch", "delete"].filter((m) => item[m]).length, 0);
+        await page.goto(guarded.base + "/");
+        await page.waitForSelector("#token-dialog[open]");
+        await page.goto(guarded.base + "/console/reference.html");
+        await page.waitForSelector(".ref-op");
+        assert.equal(await page.locator(".ref-op").count(), operations);
+        assert.match(await page.textContent("#ref-status"), new RegExp(`${operations} operations`));
+        const send = page.locator("#sendMessage");
+        assert.equal(await send.count(), 1);
+        assert.match(await send.textContent(), /POST\s+\/v1\/threads\/\{id\}\/messages/);
+        assert.ok(requested.every((u) => u.startsWith(guarded.base)), "only this server is asked");
+      },
+      /Failed to load resource: the server responded with a status of 401/,
+    );
   } finally {
     guarded.stop();
   }
