@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "openapi.hpp"
+#include "recorder.hpp"
 #include "served.hpp"
 #include "server/server.hpp"
 #include "spindle/runtime/runtime.hpp"
@@ -215,4 +216,96 @@ TEST_CASE("openapi: what the schema fuzzer found refused is refused and "
   auto c = json::parse(cluster->body);
   CHECK(c.at("clustered") == false);
   CHECK(c.at("scheduler").is_null());
+}
+
+namespace {
+
+// A responder that only counts what reaches it.
+struct counting_responder : http::responder {
+  int sends = 0, begins = 0, writes = 0, ends = 0;
+  void send(http::response) override {
+    ++sends;
+  }
+  void begin_stream(int, std::string,
+                    std::vector<std::pair<std::string, std::string>>)
+    override {
+    ++begins;
+  }
+  bool write(std::string) override {
+    ++writes;
+    return true;
+  }
+  std::shared_ptr<flow_control> flow() override {
+    return nullptr;
+  }
+  void end_stream() override {
+    ++ends;
+  }
+  bool gone() const noexcept override {
+    return false;
+  }
+  void on_gone(std::function<void()>) override {
+  }
+};
+
+std::vector<json> records_in(const std::filesystem::path& dir) {
+  std::vector<json> out;
+  for (auto& entry : std::filesystem::directory_iterator(dir)) {
+    std::ifstream in{entry.path()};
+    for (std::string line; std::getline(in, line);)
+      out.push_back(json::parse(line));
+  }
+  return out;
+}
+
+} // namespace
+
+TEST_CASE("openapi: the record holds what the connection sends: stream "
+          "steps after a plain answer, and an answer sent once streaming, "
+          "are passed on but not recorded",
+          "[openapi]") {
+  test::temp_dir dir;
+  auto rec = http::response_recorder::open(dir.str());
+  REQUIRE(rec);
+  http::request req;
+  req.method = "POST";
+  req.target = "/v1/threads/new/messages/stream";
+  {
+    // An error before the stream began, then the route's stream steps.
+    auto inner = std::make_shared<counting_responder>();
+    auto res = rec->wrap(req, inner);
+    http::response plain;
+    plain.status = 400;
+    plain.set_content(R"({"error":{"code":"invalid_argument"}})",
+                      "application/json");
+    res->send(plain);
+    res->write("event: error\ndata: {}\n\n");
+    res->end_stream();
+    CHECK(inner->sends == 1);
+    CHECK(inner->writes == 1);
+    CHECK(inner->ends == 1);
+  }
+  {
+    // A stream, then an error sent once streaming.
+    auto inner = std::make_shared<counting_responder>();
+    auto res = rec->wrap(req, inner);
+    res->begin_stream(200, "text/event-stream", {});
+    res->write("event: delta\ndata: {\"content\":\"a\"}\n\n");
+    http::response late;
+    late.status = 500;
+    res->send(late);
+    res->end_stream();
+    CHECK(inner->begins == 1);
+    CHECK(inner->sends == 1);
+  }
+  auto lines = records_in(dir.path());
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[0].at("status") == 400);
+  CHECK(lines[0].at("streamed") == false);
+  CHECK(lines[0].at("body").get<std::string>().find("event:")
+        == std::string::npos);
+  CHECK(lines[1].at("status") == 200);
+  CHECK(lines[1].at("streamed") == true);
+  CHECK(lines[1].at("complete") == true);
+  CHECK(lines[1].at("body") == "event: delta\ndata: {\"content\":\"a\"}\n\n");
 }

@@ -29,12 +29,22 @@ public:
     }
   }
 
+  // Recorded as the connection sends it: a plain answer, or a stream
+  // from its head; what a route does after that (an error it sends once
+  // streaming, stream steps after a plain answer) the connection ignores,
+  // and so does the record.
   void send(response res) override {
-    entry_.status = res.status;
-    entry_.content_type = res.content_type;
-    entry_.headers = res.headers;
-    entry_.body = res.body;
-    rec_->write(entry_);
+    {
+      std::lock_guard<std::mutex> guard{mx_};
+      if (!begun_ && !sent_) {
+        sent_ = true;
+        entry_.status = res.status;
+        entry_.content_type = res.content_type;
+        entry_.headers = res.headers;
+        entry_.body = res.body;
+        rec_->write(entry_);
+      }
+    }
     inner_->send(std::move(res));
   }
 
@@ -43,11 +53,13 @@ public:
     override {
     {
       std::lock_guard<std::mutex> guard{mx_};
-      begun_ = true;
-      entry_.streamed = true;
-      entry_.status = status;
-      entry_.content_type = content_type;
-      entry_.headers = headers;
+      if (!sent_ && !begun_) {
+        begun_ = true;
+        entry_.streamed = true;
+        entry_.status = status;
+        entry_.content_type = content_type;
+        entry_.headers = headers;
+      }
     }
     inner_->begin_stream(status, std::move(content_type), std::move(headers));
   }
@@ -55,10 +67,12 @@ public:
   bool write(std::string chunk) override {
     {
       std::lock_guard<std::mutex> guard{mx_};
-      if (entry_.body.size() + chunk.size() <= response_recorder::max_body)
-        entry_.body += chunk;
-      else
-        entry_.truncated = true;
+      if (begun_ && !ended_) {
+        if (entry_.body.size() + chunk.size() <= response_recorder::max_body)
+          entry_.body += chunk;
+        else
+          entry_.truncated = true;
+      }
     }
     return inner_->write(std::move(chunk));
   }
@@ -70,7 +84,7 @@ public:
   void end_stream() override {
     {
       std::lock_guard<std::mutex> guard{mx_};
-      if (!ended_) {
+      if (begun_ && !ended_) {
         ended_ = true;
         rec_->write(entry_);
       }
@@ -91,6 +105,7 @@ private:
   responder_ptr inner_;
   std::mutex mx_;
   response_recorder::entry entry_;
+  bool sent_ = false;
   bool begun_ = false;
   bool ended_ = false;
 };
