@@ -374,14 +374,14 @@ class RunReport(unittest.TestCase):
         areas = [line.split("\t")[0] for line in runs.splitlines()[1:]]
         self.assertEqual(areas, ["broken", "ids", "orchestration",
                                  "server", "threads", "cluster", "http",
-                                 "streams", "sustained"])
+                                 "streams", "sustained", "tenants"])
         # bench_orchestration got the running Redis, for BLPOP beside a
         # waiting claim.
         with open(args) as f:
             self.assertIn("--redis-port %s " % facts["redis_port"],
                           f.read())
         missing = os.path.join(work, "build", "spindle") + " not found"
-        for name in ("cluster", "http", "streams", "sustained"):
+        for name in ("cluster", "http", "streams", "sustained", "tenants"):
             self.assertIn("- `bench/bench_%s.py`: exit status 1, no figures"
                           % name, md)
             with open(os.path.join(results, name + ".log")) as f:

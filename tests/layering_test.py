@@ -19,7 +19,7 @@ LAYERS = [
     ["server", "cli", "stress", "console"],
     ["facade"],
     ["conversation", "memory", "cluster"],
-    ["llm", "storage", "files"],
+    ["llm", "storage", "files", "tenancy"],
     ["net"],
     ["core"],
     ["actors"],

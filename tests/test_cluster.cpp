@@ -887,3 +887,79 @@ TEST_CASE("a subscription to one thread's events or to task events is "
     std::this_thread::sleep_for(50ms);
   CHECK(c.forwarded(1, "node0") == 4);
 }
+
+TEST_CASE("tenants across two nodes: each key sees only its tenant on every "
+          "node, and a revocation on one node reaches the other within the "
+          "bound",
+          "[postgres]") {
+  const std::string admin = "cluster-admin-token-0123456789";
+  cluster c{2, {"--admin-token", admin}};
+  auto call = [](int port, const std::string& token, const std::string& method,
+                 const std::string& path, const json& body = nullptr) {
+    httplib::Client cli{"127.0.0.1", port};
+    cli.set_read_timeout(30, 0);
+    httplib::Headers h{{"Authorization", "Bearer " + token}};
+    auto r = method == "GET" ? cli.Get(path.c_str(), h)
+             : method == "DELETE"
+               ? cli.Delete(path.c_str(), h)
+               : cli.Post(path.c_str(), h, body.dump(), "application/json");
+    REQUIRE(r);
+    return std::make_pair(r->status, r->body);
+  };
+  auto p0 = c.node(0).port();
+  auto p1 = c.node(1).port();
+  std::map<std::string, std::string> key_of;
+  std::map<std::string, std::string> key_id_of;
+  for (auto* name : {"a", "b"}) {
+    auto t = call(p0, admin, "POST", "/v1/tenants", {{"name", name}});
+    REQUIRE(t.first == 201);
+    auto id = json::parse(t.second)["id"].get<std::string>();
+    // Keys made on one node work on the other.
+    auto k = call(p1, admin, "POST", "/v1/tenants/" + id + "/keys",
+                  json::object());
+    REQUIRE(k.first == 201);
+    key_of[name] = json::parse(k.second)["key"].get<std::string>();
+    key_id_of[name] = json::parse(k.second)["id"].get<std::string>();
+  }
+  // The same client ID in both tenants, written through both nodes: two
+  // threads, each owned by some node under its qualified ID.
+  REQUIRE(call(p0, key_of["a"], "POST", "/v1/threads/support-1/messages",
+               {{"content", "secret of a"}})
+            .first
+          == 200);
+  REQUIRE(call(p1, key_of["b"], "POST", "/v1/threads/support-1/messages",
+               {{"content", "secret of b"}})
+            .first
+          == 200);
+  for (auto port : {p0, p1}) {
+    auto a = call(port, key_of["a"], "GET", "/v1/threads/support-1/history");
+    REQUIRE(a.first == 200);
+    CHECK(a.second.find("secret of a") != std::string::npos);
+    CHECK(a.second.find("secret of b") == std::string::npos);
+    auto b = call(port, key_of["b"], "GET", "/v1/threads/support-1/history");
+    REQUIRE(b.first == 200);
+    CHECK(b.second.find("secret of b") != std::string::npos);
+    CHECK(b.second.find("secret of a") == std::string::npos);
+    auto list = call(port, key_of["a"], "GET", "/v1/threads");
+    CHECK(json::parse(list.second)["data"].size() == 1);
+  }
+  // Revoked on node 0: refused there at once, on node 1 within the bound.
+  CHECK(call(p1, key_of["a"], "GET", "/v1/threads").first == 200);
+  auto revoked_at = std::chrono::steady_clock::now();
+  REQUIRE(call(p0, admin, "DELETE", "/v1/keys/" + key_id_of["a"]).first
+          == 200);
+  CHECK(call(p0, key_of["a"], "GET", "/v1/threads").first == 401);
+  for (;;) {
+    auto got = call(p1, key_of["a"], "GET", "/v1/threads");
+    if (got.first == 401)
+      break;
+    REQUIRE(got.first == 200);
+    REQUIRE(std::chrono::steady_clock::now() - revoked_at < 5s);
+    std::this_thread::sleep_for(20ms);
+  }
+  auto took = std::chrono::duration_cast<std::chrono::milliseconds>(
+    std::chrono::steady_clock::now() - revoked_at);
+  INFO("the revocation reached node1 after " << took.count() << " ms");
+  CHECK(took < 1500ms);
+  CHECK(call(p1, key_of["b"], "GET", "/v1/threads").first == 200);
+}

@@ -84,7 +84,7 @@ struct node {
   }
   caf::expected<uint64_t> delete_entry(int64_t id) {
     return call<uint64_t>(sys, mem.actor, caf::delete_atom::value,
-                          memory_atom::value, id);
+                          memory_atom::value, id, std::string{"*"});
   }
 
   caf::actor_system& sys;

@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "spindle/messages/clock.hpp"
+#include "spindle/messages/ids.hpp"
 
 namespace spindle {
 
@@ -257,7 +258,10 @@ event thread_event(std::string type, const std::string& thread,
   event e;
   e.type = std::move(type);
   e.thread = thread;
-  e.data = "{\"thread\":" + json_quote(thread) + extra + "}";
+  e.tenant = std::string{tenant_of_id(thread)};
+  // Its data names the thread as the tenant's clients know it.
+  e.data = "{\"thread\":" + json_quote(std::string{local_id(thread)}) + extra
+           + "}";
   return e;
 }
 

@@ -368,6 +368,19 @@ sql_statement list_threads_page(const thread_list_request& r) {
     params.push_back(to_sql_value("$.\"" + key + "\""));
     params.push_back(to_sql_value(value));
   }
+  if (r.scoped && r.tenant_prefix.empty()) {
+    filters += " AND t.thread_id NOT LIKE '%~%'";
+  } else if (r.scoped) {
+    // The qualified IDs of one tenant: those from "TENANT~" up to, not
+    // including, "TENANT" followed by the character after '~'.
+    auto k = params.size() + 1;
+    filters += " AND t.thread_id >= ?" + std::to_string(k)
+               + " AND t.thread_id < ?" + std::to_string(k + 1);
+    auto upper = r.tenant_prefix;
+    upper.back() = static_cast<char>(upper.back() + 1);
+    params.push_back(to_sql_value(r.tenant_prefix));
+    params.push_back(to_sql_value(std::move(upper)));
+  }
   // One upper bound per arm, so that SQLite starts each index scan at
   // the page's place (the cursor's place lies at or below the snapshot):
   // with two, it may start at the snapshot and skip every row above the

@@ -1,5 +1,7 @@
 #include "spindle/actors/thread_catalog.hpp"
 
+#include "spindle/messages/ids.hpp"
+
 #include <algorithm>
 
 namespace spindle {
@@ -143,6 +145,13 @@ thread_page thread_catalog::list(const thread_list_request& request) {
       break;
     auto& e = threads_.at(next->second);
     if (!matches(e.metadata, request.filters))
+      continue;
+    if (request.scoped
+        && (request.tenant_prefix.empty()
+              ? next->second.find(tenant_separator) != std::string::npos
+              : next->second.compare(0, request.tenant_prefix.size(),
+                                     request.tenant_prefix)
+                  != 0))
       continue;
     if (page.threads.size() == request.limit) {
       page.more = true;

@@ -226,7 +226,8 @@ void create(pointer self, const std::string& id, std::vector<turn> turns,
       source.empty()
         ? thread_event("thread.created", id)
         : thread_event("thread.forked", id,
-                       ",\"source\":" + json_quote(source) + ",\"turns\":"
+                       ",\"source\":" + json_quote(std::string{local_id(source)})
+                         + ",\"turns\":"
                          + std::to_string(turns.size())));
   auto spawn_it = [self, id, metadata,
                    summary](std::vector<turn> initial_turns) {
@@ -332,10 +333,19 @@ void resolve(pointer self, const std::string& id, bool create_missing,
   self->state.threads.resolve(id, create_missing, std::move(next));
 }
 
-std::string fresh_id(pointer self) {
+// "new", or "TENANT~new": create a thread (of that tenant).
+bool is_new(const std::string& id) {
+  return local_id(id) == "new";
+}
+
+// A fresh ID in the tenant of `like` (a thread ID or "TENANT~new").
+std::string fresh_id(pointer self, const std::string& like) {
   auto& threads = self->state.threads;
+  auto tenant = tenant_of_id(like);
   for (;;) {
-    auto id = make_uuid_v4();
+    auto id = tenant.empty()
+                ? make_uuid_v4()
+                : std::string{tenant} + tenant_separator + make_uuid_v4();
     if (!threads.find(id) && !threads.in_transit(id))
       return id;
   }
@@ -429,7 +439,7 @@ caf::result<thread_ref> copy_thread(pointer self, const std::string& source,
                                     uint64_t at_turn, bool with_metadata) {
   if (auto err = validate_thread_id(source))
     return err;
-  if (source == "new")
+  if (is_new(source))
     return not_found(source);
   auto rp = self->make_response_promise<thread_ref>();
   auto failed = [rp, source](const caf::error& err) mutable {
@@ -465,7 +475,7 @@ caf::result<thread_ref> copy_thread(pointer self, const std::string& source,
                            : thread_summary{};
           auto make = [=](std::vector<turn> turns,
                           thread_metadata metadata) mutable {
-            auto id = fresh_id(self);
+            auto id = fresh_id(self, source);
             self->state.threads.reserve(
               id, [rp, source, id](caf::expected<resolved> x) mutable {
                 if (!x)
@@ -585,7 +595,7 @@ thread_registry(thread_registry_pointer self, thread_registry_options options,
     [self](caf::put_atom, const std::string& given) -> caf::result<thread_ref> {
       if (auto err = validate_thread_id(given))
         return err;
-      auto id = given == "new" ? fresh_id(self) : given;
+      auto id = is_new(given) ? fresh_id(self, given) : given;
       auto rp = self->make_response_promise<thread_ref>();
       resolve(self, id, true, [rp, id](caf::expected<resolved> r) mutable {
         if (!r)
@@ -607,7 +617,7 @@ thread_registry(thread_registry_pointer self, thread_registry_options options,
            turn& t) -> caf::result<uint64_t> {
       if (auto err = validate_thread_id(id))
         return err;
-      if (id == "new")
+      if (is_new(id))
         return make_error(errc::invalid_id,
                           "thread_id 'new' names no thread: create one with "
                           "get_or_create or send a message to 'new'");
@@ -621,7 +631,7 @@ thread_registry(thread_registry_pointer self, thread_registry_options options,
            std::vector<turn>& batch) -> caf::result<uint64_t> {
       if (auto err = validate_thread_id(id))
         return err;
-      if (id == "new")
+      if (is_new(id))
         return make_error(errc::invalid_id,
                           "thread_id 'new' names no thread: create one with "
                           "POST /v1/threads, then append to it");
@@ -696,7 +706,7 @@ thread_registry(thread_registry_pointer self, thread_registry_options options,
            const std::string& id) -> caf::result<thread_info> {
       if (auto err = validate_thread_id(id))
         return err;
-      if (id == "new")
+      if (is_new(id))
         return not_found(id);
       auto rp = self->make_response_promise<thread_info>();
       read_info(self, id, [rp](caf::expected<thread_info> info) mutable {
@@ -746,7 +756,9 @@ thread_registry(thread_registry_pointer self, thread_registry_options options,
     },
     [self](caf::put_atom, const std::string& given,
            thread_metadata& metadata) -> caf::result<thread_ref> {
-      if (given != "new")
+      if (auto err = validate_thread_id(given))
+        return err;
+      if (!is_new(given))
         return make_error(errc::invalid_id,
                           "a thread with metadata is created as 'new'");
       thread_metadata_patch patch{metadata, {}};
@@ -756,7 +768,7 @@ thread_registry(thread_registry_pointer self, thread_registry_options options,
         return make_error(errc::too_large,
                           "metadata: at most "
                             + std::to_string(max_metadata_keys) + " keys");
-      auto id = fresh_id(self);
+      auto id = fresh_id(self, given);
       auto rp = self->make_response_promise<thread_ref>();
       self->state.threads.reserve(id, [rp, id](caf::expected<resolved> x) mutable {
         if (!x)
@@ -795,7 +807,7 @@ thread_registry(thread_registry_pointer self, thread_registry_options options,
     [self](caf::delete_atom, const std::string& id) -> caf::result<uint64_t> {
       if (auto err = validate_thread_id(id))
         return err;
-      if (id == "new")
+      if (is_new(id))
         return not_found(id);
       auto rp = self->make_response_promise<uint64_t>();
       resolve(self, id, false, [self, rp, id](caf::expected<resolved> r) mutable {
@@ -840,7 +852,7 @@ thread_registry(thread_registry_pointer self, thread_registry_options options,
     },
     [self](locate_atom, const std::string& id) -> caf::result<thread_location> {
       auto& st = self->state;
-      if (!st.options.cluster || !st.store || id == "new"
+      if (!st.options.cluster || !st.store || is_new(id)
           || validate_thread_id(id))
         return thread_location{};
       // Seen with another node a moment ago, and not taken here since.

@@ -71,11 +71,44 @@ std::string shorten(std::string_view text) {
 
 } // namespace
 
-caf::error validate_thread_id(std::string_view id) {
+bool valid_tenant_id(std::string_view id) noexcept {
+  if (id.empty() || id.size() > max_tenant_id)
+    return false;
+  for (char c : id)
+    if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9')))
+      return false;
+  return true;
+}
+
+std::string_view tenant_of_id(std::string_view id) noexcept {
+  auto sep = id.find(tenant_separator);
+  return sep == std::string_view::npos ? std::string_view{}
+                                       : id.substr(0, sep);
+}
+
+std::string_view local_id(std::string_view id) noexcept {
+  auto sep = id.find(tenant_separator);
+  return sep == std::string_view::npos ? id : id.substr(sep + 1);
+}
+
+std::string qualify_id(std::string_view prefix, std::string_view id) {
+  std::string out;
+  out.reserve(prefix.size() + id.size());
+  out.append(prefix).append(id);
+  return out;
+}
+
+caf::error validate_thread_id(std::string_view whole) {
   auto bad = [&](const std::string& why) {
     return make_error(errc::invalid_id,
-                      "thread_id '" + shorten(id) + "' is invalid: " + why);
+                      "thread_id '" + shorten(whole) + "' is invalid: " + why);
   };
+  auto id = whole;
+  if (auto sep = whole.find(tenant_separator); sep != std::string_view::npos) {
+    if (!valid_tenant_id(whole.substr(0, sep)))
+      return bad("its tenant must have 1 to 32 characters of a-z 0-9");
+    id = whole.substr(sep + 1);
+  }
   if (id.empty() || id.size() > 128)
     return bad("it must have 1 to 128 characters");
   if (id == "." || id == "..")
@@ -88,6 +121,15 @@ caf::error validate_thread_id(std::string_view id) {
       return bad("only A-Z a-z 0-9 . _ : - are allowed");
   }
   return caf::none;
+}
+
+caf::error validate_client_thread_id(std::string_view id) {
+  if (id.find(tenant_separator) != std::string_view::npos)
+    return make_error(errc::invalid_id,
+                      "thread_id '" + shorten(id)
+                        + "' is invalid: only A-Z a-z 0-9 . _ : - are "
+                          "allowed");
+  return validate_thread_id(id);
 }
 
 caf::error validate_agent_name(std::string_view name) {

@@ -101,11 +101,17 @@ size_t sentence_cut(std::string_view entry, size_t budget) {
 
 } // namespace
 
-caf::error validate_user_id(std::string_view id) {
+caf::error validate_user_id(std::string_view whole) {
   auto bad = [&](const std::string& why) {
     return make_error(errc::invalid_id,
-                      "user_id '" + shorten(id) + "' is invalid: " + why);
+                      "user_id '" + shorten(whole) + "' is invalid: " + why);
   };
+  auto id = whole;
+  if (auto sep = whole.find(tenant_separator); sep != std::string_view::npos) {
+    if (!valid_tenant_id(whole.substr(0, sep)))
+      return bad("its tenant must have 1 to 32 characters of a-z 0-9");
+    id = whole.substr(sep + 1);
+  }
   if (id.empty() || id.size() > 128)
     return bad("it must have 1 to 128 characters");
   if (id == "." || id == "..")
@@ -118,6 +124,15 @@ caf::error validate_user_id(std::string_view id) {
       return bad("only A-Z a-z 0-9 . _ : @ + - are allowed");
   }
   return caf::none;
+}
+
+caf::error validate_client_user_id(std::string_view id) {
+  if (id.find(tenant_separator) != std::string_view::npos)
+    return make_error(errc::invalid_id,
+                      "user_id '" + shorten(id)
+                        + "' is invalid: only A-Z a-z 0-9 . _ : @ + - are "
+                          "allowed");
+  return validate_user_id(id);
 }
 
 std::vector<std::string> memory_tags(const std::string& user_id,

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "spindle/messages/error.hpp"
+#include "spindle/messages/ids.hpp"
 #include "spindle/messages/tools.hpp"
 
 namespace spindle {
@@ -349,6 +350,12 @@ caf::error validate_thread_list_request(const thread_list_request& x) {
                         "metadata filter value of '" + key
                           + "' is longer than any stored value");
   }
+  if (!x.tenant_prefix.empty()
+      && (!x.scoped || x.tenant_prefix.back() != tenant_separator
+          || !valid_tenant_id(std::string_view{x.tenant_prefix}.substr(
+            0, x.tenant_prefix.size() - 1))))
+    return make_error(errc::invalid_argument,
+                      "tenant_prefix must be a tenant ID followed by '~'");
   // Milliseconds up to the year 9999: larger ones are no time.
   if (x.updated_after_ms < 0 || x.updated_after_ms > 253402300799999)
     return make_error(errc::invalid_argument,

@@ -38,5 +38,7 @@ void add_session(CLI::App& app, registry& commands);
 void add_serve(CLI::App& app, registry& commands);
 void add_stress(CLI::App& app, registry& commands);
 void add_worker(CLI::App& app, registry& commands);
+/// `spindle tenant ...` and `spindle key ...` (tenant.cpp).
+void add_tenant(CLI::App& app, registry& commands);
 
 } // namespace spindle::cli

@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   spindle::cli::add_serve(app, commands);
   spindle::cli::add_stress(app, commands);
   spindle::cli::add_worker(app, commands);
+  spindle::cli::add_tenant(app, commands);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

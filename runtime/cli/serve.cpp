@@ -264,7 +264,11 @@ int serve(serve_args args) {
                                                     ? "per model"
                                                     : args.http.tokenizer},
                                     {"version", version_string},
-                                    {"auth", !args.http.token.empty()}}));
+                                    {"auth", !args.http.admin_token.empty()
+                                               ? "tenants"
+                                             : !args.http.token.empty()
+                                               ? "token"
+                                               : "none"}}));
 
   std::promise<void> served;
   auto served_future = served.get_future();
@@ -396,6 +400,11 @@ void add_serve(CLI::App& app, registry& commands) {
                   "require 'Authorization: Bearer TOKEN' on every route but "
                   "/healthz and the console's page and files")
     ->envname("SPINDLE_TOKEN");
+  sub->add_option("--admin-token", args->http.admin_token,
+                  "turn tenancy on (docs/tenants.md): this token manages "
+                  "tenants and keys, every other request needs a tenant's "
+                  "key and sees only its tenant (--token is then not used)")
+    ->envname("SPINDLE_ADMIN_TOKEN");
   sub->add_option("--log-level", args->log_level,
                   "trace, debug, info (default), warn, error, off")
     ->envname("SPINDLE_LOG_LEVEL");

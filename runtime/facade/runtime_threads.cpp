@@ -164,9 +164,11 @@ size_t runtime::exchanges_in_flight() const {
   return exchanges_ ? exchanges_->running() : 0;
 }
 
-caf::expected<thread_info> runtime::create_thread(thread_metadata metadata) {
+caf::expected<thread_info>
+runtime::create_thread(thread_metadata metadata,
+                       const std::string& tenant_prefix) {
   auto ref = call<thread_ref>(thread_registry_, options_.default_timeout,
-                              caf::put_atom::value, std::string{"new"},
+                              caf::put_atom::value, tenant_prefix + "new",
                               std::move(metadata));
   if (!ref)
     return ref.error();
@@ -303,14 +305,26 @@ caf::expected<uint64_t> runtime::delete_memories(const std::string& user_id,
                         thread_id);
 }
 
-caf::expected<bool> runtime::delete_memory(int64_t id) {
+caf::expected<bool> runtime::delete_memory(int64_t id,
+                                          const std::string& tenant) {
   if (running() && !memory_)
     return make_error(errc::unavailable, "long-term memory is disabled");
   auto n = call<uint64_t>(memory_, options_.default_timeout,
-                          caf::delete_atom::value, memory_atom::value, id);
+                          caf::delete_atom::value, memory_atom::value, id,
+                          tenant);
   if (!n)
     return n.error();
   return *n > 0;
+}
+
+caf::expected<uint64_t>
+runtime::delete_tenant_memories(const std::string& tenant_prefix,
+                                bool dry_run) {
+  if (running() && !memory_)
+    return make_error(errc::unavailable, "long-term memory is disabled");
+  return call<uint64_t>(memory_, options_.default_timeout,
+                        caf::delete_atom::value, memory_atom::value,
+                        tenant_prefix, dry_run);
 }
 
 void runtime::send_message_async(exchange_request request,

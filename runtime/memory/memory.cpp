@@ -17,6 +17,7 @@
 #include <spdlog/spdlog.h>
 
 #include "spindle/messages/error.hpp"
+#include "spindle/messages/ids.hpp"
 #include "storage/postgres/postgres.hpp"
 #include "spindle/runtime/storage.hpp"
 #include "storage/state_store.hpp"
@@ -425,14 +426,40 @@ memory_server(memory_pointer self, std::shared_ptr<memory_connection> conn,
         return std::move(n.error());
       return *n;
     },
-    [self](caf::delete_atom, memory_atom,
-           int64_t id) -> caf::result<uint64_t> {
+    [self](caf::delete_atom, memory_atom, const std::string& prefix,
+           bool dry_run) -> caf::result<uint64_t> {
+      auto& st = self->state;
+      if (!st.conn->writer)
+        return make_error(errc::unavailable,
+                          "this memory connection only reads");
+      if (prefix.size() < 2 || prefix.back() != tenant_separator
+          || !valid_tenant_id(
+            std::string_view{prefix}.substr(0, prefix.size() - 1)))
+        return make_error(errc::invalid_argument,
+                          "a tenant's prefix is its ID and '~'");
+      flush_stores(self);
+      auto scopes = st.conn->writer->tenant_scopes(prefix);
+      if (!scopes)
+        return std::move(scopes.error());
+      if (dry_run)
+        return static_cast<uint64_t>(scopes->size());
+      uint64_t deleted = 0;
+      for (auto& [user, thread] : *scopes) {
+        auto n = st.conn->writer->delete_scope(user, thread);
+        if (!n)
+          return std::move(n.error());
+        deleted += *n;
+      }
+      return deleted;
+    },
+    [self](caf::delete_atom, memory_atom, int64_t id,
+           const std::string& tenant) -> caf::result<uint64_t> {
       auto& st = self->state;
       if (!st.conn->writer)
         return make_error(errc::unavailable,
                           "this memory connection only reads");
       flush_stores(self);
-      auto n = st.conn->writer->delete_entry(id);
+      auto n = st.conn->writer->delete_entry(id, tenant);
       if (!n)
         return std::move(n.error());
       return *n;

@@ -456,7 +456,8 @@ struct memory_writer::impl {
   mem_statement read_term, insert_term, update_term, set_indexed,
     read_indexed, unindexed;
   mem_statement highest_id, read_row, delete_row, delete_term, shrink_scope,
-    clear_scope, delete_scope_terms, delete_user_rows, delete_thread_rows;
+    clear_scope, delete_scope_terms, delete_user_rows, delete_thread_rows,
+    tenant_scopes;
   // PostgreSQL's: a batch's IDs taken from memory_index_state under its
   // row lock, and the note of a commit to the other processes.
   mem_statement allocate_ids, notify;
@@ -713,7 +714,26 @@ memory_writer::delete_scope(const std::string& user_id,
   return deleted;
 }
 
-caf::expected<uint64_t> memory_writer::delete_entry(int64_t id) {
+caf::expected<std::vector<std::pair<std::string, std::string>>>
+memory_writer::tenant_scopes(const std::string& prefix) {
+  auto& p = *impl_;
+  std::vector<std::pair<std::string, std::string>> out;
+  resetting r{p.tenant_scopes};
+  p.tenant_scopes.bind(1, std::string_view{prefix + "%"});
+  for (;;) {
+    auto row = p.tenant_scopes.step();
+    if (!row)
+      return row.error();
+    if (!*row)
+      break;
+    out.emplace_back(p.tenant_scopes.column_text(0),
+                     p.tenant_scopes.column_text(1));
+  }
+  return out;
+}
+
+caf::expected<uint64_t>
+memory_writer::delete_entry(int64_t id, const std::string& tenant) {
   auto& p = *impl_;
   uint64_t deleted = 0;
   auto err = p.transaction([&]() -> caf::error {
@@ -721,7 +741,9 @@ caf::expected<uint64_t> memory_writer::delete_entry(int64_t id) {
     std::string user_id, thread_id, content;
     {
       resetting r{p.read_row};
-      p.read_row.bind(1, id);
+      p.read_row.bind(1, id)
+        .bind(2, std::string_view{tenant})
+        .bind(3, std::string_view{tenant + "%"});
       auto row = p.read_row.step();
       if (!row)
         return row.error();
@@ -876,9 +898,19 @@ memory_writer::open_on(database* lite, sql_connection* pg,
      {&p->highest_id, "SELECT max(h) FROM (SELECT max(id) AS h FROM "
                       "memories UNION ALL SELECT indexed_through AS h FROM "
                       "memory_index_state WHERE id = 0) AS highest;"},
+     // ?2: "*" any tenant, "" the default tenant (unqualified IDs), else
+     // a tenant's prefix "TENANT~", with ?3 its LIKE pattern.
      {&p->read_row, "SELECT user_id, thread_id, content FROM memories "
-                    "WHERE id = ?1;"},
+                    "WHERE id = ?1 AND (?2 = '*' "
+                    "OR (?2 = '' AND user_id NOT LIKE '%~%' "
+                    "    AND thread_id NOT LIKE '%~%') "
+                    "OR (?2 <> '' AND ?2 <> '*' AND (user_id LIKE ?3 "
+                    "    OR (user_id = '' AND thread_id LIKE ?3))));"},
      {&p->delete_row, "DELETE FROM memories WHERE id = ?1;"},
+     // The scopes of one tenant (?1: its prefix's LIKE pattern).
+     {&p->tenant_scopes, "SELECT DISTINCT user_id, thread_id FROM memories "
+                         "WHERE user_id LIKE ?1 "
+                         "OR (user_id = '' AND thread_id LIKE ?1);"},
      {&p->delete_term, "DELETE FROM memory_terms "
                        "WHERE scope = ?1 AND term = ?2;"},
      {&p->shrink_scope, "UPDATE memory_scopes SET entries = entries - 1, "

@@ -142,11 +142,20 @@ public:
   caf::expected<uint64_t> delete_scope(const std::string& user_id,
                                        const std::string& thread_id);
 
+  /// The scopes (user, thread) holding entries of the tenant whose IDs
+  /// start with `prefix` ("TENANT~"). Reads every entry: for deleting a
+  /// tenant, not for requests. Errors: `storage_failure`.
+  caf::expected<std::vector<std::pair<std::string, std::string>>>
+  tenant_scopes(const std::string& prefix);
+
   /// Deletes one entry and takes it out of its scope's counts and term
   /// lists, in one transaction; returns 1, or 0 when there is none with
   /// `id`. A term's list then holds one entry fewer until stores fill it
   /// again. Errors: `storage_failure` (nothing is deleted).
-  caf::expected<uint64_t> delete_entry(int64_t id);
+  /// Deletes entry `id` when it belongs to `tenant`: "*" any tenant, ""
+  /// the default tenant, else a tenant's ID prefix ("TENANT~"). 0 when
+  /// there is no such entry (of that tenant).
+  caf::expected<uint64_t> delete_entry(int64_t id, const std::string& tenant);
 
   ~memory_writer();
 

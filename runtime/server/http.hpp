@@ -15,6 +15,10 @@
 
 #include "spindle/runtime/flow.hpp"
 
+namespace spindle::tenancy {
+struct principal;
+} // namespace spindle::tenancy
+
 namespace spindle::http {
 
 /// One request, read whole (header and body) before a handler sees it.
@@ -33,6 +37,9 @@ struct request {
   std::vector<std::string> matches;
   /// The peer, "address:port", for logs.
   std::string remote;
+  /// Who it acts for, once the router authenticated it (null before, and
+  /// on routes open to all).
+  std::shared_ptr<const tenancy::principal> who;
 
   bool has_param(const std::string& name) const {
     return params.count(name) > 0;

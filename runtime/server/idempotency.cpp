@@ -265,6 +265,28 @@ void idempotency_store::prune_locked() {
     }
 }
 
+caf::error idempotency_store::forget_prefix(const std::string& prefix) {
+  if (prefix.empty())
+    return make_error(errc::invalid_argument, "an empty prefix is every key");
+  std::lock_guard<std::mutex> guard{mx_};
+  for (auto i = keys_.begin(); i != keys_.end();)
+    if (!i->second.running && i->first.compare(0, prefix.size(), prefix) == 0)
+      i = keys_.erase(i);
+    else
+      ++i;
+  if (!db_)
+    return caf::none;
+  auto upper = prefix;
+  upper.back() = static_cast<char>(upper.back() + 1);
+  auto q = db_->prepare(
+    "DELETE FROM idempotency_keys WHERE key >= ?1 AND key < ?2;");
+  if (!q)
+    return q.error();
+  (*q)->bind(1, sql_value::of(prefix));
+  (*q)->bind(2, sql_value::of(upper));
+  return (*q)->run();
+}
+
 uint64_t idempotency_store::size() {
   std::lock_guard<std::mutex> guard{mx_};
   uint64_t n = keys_.size();

@@ -86,6 +86,11 @@ public:
   /// Drops the answers older than the retention time.
   void prune();
 
+  /// Drops every answer kept under a key starting with `prefix` (a
+  /// deleted tenant's, "TENANT~"), running requests aside. Errors:
+  /// storage_failure.
+  caf::error forget_prefix(const std::string& prefix);
+
   /// Keys kept now (in memory and, for a data directory, in the file).
   uint64_t size();
 

@@ -8,6 +8,7 @@
 #include <caf/logger.hpp>
 #include <spdlog/spdlog.h>
 
+#include "auth.hpp"
 #include "forward.hpp"
 #include "idempotency.hpp"
 #include "net/io_pool.hpp"
@@ -16,6 +17,7 @@
 #include "spindle/messages/tools.hpp"
 #include "core/logging.hpp"
 #include "spindle/runtime/runtime.hpp"
+#include "tenancy/tenant_store.hpp"
 
 namespace spindle::http {
 
@@ -284,14 +286,12 @@ void only_params(const request& req,
 }
 
 std::string path_thread(const request& req, bool allow_new) {
-  auto id = req.matches[1];
+  auto& id = req.matches[1];
   if (id == "new" && !allow_new)
     throw api_error{400, "invalid_id",
                     "thread_id 'new' names no thread; it is only accepted "
                     "when sending a message"};
-  if (auto err = validate_thread_id(id))
-    fail(err);
-  return id;
+  return scoped_thread(req, id, nullptr);
 }
 
 void no_empty_params(const request& req,
@@ -363,7 +363,7 @@ void async_call::reply(int status, const json& body) {
 }
 
 void async_call::fail(const api_error& e) {
-  send(error_response(e));
+  send(error_response(scrubbed(e, *req_)));
 }
 
 void async_call::fail(const caf::error& err) {
@@ -428,6 +428,7 @@ void router::add(const std::string& method, const std::string& pattern,
   e.blocking = std::move(h);
   e.async = std::move(a);
   e.open = open;
+  e.rule = rule_of(route);
   if (route.find(" /v1/threads/{id}") != std::string::npos)
     e.thread = route_entry::thread_in::path;
   else if (route == "POST /v1/chat/completions")
@@ -686,7 +687,9 @@ void router::dispatch_keyed(const route_entry* e, std::shared_ptr<request> req,
       record(route, *req, r.status, 0, {{"idempotent_replay", true}});
       res->send(replayed(r));
     };
-    switch (idempotency_->claim(key, fp, reply, answer)) {
+    // Keys are per tenant: stored under the tenant's prefix.
+    auto stored_key = http::who(*req).prefix + key;
+    switch (idempotency_->claim(stored_key, fp, reply, answer)) {
       case idempotency_store::claim_result::mismatch:
         record(route, *req, 422, 0, json::object());
         res->send(error_response(api_error{
@@ -705,7 +708,7 @@ void router::dispatch_keyed(const route_entry* e, std::shared_ptr<request> req,
         break;
     }
     auto recorder = std::make_shared<recording_responder>(
-      std::move(res), idempotency_, std::move(key), workers_);
+      std::move(res), idempotency_, std::move(stored_key), workers_);
     run(e, std::move(req), std::move(recorder));
   });
 }
@@ -720,13 +723,54 @@ void router::dispatch(std::shared_ptr<request> req, responder_ptr res) {
     return;
   }
   req->matches = std::move(captures);
-  if (!e->open && !authorized(*req, options_.token)) {
-    record(e->route, *req, 401, 0, json::object());
-    res->send(error_response(
-      api_error{401, "unauthorized",
-                "this route requires 'Authorization: Bearer <token>'"}));
+  if (!tenants_) {
+    if (!e->open && !authorized(*req, options_.token)) {
+      record(e->route, *req, 401, 0, json::object());
+      res->send(error_response(
+        api_error{401, "unauthorized",
+                  "this route requires 'Authorization: Bearer <token>'"}));
+      return;
+    }
+    req->who = open_principal();
+    route_request(e, std::move(req), std::move(res));
     return;
   }
+  if (e->open || e->rule.who == access::open) {
+    route_request(e, std::move(req), std::move(res));
+    return;
+  }
+  auto outcome = authenticate(*req, e->rule, options_.admin_token, *tenants_,
+                              false);
+  if (outcome.needs_store) {
+    // A key not cached or a tenant to look up: off the loop.
+    boost::asio::post(workers_, [this, e, req = std::move(req),
+                                 res = std::move(res)]() mutable {
+      admit(e, std::move(req), std::move(res),
+            authenticate(*req, e->rule, options_.admin_token, *tenants_,
+                         true));
+    });
+    return;
+  }
+  admit(e, std::move(req), std::move(res), std::move(outcome));
+}
+
+void router::admit(const route_entry* e, std::shared_ptr<request> req,
+                   responder_ptr res, auth_outcome outcome) {
+  if (outcome.refusal) {
+    record(e->route, *req, outcome.refusal->status, 0, json::object());
+    res->send(error_response(*outcome.refusal));
+    return;
+  }
+  req->who = std::move(outcome.who);
+  if (req->who->who == tenancy::principal::kind::admin
+      && req->who->in_tenant())
+    spdlog::info("admin access: {} {} in tenant '{}' from {}", req->method,
+                 e->route, req->who->tenant, req->remote);
+  route_request(e, std::move(req), std::move(res));
+}
+
+void router::route_request(const route_entry* e, std::shared_ptr<request> req,
+                           responder_ptr res) {
   if (loops_ && rt_.cluster() && !req->has_header(forwarded_header)
       && for_scheduler(*e, *req)) {
     auto where = rt_.locate_scheduler();
@@ -791,7 +835,10 @@ std::string router::thread_of(const route_entry& e, const request& req) {
       break;
     }
   }
-  return id == "new" ? std::string{} : id;
+  if (id.empty() || id == "new" || validate_client_thread_id(id))
+    return {};
+  // The thread as stored: its owner is found by that ID.
+  return http::who(req).qualify(id);
 }
 
 bool router::for_scheduler(const route_entry& e, const request& req) {
@@ -869,7 +916,7 @@ void router::run(const route_entry* e, std::shared_ptr<request> req,
       if (out.status == -1)
         out.status = 200;
     } catch (const api_error& err) {
-      out = error_response(err);
+      out = error_response(scrubbed(err, *req));
     } catch (const std::exception& ex) {
       out = error_response(api_error{500, "internal", ex.what()});
     }

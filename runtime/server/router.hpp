@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 
 #include "http.hpp"
+#include "tenancy/scopes.hpp"
 #include "spindle/messages/threads.hpp"
 #include "server/server.hpp"
 
@@ -35,6 +36,11 @@ class io_pool;
 } // namespace spindle::net
 
 namespace spindle {
+
+namespace tenancy {
+struct principal;
+class tenant_store;
+} // namespace tenancy
 
 class runtime;
 class http_metrics;
@@ -73,6 +79,36 @@ api_error to_api_error(const caf::error& err);
 /// (thread_id, turns_loaded, found_or_created, thread_actor, ...).
 struct request_context {
   json log = json::object();
+};
+
+/// Who may use a route while tenancy is on.
+enum class access : uint8_t {
+  /// Everyone, authenticated or not (health, the console's files, the
+  /// API's description).
+  open,
+  /// Any principal: the admin token or a key.
+  any,
+  /// A principal acting in a tenant, with the route's scope.
+  tenant,
+  /// The admin token only.
+  admin,
+  /// The admin token, or a key with `keys:admin` for its own tenant.
+  tenant_admin,
+};
+
+struct route_rule {
+  access who = access::tenant;
+  tenancy::scope scope = tenancy::scope::threads_read;
+};
+
+/// What authenticating a request came to.
+struct auth_outcome {
+  std::shared_ptr<const tenancy::principal> who;
+  /// The refusal (401, 403, 404), when refused.
+  std::optional<api_error> refusal;
+  /// The answer needs the store (a key not cached, a tenant named by the
+  /// admin token): ask again where blocking is allowed.
+  bool needs_store = false;
 };
 
 using handler
@@ -219,6 +255,15 @@ public:
   std::shared_ptr<idempotency_store> idempotency() const {
     return idempotency_;
   }
+  /// Turns tenancy on (docs/tenants.md): requests are authenticated with
+  /// the admin token or a tenant's key from `store`.
+  void set_tenants(std::shared_ptr<tenancy::tenant_store> store) {
+    tenants_ = std::move(store);
+  }
+  /// The tenants, or null while tenancy is off.
+  std::shared_ptr<tenancy::tenant_store> tenants() const {
+    return tenants_;
+  }
   /// Marks a registered route (by its name) as honouring Idempotency-Key.
   void idempotent(const std::string& route);
 
@@ -277,6 +322,8 @@ private:
     /// An orchestration route: in a cluster it is served by the node
     /// holding the scheduler seat (docs/cluster.md, "One scheduler").
     bool scheduled = false;
+    /// Who may use it while tenancy is on (auth.cpp).
+    route_rule rule;
   };
 
   /// The thread a request names (empty: none, or "new").
@@ -284,6 +331,12 @@ private:
   /// Whether the node holding the scheduler seat serves the request: an
   /// orchestration route, or a subscription to task events only.
   static bool for_scheduler(const route_entry& e, const request& req);
+  /// The authenticated request goes on (or its refusal is sent).
+  void admit(const route_entry* e, std::shared_ptr<request> req,
+             responder_ptr res, auth_outcome outcome);
+  /// To the node that serves it, or `proceed` here.
+  void route_request(const route_entry* e, std::shared_ptr<request> req,
+                     responder_ptr res);
   /// Idempotency, then the handler.
   void proceed(const route_entry* e, std::shared_ptr<request> req,
                responder_ptr res);
@@ -309,6 +362,7 @@ private:
   std::atomic<bool> stopping_{false};
   std::shared_ptr<idempotency_store> idempotency_;
   std::shared_ptr<net::io_pool> loops_;
+  std::shared_ptr<tenancy::tenant_store> tenants_;
 };
 
 /// True when `req` carries the configured bearer token (or none is set).
@@ -326,6 +380,7 @@ void add_openai_routes(router& r);
 void add_token_routes(router& r);
 void add_console_routes(router& r);
 void add_openapi_routes(router& r);
+void add_tenant_routes(router& r);
 
 } // namespace http
 } // namespace spindle

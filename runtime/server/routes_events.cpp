@@ -6,6 +6,7 @@
 #include <chrono>
 #include <mutex>
 
+#include "auth.hpp"
 #include "router.hpp"
 #include "spindle/actors/event_log.hpp"
 #include "spindle/messages/ids.hpp"
@@ -31,8 +32,13 @@ struct event_filter {
   std::vector<std::string> types;
   std::string orchestration;
   std::string thread;
+  /// The subscriber's tenant ("" the default tenant): nothing of another
+  /// tenant passes.
+  std::string tenant;
 
   bool matches(const event& e) const {
+    if (e.tenant != tenant)
+      return false;
     if (!orchestration.empty() && e.orchestration != orchestration)
       return false;
     if (!thread.empty() && e.thread != thread)
@@ -82,12 +88,16 @@ event_filter filter_of(const request& req) {
                       "orchestration"};
   }
   out.thread = req.get_param_value("thread");
-  if (req.has_param("thread"))
-    if (auto err = validate_thread_id(out.thread); err || out.thread == "new")
+  if (req.has_param("thread")) {
+    if (auto err = validate_client_thread_id(out.thread);
+        err || out.thread == "new")
       throw api_error{400, "invalid_id",
                       "thread: '" + out.thread.substr(0, 64)
                         + "' is not a thread ID",
                       "thread"};
+    out.thread = who(req).qualify(out.thread);
+  }
+  out.tenant = std::string{tenant_of_id(who(req).prefix)};
   return out;
 }
 

@@ -2,6 +2,7 @@
 
 #include <optional>
 
+#include "auth.hpp"
 #include "router.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/runtime/runtime.hpp"
@@ -20,8 +21,9 @@ std::optional<int64_t> positive_int(const std::string& text) {
 
 json record_json(const memory_record& m) {
   json out{{"id", m.id}, {"content", m.content}, {"created", m.created_ms}};
-  out["user_id"] = m.user_id.empty() ? json(nullptr) : json(m.user_id);
-  out["thread_id"] = m.thread_id.empty() ? json(nullptr) : json(m.thread_id);
+  out["user_id"] = m.user_id.empty() ? json(nullptr) : json(local(m.user_id));
+  out["thread_id"]
+    = m.thread_id.empty() ? json(nullptr) : json(local(m.thread_id));
   return out;
 }
 
@@ -40,12 +42,17 @@ void add_memory_routes(router& r) {
                              "at least one of 'user_id' and 'thread_id' is "
                              "required: a memory belongs to a user or a "
                              "thread"};
-           auto stored = r.rt().store_memory(content,
-                                             memory_tags(user, thread));
+           // Stored under the tenant's IDs; answered with the client's.
+           auto tags = memory_tags(user, thread);
+           auto stored = r.rt().store_memory(
+             content,
+             memory_tags(scoped_user(req, user),
+                         thread.empty() ? thread
+                                        : scoped_thread(req, thread)));
            if (!stored)
              fail(stored.error());
            ctx.log["memory_id"] = *stored;
-           reply(res, 201, {{"id", *stored}, {"tags", memory_tags(user, thread)}});
+           reply(res, 201, {{"id", *stored}, {"tags", tags}});
          });
 
   r.get(R"(/v1/memories)", "GET /v1/memories",
@@ -53,8 +60,10 @@ void add_memory_routes(router& r) {
              request_context&) {
           only_params(req, {"user_id", "thread_id", "q", "max_chars"});
           no_empty_params(req, {"user_id", "thread_id"});
-          auto user = req.get_param_value("user_id");
+          auto user = scoped_user(req, req.get_param_value("user_id"));
           auto thread = req.get_param_value("thread_id");
+          if (!thread.empty())
+            thread = scoped_thread(req, thread);
           auto query = req.get_param_value("q");
           auto max_chars = query_int(req, "max_chars");
           if (max_chars && (*max_chars < 1
@@ -77,8 +86,10 @@ void add_memory_routes(router& r) {
           only_params(req, {"user_id", "thread_id", "limit", "cursor"});
           no_empty_params(req, {"user_id", "thread_id"});
           memory_list_request lr;
-          lr.user_id = req.get_param_value("user_id");
+          lr.user_id = scoped_user(req, req.get_param_value("user_id"));
           lr.thread_id = req.get_param_value("thread_id");
+          if (!lr.thread_id.empty())
+            lr.thread_id = scoped_thread(req, lr.thread_id);
           if (auto limit = query_int(req, "limit")) {
             if (*limit < 1 || *limit > int64_t{max_memory_listing})
               throw api_error{400, "invalid_argument",
@@ -116,8 +127,10 @@ void add_memory_routes(router& r) {
         [&r](const request& req, response& res, request_context& ctx) {
           only_params(req, {"user_id", "thread_id"});
           no_empty_params(req, {"user_id", "thread_id"});
-          auto user = req.get_param_value("user_id");
+          auto user = scoped_user(req, req.get_param_value("user_id"));
           auto thread = req.get_param_value("thread_id");
+          if (!thread.empty())
+            thread = scoped_thread(req, thread);
           if (user.empty() == thread.empty())
             throw api_error{400, "invalid_argument",
                             "give user_id (every memory of the user) or "
@@ -140,7 +153,9 @@ void add_memory_routes(router& r) {
                             "a memory entry's ID is a positive integer, not '"
                               + text.substr(0, 64) + "'"};
           auto id = *parsed;
-          auto gone = r.rt().delete_memory(id);
+          // Only an entry of the request's tenant: another's answers as a
+          // missing one.
+          auto gone = r.rt().delete_memory(id, who(req).prefix);
           if (!gone)
             fail(gone.error());
           if (!*gone)

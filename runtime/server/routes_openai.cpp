@@ -12,6 +12,7 @@
 #include <spdlog/spdlog.h>
 
 #include "metrics.hpp"
+#include "auth.hpp"
 #include "router.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/ids.hpp"
@@ -215,7 +216,7 @@ chat_request parse_chat(const request& req) {
   if (field || !header.empty()) {
     out.threaded = true;
     out.thread_id = field ? *field : header;
-    if (auto err = validate_thread_id(out.thread_id))
+    if (auto err = validate_client_thread_id(out.thread_id))
       fail(err);
     auto& last = out.messages.back();
     if (last.role == "tool") {
@@ -244,9 +245,11 @@ chat_request parse_chat(const request& req) {
     }
   }
   out.user_id = optional_string(body, "user_id").value_or("");
-  if (!out.user_id.empty())
-    if (auto err = validate_user_id(out.user_id))
+  if (!out.user_id.empty()) {
+    if (auto err = validate_client_user_id(out.user_id))
       fail(err);
+    out.user_id = who(req).qualify(out.user_id);
+  }
   if (auto policy = optional_string(body, "on_conflict")) {
     auto parsed = parse_conflict_policy(*policy);
     if (!parsed)
@@ -407,7 +410,7 @@ void threaded(router& r, std::shared_ptr<async_call> call, chat_request c,
       reply(out, 200,
             shared_head->whole(res.reply, res.interrupted || res.cancelled,
                                res.tool_calls));
-      out.set_header(thread_header, res.thread_id);
+      out.set_header(thread_header, local(res.thread_id));
       call->send(std::move(out));
     };
     cb.done = [call](caf::expected<exchange_result> res) {
@@ -447,7 +450,7 @@ void threaded(router& r, std::shared_ptr<async_call> call, chat_request c,
   cb.done = [call](caf::expected<exchange_result> res) {
     if (res)
       return;
-    auto e = to_api_error(res.error());
+    auto e = scrubbed(to_api_error(res.error()), call->req());
     call->fail(e); // before the stream started; a no-op after
     call->write(error_event(e));
     call->end_stream();
@@ -536,10 +539,13 @@ void add_openai_routes(router& r) {
         stateless(r, std::move(call), std::move(c), std::move(head));
         return;
       }
-      // A new thread gets its ID here, so the first chunk can carry it.
-      if (c.thread_id == "new")
-        c.thread_id = make_uuid_v4();
-      head.thread_id = c.thread_id;
+      // A new thread gets its ID here, so the first chunk can carry it;
+      // the thread is stored under the tenant's IDs, shown with the
+      // client's.
+      auto& principal = who(call->req());
+      c.thread_id = principal.qualify(c.thread_id == "new" ? make_uuid_v4()
+                                                           : c.thread_id);
+      head.thread_id = local(c.thread_id);
       call->ctx.log["thread_id"] = c.thread_id;
       threaded(r, std::move(call), std::move(c), std::move(head));
     });

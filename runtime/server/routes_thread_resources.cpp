@@ -6,6 +6,7 @@
 #include <cinttypes>
 #include <cstdio>
 
+#include "auth.hpp"
 #include "router.hpp"
 #include "spindle/actors/thread_catalog.hpp"
 #include "spindle/messages/clock.hpp"
@@ -21,7 +22,7 @@ json thread_json(const thread_info& t) {
   json metadata = json::object();
   for (auto& [key, value] : t.metadata)
     metadata[key] = value;
-  return json{{"thread_id", t.thread_id},
+  return json{{"thread_id", local(t.thread_id)},
               {"object", "thread"},
               {"created_at", t.created_ms},
               {"updated_at", t.updated_ms()},
@@ -103,7 +104,7 @@ cursor decode(const std::string& text) {
   c.started_ms = fields[1];
   c.place = fields[2];
   c.thread_id = text.substr(at);
-  if (c.snapshot == 0 || validate_thread_id(c.thread_id)
+  if (c.snapshot == 0 || validate_client_thread_id(c.thread_id)
       || check_of(c) != fields[3] || c.place > c.snapshot)
     bad_cursor(text, "was not issued by this server");
   auto now = static_cast<uint64_t>(unix_time_ms());
@@ -160,7 +161,8 @@ void add_thread_resource_routes(router& r) {
          [&r](const request& req, response& res, request_context& ctx) {
            auto body = parse_body(req, {"metadata"}, /*allow_empty=*/true);
            auto patch = metadata_of(body, false);
-           auto created = r.rt().create_thread(std::move(patch.set));
+           auto created = r.rt().create_thread(std::move(patch.set),
+                                               who(req).prefix);
            if (!created)
              fail(created.error());
            ctx.log["thread_id"] = created->thread_id;
@@ -171,6 +173,10 @@ void add_thread_resource_routes(router& r) {
   r.get(R"(/v1/threads)", "GET /v1/threads",
         [&r](const request& req, response& res, request_context& ctx) {
           thread_list_request lr;
+          // The request's tenant's threads only (with tenancy off, the
+          // default tenant's: every thread a client could name).
+          lr.scoped = true;
+          lr.tenant_prefix = who(req).prefix;
           for (auto& [key, value] : req.params) {
             if (key.rfind("metadata.", 0) == 0) {
               auto name = key.substr(9);
@@ -215,7 +221,7 @@ void add_thread_resource_routes(router& r) {
             auto c = decode(req.get_param_value("cursor"));
             lr.snapshot = c.snapshot;
             lr.after_version = c.place;
-            lr.after_id = c.thread_id;
+            lr.after_id = who(req).qualify(c.thread_id);
             started = c.started_ms;
           }
           auto page = r.rt().list_threads(lr);
@@ -227,7 +233,7 @@ void add_thread_resource_routes(router& r) {
           json next = nullptr;
           if (page->more && !page->threads.empty())
             next = encode(cursor{page->snapshot, started, page->last_version,
-                                 page->threads.back().thread_id});
+                                 local(page->threads.back().thread_id)});
           ctx.log["threads"] = page->threads.size();
           reply(res, 200,
                 {{"object", "list"},
@@ -284,7 +290,7 @@ void add_thread_resource_routes(router& r) {
            ctx.log["copy"] = copy->thread_id;
            ctx.log["turns"] = copy->turns;
            auto out = thread_json(*copy);
-           out["copied_from"] = id;
+           out["copied_from"] = local(id);
            reply(res, 201, out);
          });
 

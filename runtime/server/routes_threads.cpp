@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "metrics.hpp"
+#include "auth.hpp"
 #include "router.hpp"
 #include "core/logging.hpp"
 #include "spindle/messages/error.hpp"
@@ -162,7 +163,7 @@ exchange_request message_request(const request& req,
   exchange_request x;
   x.thread_id = thread_id;
   x.content = required_string(body, "content");
-  x.user_id = optional_string(body, "user_id").value_or("");
+  x.user_id = scoped_user(req, optional_string(body, "user_id").value_or(""));
   if (auto policy = optional_string(body, "on_conflict")) {
     auto parsed = parse_conflict_policy(*policy);
     if (!parsed)
@@ -188,13 +189,15 @@ void log_exchange(request_context& ctx, const exchange_result& r) {
 }
 
 json result_json(const exchange_result& r) {
-  json out{{"thread_id", r.thread_id}, {"reply", r.reply}, {"turns", r.turns}};
+  json out{{"thread_id", local(r.thread_id)},
+           {"reply", r.reply},
+           {"turns", r.turns}};
   if (!r.tool_calls.empty())
     out["tool_calls"] = json::parse(tool_calls_to_json(r.tool_calls));
   if (r.created)
     out["created"] = true;
   if (!r.forked_from.empty())
-    out["forked_from"] = r.forked_from;
+    out["forked_from"] = local(r.forked_from);
   if (r.interrupted)
     out["interrupted"] = true;
   if (r.cancelled)
@@ -219,7 +222,7 @@ void add_thread_routes(router& r) {
              throw api_error{409, "conflict",
                              "no message is running on thread '" + id
                                + "' (or its reply was cancelled already)"};
-           reply(res, 200, {{"thread_id", id}, {"cancelled", true}});
+           reply(res, 200, {{"thread_id", local(id)}, {"cancelled", true}});
          });
 
   r.post_async(
@@ -249,8 +252,8 @@ void add_thread_routes(router& r) {
     [&r](std::shared_ptr<async_call> call) {
       auto x = message_request(call->req(), path_thread(call->req(), true));
       // A new thread gets its ID here, so the first event can carry it.
-      if (x.thread_id == "new")
-        x.thread_id = make_uuid_v4();
+      if (local(x.thread_id) == "new")
+        x.thread_id = who(call->req()).qualify(make_uuid_v4());
       call->ctx.log["thread_id"] = x.thread_id;
       auto requested = x.thread_id;
       auto* metrics = &r.metrics();
@@ -261,7 +264,7 @@ void add_thread_routes(router& r) {
         call->ctx.log["streamed"] = true;
         call->begin_stream(200, "text/event-stream",
                            {{"Cache-Control", "no-cache"}});
-        call->write(sse("thread", {{"thread_id", requested}}));
+        call->write(sse("thread", {{"thread_id", local(requested)}}));
       };
       cb.on_delta = [call](std::string_view delta) {
         // False stops the generation: nobody is listening.
@@ -296,7 +299,7 @@ void add_thread_routes(router& r) {
           return;
         // Before the stream started: an ordinary error reply (a no-op once
         // streaming); after: an `error` event ends the stream.
-        auto e = to_api_error(result.error());
+        auto e = scrubbed(to_api_error(result.error()), call->req());
         call->fail(e);
         call->write(sse("error", {{"error", {{"code", e.code},
                                              {"message", e.message}}}}));
@@ -327,7 +330,7 @@ void add_thread_routes(router& r) {
           ctx.log["found_or_created"] = "found";
           auto& sum = window->summary;
           reply(res, 200,
-                {{"thread_id", id},
+                {{"thread_id", local(id)},
                  {"turns", turns_json(window->turns)},
                  {"total_turns", window->total_turns},
                  {"summary", sum.upto == 0
@@ -363,7 +366,7 @@ void add_thread_routes(router& r) {
            if (!count)
              fail(count.error());
            ctx.log["appended"] = appended;
-           reply(res, 200, {{"thread_id", id},
+           reply(res, 200, {{"thread_id", local(id)},
                             {"appended", appended},
                             {"turns", *count}});
          });
@@ -376,7 +379,7 @@ void add_thread_routes(router& r) {
           auto cleared = r.rt().clear_thread(id);
           if (!cleared)
             fail(cleared.error());
-          reply(res, 200, {{"thread_id", id}, {"cleared", *cleared}});
+          reply(res, 200, {{"thread_id", local(id)}, {"cleared", *cleared}});
         });
 
   r.post(R"(/v1/threads/([^/]+)/context)", "POST /v1/threads/{id}/context",
@@ -386,7 +389,8 @@ void add_thread_routes(router& r) {
            auto body = parse_body(req, {"content", "user_id", "max_turns",
                                         "max_context_tokens"});
            auto content = required_string(body, "content");
-           auto user = optional_string(body, "user_id").value_or("");
+           auto user = scoped_user(
+             req, optional_string(body, "user_id").value_or(""));
            build_options opts;
            opts.max_turns = max_turns_of(optional_int(body, "max_turns"),
                                          builder_default_max_turns);
@@ -400,7 +404,7 @@ void add_thread_routes(router& r) {
            ctx.log["found_or_created"] = built->thread_found ? "found"
                                                              : "not_found";
            reply(res, 200,
-                 {{"thread_id", id},
+                 {{"thread_id", local(id)},
                   {"messages", messages_json(built->messages)},
                   {"short_term_history", turns_json(built->short_term_history)},
                   {"memory_snippet", built->memory_snippet},

@@ -13,6 +13,7 @@
 #include "spindle/actors/event_log.hpp"
 #include "http_server.hpp"
 #include "idempotency.hpp"
+#include "tenancy/tenant_store.hpp"
 #include "metrics.hpp"
 #include "recorder.hpp"
 #include "router.hpp"
@@ -394,6 +395,7 @@ server::server(runtime& rt, server_options options)
   http::add_event_routes(r);
   http::add_openai_routes(r);
   http::add_token_routes(r);
+  http::add_tenant_routes(r);
   // A retry with the same Idempotency-Key gets the first answer.
   for (auto* route :
        {"POST /v1/threads/{id}/messages",
@@ -488,6 +490,20 @@ void server::add_connection_gauges() {
       return out;
     });
   impl_->metrics.add_gauge(
+    "spindle_key_authentications",
+    "Requests authenticated by a tenant's key since the start, by where "
+    "the key was found: the cache of keys in use, or the store",
+    [this] {
+      http_metrics::samples out;
+      if (auto tenants = impl_->routes.tenants()) {
+        out.push_back({{{"source", "cache"}},
+                       static_cast<double>(tenants->cache_hits())});
+        out.push_back({{{"source", "store"}},
+                       static_cast<double>(tenants->cache_misses())});
+      }
+      return out;
+    });
+  impl_->metrics.add_gauge(
     "spindle_http_loop_connections",
     "HTTP connections open now on each event loop (a loop takes up to 16 "
     "before the next gets one)",
@@ -512,6 +528,12 @@ caf::expected<int> server::bind() {
   if (!keys)
     return keys.error();
   impl_->routes.set_idempotency(std::move(*keys));
+  if (!opts.admin_token.empty()) {
+    auto tenants = tenancy::tenant_store::open(impl_->rt.options().storage);
+    if (!tenants)
+      return tenants.error();
+    impl_->routes.set_tenants(std::move(*tenants));
+  }
   auto port = impl_->http->listen(opts.bind, opts.port);
   if (port)
     impl_->address = opts.bind + ":" + std::to_string(*port);

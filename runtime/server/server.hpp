@@ -25,6 +25,10 @@ struct server_options {
   /// When set, every route but /healthz and the console's page and files
   /// requires `Authorization: Bearer <token>`.
   std::string token;
+  /// When set, tenancy is on (docs/tenants.md): this token manages tenants
+  /// and keys, every other request needs a tenant's key, and each acts in
+  /// its tenant only. `token` is then not used.
+  std::string admin_token;
   /// Largest request body accepted; larger ones get 413.
   size_t body_limit = 1024 * 1024;
   /// Event-loop threads holding the connections; 0: one per core. Ignored

@@ -1,19 +1,23 @@
 #!/usr/bin/env python3
 """Property-based HTTP fuzzer of `spindle serve`, driven by docs/openapi.yaml.
 
-Starts its own server (a free loopback port, a token, --data :memory:, the
-offline provider), sends --requests generated requests round robin over every
-operation of the document, valid ones and invalid ones, and checks each answer
-against the document:
+Starts its own server (a free loopback port, --admin-token, so tenancy is on,
+--data :memory:, the offline provider), sends --requests generated requests
+round robin over every operation of the document, valid ones and invalid ones,
+as the admin token (with `Spindle-Tenant: default` on the routes of a tenant's
+data) or as a key of a tenant it makes, and checks each answer against the
+document:
 
   * no 5xx, except a 503/504 the operation declares (counted apart); a 500
     always fails, and so do a hang, a crash and a connection dropped unanswered;
   * the status is declared for the operation, or is one of the refusals every
     request may get before routing (info.description);
   * an invalid request gets a 4xx whose body is an `Error` (401 for a missing
-    or wrong token, 400 `unknown_field` for an unknown field, 400 `malformed`
-    for a body that is not JSON or not an object, 422 for a reused
-    Idempotency-Key, 413/414/431 with `Connection: close` before routing);
+    or wrong token, 403 for a token the route is not for or a Spindle-Tenant
+    it may not name, 404 for a Spindle-Tenant that names no tenant, 400
+    `unknown_field` for an unknown field, 400 `malformed` for a body that is
+    not JSON or not an object, 422 for a reused Idempotency-Key, 413/414/431
+    with `Connection: close` before routing);
   * a valid request gets a declared status whose body validates against its
     schema; `text/event-stream` bodies are read event by event and each event's
     data is validated against the media type's `x-spindle-events`; declared
@@ -89,11 +93,13 @@ REPLY_RESERVE = 4096           # --reply-tokens default: max_context_tokens must
 ERROR_TYPE_OF_STATUS = {400: "invalid_request_error", 413: "invalid_request_error",
                         414: "invalid_request_error", 422: "invalid_request_error",
                         431: "invalid_request_error", 401: "authentication_error",
-                        404: "not_found_error", 409: "conflict_error", 504: "timeout_error"}
+                        403: "permission_error", 404: "not_found_error", 409: "conflict_error",
+                        504: "timeout_error"}
 # ErrorCode's description: the statuses each code comes with.
 STATUS_OF_CODE = {
     "malformed": {400}, "unknown_field": {400}, "invalid_argument": {400}, "invalid_id": {400},
-    "unauthorized": {401}, "not_found": {404}, "conflict": {409}, "exhausted": {409},
+    "unauthorized": {401}, "permission_denied": {403}, "not_found": {404}, "conflict": {409},
+    "exhausted": {409},
     "already_exists": {409}, "lease_lost": {409}, "too_large": {413, 414, 431},
     "idempotency_mismatch": {422}, "capacity_exceeded": {422}, "storage_failure": {500},
     "io_failure": {500}, "internal": {500}, "upstream_failure": {502}, "unavailable": {503},
@@ -119,6 +125,8 @@ SEMANTIC_REFUSALS = {
     "claimTask": {(400, "invalid_argument")},
     "createSubtask": {(400, "invalid_id")},
     "createChatCompletion": {(400, "invalid_argument"), (413, "too_large")},
+    "createTenant": {(413, "too_large")},     # 100000 tenants (never near in a run)
+    "createKey": {(413, "too_large")},        # 1000 keys in the tenant (a long run's key tenant)
 }
 
 EVENT_TYPES = ["task.created", "task.claimed", "task.completed", "task.failed",
@@ -138,8 +146,18 @@ INVALID_KINDS = [
     ("not_json", 6), ("not_object", 6), ("invalid_utf8", 3), ("bad_query", 10),
     ("bad_path", 6), ("bad_header", 5), ("auth_missing", 5), ("auth_wrong", 5),
     ("idem_mismatch", 4), ("body_too_large", 1), ("uri_too_long", 1), ("too_many_headers", 1),
-    ("malformed_http", 1), ("wrong_method", 2),
+    ("malformed_http", 1), ("wrong_method", 2), ("tenant_header", 5), ("wrong_principal", 5),
+    ("default_tenant", 2),
 ]
+
+# Who sends a request (docs/tenants.md, "Who a request acts for"): the server
+# runs with --admin-token, so tenancy is on.
+#   admin      the admin token; `Spindle-Tenant: default` on a route of a tenant's data
+#   key        a key of the fuzzer's own tenant, every scope but keys:admin
+#   admin@key  the admin token acting in that tenant (`Spindle-Tenant: <its id>`)
+# The key's tenant has no orchestration (403): its principals never send those.
+PRINCIPAL_WEIGHTS = (("admin", 0.7), ("key", 0.2), ("admin@key", 0.1))
+MAX_LIVE_TENANTS = 300         # tenants the fuzzer made and did not delete (the server takes 100000)
 
 
 class GenError(Exception):
@@ -182,6 +200,22 @@ class Operation:
         sec = op.get("security", spec.doc.get("security", []))
         self.secured = bool(sec) and any(bool(s) for s in sec)
         self.idempotent = any(p["name"] == "Idempotency-Key" for _, p in self.header_params)
+        # A route of a tenant's data: the admin token must name a tenant there.
+        self.tenant_data = any(p["name"] == "Spindle-Tenant" for _, p in self.header_params)
+        # Orchestration serves the default tenant only (tenants.md, "What is not per tenant yet").
+        self.tasks = self.tenant_data and (path.startswith(("/v1/orchestrations", "/v1/tasks"))
+                                           or path == "/v1/ids")
+        # Who may send it with tenancy on (runtime/server/auth.cpp, rule_of).
+        if not self.secured:
+            self.access = "open"
+        elif self.tenant_data:
+            self.access = "tasks" if self.tasks else "tenant"
+        elif path.startswith("/v1/keys/") or path.endswith("/keys"):
+            self.access = "tenant_admin"   # the admin token, or a key with keys:admin
+        elif path == "/v1/tokens/count":
+            self.access = "any"            # any valid key
+        else:
+            self.access = "admin"          # the admin token only
         d400 = self.responses.get(400, {}).get("description", "")
         # "unknown_field`: another query parameter" or "a query parameter (the route takes none)"
         self.refuses_unknown_query = "query parameter" in d400 and "unknown_field" in d400
@@ -1031,6 +1065,7 @@ class Request:
         self.json_body = None     # the JSON value of the body, when it is one
         self.chunked = False      # send the body with Transfer-Encoding: chunked
         self.raw_override = None  # bytes sent instead (a request that is not HTTP)
+        self.principal = "admin"  # whose pools it was drawn from (PRINCIPAL_WEIGHTS)
 
     def target(self):
         if self.raw_target is not None:
@@ -1128,7 +1163,7 @@ class Server:
                 pass
 
         self.proc = subprocess.Popen(
-            [self.binary, "serve", "--port", "0", "--bind", "127.0.0.1", "--token", self.token,
+            [self.binary, "serve", "--port", "0", "--bind", "127.0.0.1", "--admin-token", self.token,
              "--data", ":memory:", "--log-level", "warn", "--llm", "offline",
              "--idempotency-retention", "600", "--llm-delta-delay-ms", "2"],
             stdin=subprocess.DEVNULL, stdout=out, stderr=err, preexec_fn=child_setup)
@@ -1217,6 +1252,41 @@ class Pools:
         self.gone_threads.append(tid)
 
 
+class Tenancy:
+    """Tenants and keys the fuzzer made (server-wide, not a principal's)."""
+
+    def __init__(self):
+        self.live = collections.OrderedDict()        # tenant id -> name, made and not deleted
+        self.gone = collections.deque(maxlen=16)     # tenant ids deleted
+        self.keys = collections.OrderedDict()        # key id -> (tenant, secret), not revoked
+        self.revoked = collections.deque(maxlen=16)  # key ids revoked
+        self.revoked_secrets = collections.deque(maxlen=16)
+        self.key_tenant = None                       # the tenant whose key the fuzzer acts with
+        self.key_tenant_name = None
+        self.key_secret = None
+        self.key_id = None
+        self.names = 0                               # makes tenant names unique
+
+    def add_key(self, kid, tenant, secret):
+        if kid == self.key_id:
+            return
+        self.keys[kid] = (tenant, secret)
+        while len(self.keys) > 256:   # forgotten, not revoked: a tenant holds at most 1000
+            self.keys.popitem(last=False)
+
+    def revoke_key(self, kid):
+        got = self.keys.pop(kid, None)
+        self.revoked.append(kid)
+        if got is not None:
+            self.revoked_secrets.append(got[1])
+
+    def drop_tenant(self, tid):
+        self.live.pop(tid, None)
+        self.gone.append(tid)
+        for kid in [k for k, (t, _) in self.keys.items() if t == tid]:
+            self.revoke_key(kid)   # deleting a tenant revokes its keys
+
+
 class Stats:
     def __init__(self, ops):
         self.total = 0
@@ -1236,6 +1306,7 @@ class Stats:
         self.valid_refused = collections.Counter()
         self.refused_example = {}
         self.busy = collections.Counter()
+        self.per_principal = collections.Counter()
 
 
 class Fuzzer:
@@ -1245,7 +1316,11 @@ class Fuzzer:
         self.seed = seed
         self.log = log
         self.gen = Gen(spec, RegexGen())
-        self.pools = Pools()
+        # Each tenant its own pools: another tenant's thread is a missing one.
+        self.pools_of = {"default": Pools(), "key": Pools()}
+        self.principal = "admin"
+        self.pools = self.pools_of["default"]
+        self.ten = Tenancy()
         self.stats = Stats(spec.ops)
         self.conn = None
         self.base = None
@@ -1262,8 +1337,35 @@ class Fuzzer:
         self.base = "http://" + self.host
         self.conn = Conn("127.0.0.1", self.server.port)
 
-    def auth(self):
-        return {"Authorization": "Bearer " + self.server.token}
+    def use(self, principal):
+        """Draw and learn as `principal`, from its tenant's pools."""
+        if principal != "admin" and not self.ten.key_secret:
+            principal = "admin"   # the setup could not make the key: the admin token only
+        self.principal = principal
+        self.pools = self.pools_of["default" if principal == "admin" else "key"]
+        return principal
+
+    def auth(self, op=None, principal=None):
+        """The headers that authenticate a valid request of `op` as `principal`."""
+        principal = principal or self.principal
+        if principal == "key" and self.ten.key_secret:
+            return {"Authorization": "Bearer " + self.ten.key_secret}
+        h = {"Authorization": "Bearer " + self.server.token}
+        if op is not None and op.tenant_data:
+            h["Spindle-Tenant"] = self.ten.key_tenant if principal == "admin@key" else "default"
+        return h
+
+    def pick_principal(self, i, op):
+        if op.access not in ("tenant", "any") or not self.ten.key_secret:
+            return "admin"
+        r = random.Random((self.seed * 7919 + i) ^ 0x7E4A47).random()
+        for name, w in PRINCIPAL_WEIGHTS:
+            if r < w:
+                break
+            r -= w
+        if op.access == "any" and name == "admin@key":
+            name = "key"
+        return name
 
     def send(self, req, timeout=REQUEST_TIMEOUT):
         raw = req.raw(self.host)
@@ -1358,6 +1460,18 @@ class Fuzzer:
             for name, _, eid in resp.events:
                 if eid:
                     p.event_ids.append(eid)
+        elif opid == "createTenant" and isinstance(body, dict) and body.get("id"):
+            self.ten.live[body["id"]] = body.get("name")
+        elif opid == "updateTenant" and isinstance(body, dict) and body.get("id") in self.ten.live:
+            self.ten.live[body["id"]] = body.get("name")
+        elif opid == "updateTenant" and isinstance(body, dict) and body.get("id") == self.ten.key_tenant:
+            self.ten.key_tenant_name = body.get("name")
+        elif opid == "deleteTenant" and isinstance(body, dict) and body.get("id"):
+            self.ten.drop_tenant(body["id"])
+        elif opid == "createKey" and isinstance(body, dict) and body.get("id"):
+            self.ten.add_key(body["id"], body.get("tenant"), body.get("key"))
+        elif opid == "revokeKey" and isinstance(body, dict) and body.get("id"):
+            self.ten.revoke_key(body["id"])
         elif opid in ("getConsole", "getConsoleFile"):
             et = resp.header("etag")
             if et:
@@ -1446,7 +1560,10 @@ class Fuzzer:
             elif exp.get("code") and st == 400 and code not in exp["code"]:
                 problems.append("an invalid request (%s: %s) got 400 %s, expected %s" % (
                     req.kind, req.note, code, "/".join(sorted(exp["code"]))))
-            elif exp.get("param") and isinstance(err, dict) and st == 400 and \
+            elif st in exp.get("code_of", {}) and code not in exp["code_of"][st]:
+                problems.append("an invalid request (%s: %s) got %d %s, expected %s" % (
+                    req.kind, req.note, st, code, "/".join(sorted(exp["code_of"][st]))))
+            elif exp.get("param") and isinstance(err, dict) and st in exp.get("status", {400}) and \
                     err.get("error", {}).get("param") != exp["param"]:
                 problems.append("an invalid request (%s: %s) got param %r, expected %r" % (
                     req.kind, req.note, err.get("error", {}).get("param"), exp["param"]))
@@ -1671,12 +1788,39 @@ class Fuzzer:
                   "task": i.startswith(str(req.json_body.get("parent")) + ("_t" if len(str(req.json_body.get("parent"))) == 4 else "."))}.get(kind)
             if not ok:
                 out.append("issued %r for kind %r" % (i, kind))
+        rb = req.json_body if isinstance(req.json_body, dict) else {}
+        if op in ("getTenant", "updateTenant", "deleteTenant", "revokeKey") and b.get("id") != pid:
+            out.append("%s answered %r for %r" % (op, b.get("id"), pid))
+        if op == "listTenants" and "default" not in [t.get("id") for t in b.get("data", [])]:
+            out.append("the tenant list lacks `default`")
+        if op in ("createTenant", "updateTenant"):
+            if "name" in rb and b.get("name") != rb["name"]:
+                out.append("tenant named %r, asked for %r" % (b.get("name"), rb["name"]))
+            if rb.get("weight") is not None and b.get("weight") != rb["weight"]:
+                out.append("tenant weight %r, asked for %r" % (b.get("weight"), rb["weight"]))
+            if op == "createTenant" and rb.get("weight") is None and b.get("weight") != 1:
+                out.append("a new tenant without a weight has weight %r, not 1" % b.get("weight"))
+        if op == "createKey":
+            if b.get("tenant") != pid:
+                out.append("a key of tenant %r made for %r" % (b.get("tenant"), pid))
+            # without `scopes`: every scope but keys:admin (the Scope enum)
+            want = set(rb["scopes"]) if rb.get("scopes") is not None else \
+                set(self.spec.doc["components"]["schemas"]["Scope"]["enum"]) - {"keys:admin"}
+            if set(b.get("scopes", [])) != want:
+                out.append("key scopes %s, asked for %s" % (sorted(b.get("scopes", [])), sorted(want)))
+            if not str(b.get("key", "")).startswith(str(b.get("prefix"))):
+                out.append("key prefix %r is not the secret's start" % b.get("prefix"))
+            if (b.get("expires_at") is None) != (rb.get("expires_in_s") is None):
+                out.append("expires_at %r for expires_in_s %r" % (b.get("expires_at"), rb.get("expires_in_s")))
+        if op == "listKeys" and any(k.get("tenant") != pid for k in b.get("data", [])):
+            out.append("tenant %r lists keys of another tenant" % pid)
         return out
 
     # -- running one request
     def run(self, req, setup=False):
         st = self.stats
         st.total += 1
+        self.use(req.principal)
         if setup:
             st.setup += 1
         else:
@@ -1684,12 +1828,14 @@ class Fuzzer:
             o["requests"] += 1
             o["valid" if req.kind in ("valid", "replay") else "invalid"] += 1
             st.per_kind[req.kind] += 1
+            st.per_principal["%s %s" % (req.principal, "valid" if req.kind in ("valid", "replay")
+                                        else "invalid")] += 1
         side = None
         if req.ids.get("busy"):
-            side = self.start_side(req.ids["busy"])
+            side = self.start_side(req.ids["busy"], req.principal)
         snap = None
         if req.ids.get("snapshot"):
-            snap = self.thread_snapshot(req.ids["snapshot"])
+            snap = self.thread_snapshot(req.ids["snapshot"], req.principal)
         try:
             resp = self.send(req)
         except (Transport, OSError) as e:
@@ -1705,8 +1851,9 @@ class Fuzzer:
             return None
         st.per_status[resp.status] += 1
         if self.trace:
-            self.trace.write("%d %s %s %s %s -> %d %s\n" % (
-                self.current_i, req.kind, req.method, req.target()[:300],
+            self.trace.write("%d %s%s %s %s %s -> %d %s\n" % (
+                self.current_i, req.kind, "" if req.principal == "admin" else "@" + req.principal,
+                req.method, req.target()[:300],
                 (req.body or b"")[:300].decode("utf-8", "replace").replace("\n", " "), resp.status,
                 resp.body[:300].decode("utf-8", "replace").replace("\n", " ")))
         if not setup:
@@ -1726,7 +1873,7 @@ class Fuzzer:
         if req.kind == "valid" or setup:   # a replay's answer is the past's: it teaches nothing
             self.learn(req, resp)
         if snap is not None and 400 <= resp.status < 500:
-            after = self.thread_snapshot(req.ids["snapshot"])
+            after = self.thread_snapshot(req.ids["snapshot"], req.principal)
             if after is not None and after != snap:
                 self.fail(req, "a request refused with %d changed its thread: %s, then %s" % (
                     resp.status, snap, after), resp)
@@ -1734,10 +1881,11 @@ class Fuzzer:
             self.finish_side(side, req, resp)
         return resp
 
-    def thread_snapshot(self, tid):
+    def thread_snapshot(self, tid, principal):
         """The thread as GET /v1/threads/{id} shows it (an extra, checked request)."""
         op = self.ops_by_id["getThread"]
-        req = self.json_req(op, "valid", "/v1/threads/%s" % urllib.parse.quote(tid, safe=":@+"), _NO_BODY)
+        req = self.json_req(op, "valid", "/v1/threads/%s" % urllib.parse.quote(tid, safe=":@+"), _NO_BODY,
+                            principal=principal)
         self.stats.total += 1
         self.stats.aux += 1
         try:
@@ -1757,10 +1905,11 @@ class Fuzzer:
         except ValueError:
             return None
 
-    def start_side(self, tid):
+    def start_side(self, tid, principal):
         op = self.ops_by_id["streamMessage"]
         req = self.json_req(op, "valid", "/v1/threads/%s/messages/stream" % urllib.parse.quote(tid, safe=":@+"),
-                            {"content": "keep the thread busy " * 3}, headers={"Connection": "close"})
+                            {"content": "keep the thread busy " * 3}, headers={"Connection": "close"},
+                            principal=principal)
         self.stats.total += 1
         self.stats.aux += 1
         try:
@@ -1812,8 +1961,9 @@ class Fuzzer:
     def rng_for(self, i):
         return random.Random((self.seed * 1000003 + i) & 0xFFFFFFFFFFFF)
 
-    def json_req(self, op, kind, path, body, query=None, headers=None):
-        h = self.auth()
+    def json_req(self, op, kind, path, body, query=None, headers=None, principal=None):
+        principal = principal or self.principal
+        h = self.auth(op, principal)
         h.update(headers or {})
         data = None
         if body is not _NO_BODY:
@@ -1821,6 +1971,7 @@ class Fuzzer:
             h["Content-Type"] = "application/json"
         r = Request(op, kind, op.method, path, query, h, data)
         r.json_body = None if body is _NO_BODY else body
+        r.principal = principal
         return r
 
     def path_value(self, rng, op, name, p, valid=True):
@@ -1850,9 +2001,58 @@ class Fuzzer:
             if r < 0.85 and pools.console_files:
                 return rng.choice(pools.console_files), True
             return self.gen.string(rng, {"pattern": "^[a-z]{1,8}\\.(js|css|html|svg|txt)$"}), False
+        elif name == "TenantId":
+            return self.tenant_value(rng, op, schema)
+        elif name == "KeyId":
+            keys = list(self.ten.keys)
+            if keys and r < 0.8:
+                return rng.choice(keys), True
+            if self.ten.revoked and r < 0.85:
+                return rng.choice(list(self.ten.revoked)), False
+            return self.gen.draw(rng, schema), False
         if live and rng.random() < 0.8:
             return rng.choice(live), True
         return self.gen.draw(rng, schema), False
+
+    def fresh_tenant_id(self, rng):
+        """A tenant ID no tenant has (made ones are `t` and 11 characters)."""
+        ten = self.ten
+        for _ in range(20):
+            v = rng.choice(["t" + self.gen.string(rng, {"pattern": "^[a-z0-9]{11}$"}),
+                            self.gen.string(rng, {"pattern": "^[a-z0-9]{1,32}$"})])
+            if v != "default" and v not in ten.live and v != ten.key_tenant:
+                return v
+        return "nosuchtenant0"
+
+    def tenant_value(self, rng, op, schema):
+        """A tenant of the path: mostly one the fuzzer made, never `default` or the
+        key's tenant for a delete (those are the invalid kind default_tenant's)."""
+        ten = self.ten
+        live = list(ten.live)
+        r = rng.random()
+        if op.id == "deleteTenant":
+            if live and (r < 0.85 or len(live) > MAX_LIVE_TENANTS):
+                return rng.choice(live), True
+            if ten.gone and r < 0.9:
+                return rng.choice(list(ten.gone)), False
+            return self.fresh_tenant_id(rng), False
+        if live and r < 0.55:
+            return rng.choice(live), True
+        if ten.key_tenant and r < 0.65:
+            return ten.key_tenant, True
+        if r < 0.8:
+            return "default", True
+        if ten.gone and r < 0.85:
+            return rng.choice(list(ten.gone)), False
+        return self.fresh_tenant_id(rng), False
+
+    def tenant_name(self, rng, drawn=None):
+        """A name no tenant has: the drawn one with `-N` at its end."""
+        self.ten.names += 1
+        suffix = "-%d" % self.ten.names
+        if not isinstance(drawn, str):
+            drawn = self.gen.string(rng, {"pattern": "^[A-Za-z0-9._-][A-Za-z0-9 ._-]{0,20}$"})
+        return drawn[:64 - len(suffix)].rstrip(" ") + suffix
 
     def build_valid(self, rng, op, kind="valid"):
         fix = getattr(self, "fix_" + op.id, None)
@@ -1879,6 +2079,11 @@ class Fuzzer:
             elif p["name"] == "If-None-Match":
                 if rng.random() < 0.4:
                     headers["If-None-Match"] = self.pools.etags.get(path, '"%016x"' % rng.getrandbits(64))
+            elif p["name"] == "Spindle-Tenant":
+                # Set by auth(): the admin token names `default` (or the key's tenant);
+                # a key may name its own tenant, or send none.
+                if self.principal == "key" and rng.random() < 0.3:
+                    headers["Spindle-Tenant"] = self.ten.key_tenant
             elif rng.random() < 0.3:
                 headers[p["name"]] = self.gen.draw(rng, p.get("schema", {}))
         # body
@@ -2141,6 +2346,28 @@ class Fuzzer:
                 b["thread_id"] = tid
                 req.headers["Spindle-Thread-Id"] = tid
 
+    def fix_createTenant(self, rng, req):
+        b = req.json_body
+        names = [n for n in list(self.ten.live.values()) + [self.ten.key_tenant_name] if n]
+        if names and rng.random() < 0.04:
+            b["name"] = rng.choice(names)        # taken: 409 conflict, declared
+        else:
+            b["name"] = self.tenant_name(rng, b.get("name"))
+
+    def fix_updateTenant(self, rng, req):
+        b = req.json_body
+        tid = req.ids.get("id")
+        if tid == "default":
+            b.pop("name", None)                  # `default` keeps its name (kind default_tenant)
+        elif "name" in b:
+            others = [n for t, n in self.ten.live.items() if n and t != tid]
+            if others and rng.random() < 0.04:
+                b["name"] = rng.choice(others)   # another tenant's: 409 conflict, declared
+            else:
+                b["name"] = self.tenant_name(rng, b.get("name"))
+        if not b:
+            b["weight"] = rng.choice([None, 1, rng.randint(1, 1000), 1000])
+
     # -- invalid requests
     def build_invalid(self, rng, op, kind):
         """An invalid request of `kind`, or None when the kind does not apply to `op`."""
@@ -2239,7 +2466,7 @@ class Fuzzer:
                 return None
             return req
         if kind == "bad_header":
-            names = [p["name"] for _, p in op.header_params if p["name"] != "If-None-Match"]
+            names = [p["name"] for _, p in op.header_params if p["name"] not in ("If-None-Match", "Spindle-Tenant")]
             if not names:
                 return None
             name = rng.choice(names)
@@ -2271,11 +2498,86 @@ class Fuzzer:
                 del req.headers["Authorization"]
                 req.note = "no Authorization header"
             else:
-                req.headers["Authorization"] = rng.choice(
-                    ["Bearer wrong", "Bearer " + self.server.token + "x", "Basic " + self.server.token,
-                     "bearer", "Bearer", "Token " + self.server.token, "Bearer  " + self.server.token[:-1]])
+                wrong = ["Bearer wrong", "Bearer " + self.server.token + "x", "Basic " + self.server.token,
+                         "bearer", "Bearer", "Token " + self.server.token, "Bearer  " + self.server.token[:-1],
+                         "Bearer spk_" + "A" * 40]
+                if self.ten.key_secret:
+                    wrong += ["Bearer " + self.ten.key_secret[:-1], "Basic " + self.ten.key_secret]
+                if self.ten.revoked_secrets:   # revoked, or its tenant deleted
+                    wrong.append("Bearer " + rng.choice(list(self.ten.revoked_secrets)))
+                req.headers["Authorization"] = rng.choice(wrong)
                 req.note = "Authorization: %s" % req.headers["Authorization"]
             req.expect = {"status": {401}}
+            return req
+        if kind == "tenant_header":
+            # Spindle-Tenant (tenants.md, "Who a request acts for")
+            if not op.tenant_data:
+                return None
+            pp = {"status": {403}, "code_of": {403: {"permission_denied"}}}
+            if req.principal == "key":
+                # a key names another tenant (or one that does not exist): 403, param Spindle-Tenant
+                v = rng.choice(["default", self.fresh_tenant_id(rng)] + list(self.ten.live)[-4:])
+                req.headers["Spindle-Tenant"] = v
+                req.note = "a key with Spindle-Tenant: %s, not its tenant" % v
+                req.expect = dict(pp, param="Spindle-Tenant")
+                return req
+            r = rng.random()
+            if r < 0.3:
+                req.headers.pop("Spindle-Tenant", None)
+                req.note = "the admin token without Spindle-Tenant"
+                req.expect = pp
+            elif r < 0.8:
+                v = rng.choice(list(self.ten.gone)) if self.ten.gone and rng.random() < 0.3 \
+                    else self.fresh_tenant_id(rng)
+                req.headers["Spindle-Tenant"] = v
+                req.note = "Spindle-Tenant: %s, no tenant" % v
+                req.expect = {"status": {404}, "code_of": {404: {"not_found"}}, "param": "Spindle-Tenant"}
+            else:
+                v = rng.choice(["Default", "DEFAULT", "a b", "x" * 33, "t-1", "t_1", "t.x", "t~x"])
+                req.headers["Spindle-Tenant"] = v
+                req.note = "Spindle-Tenant: %r, off its pattern" % v
+                req.expect = {"status": {400, 404}, "param": "Spindle-Tenant"}
+            return req
+        if kind == "wrong_principal":
+            # A valid token on a route it may not use: 403 permission_denied.
+            exp = {"status": {403}, "code_of": {403: {"permission_denied"}}}
+            if op.access in ("admin", "tenant_admin", "tasks") and self.ten.key_secret:
+                if op.access == "tasks" and rng.random() < 0.4:
+                    # the admin token in the key's tenant: it has no orchestration
+                    req.headers["Authorization"] = "Bearer " + self.server.token
+                    req.headers["Spindle-Tenant"] = self.ten.key_tenant
+                    req.note = "the admin token in tenant %s, not default" % self.ten.key_tenant
+                else:
+                    req.headers["Authorization"] = "Bearer " + self.ten.key_secret
+                    req.headers.pop("Spindle-Tenant", None)
+                    req.note = "a tenant's key (without keys:admin) on a route %s" % {
+                        "admin": "for the admin token", "tenant_admin": "for keys:admin",
+                        "tasks": "of orchestration (the default tenant's only)"}[op.access]
+                if op.access == "tenant_admin":
+                    exp["param"] = "keys:admin"
+                req.expect = exp
+                return req
+            if op.access == "tenant":
+                req.headers["Authorization"] = "Bearer " + self.server.token
+                req.headers.pop("Spindle-Tenant", None)
+                req.note = "the admin token without Spindle-Tenant"
+                req.expect = exp
+                return req
+            return None
+        if kind == "default_tenant":
+            # What the tenant `default` refuses (api.md, "Tenants and keys")
+            if op.id == "deleteTenant":
+                req.note = "DELETE of the tenant default"
+            elif op.id == "updateTenant":
+                if not isinstance(req.json_body, dict):
+                    return None
+                req.json_body["name"] = self.tenant_name(rng)
+                self.set_body(req, req.json_body)
+                req.note = "a new name for the tenant default"
+            else:
+                return None
+            req.path = op.path.replace("{id}", "default")
+            req.expect = {"status": {400}, "code": {"invalid_argument"}}
             return req
         if kind == "idem_mismatch":
             prior = self.recent_keys(op)
@@ -2505,6 +2807,7 @@ class Fuzzer:
         key, first, first_resp, _ = rng.choice(prior)
         req = Request(op, "replay", first.method, first.path, list(first.query), dict(first.headers), first.body)
         req.json_body = first.json_body
+        req.principal = first.principal
         req.ids = {"first": first_resp}
         return req
 
@@ -2512,12 +2815,49 @@ class Fuzzer:
     def setup(self):
         rng = random.Random(self.seed ^ 0x5EED)
 
-        def run(op_id, path, body=_NO_BODY, method=None, query=None, headers=None):
+        def run(op_id, path, body=_NO_BODY, method=None, query=None, headers=None, principal="admin"):
             op = self.ops_by_id[op_id]
-            req = self.json_req(op, "valid", path, body, query, headers)
+            req = self.json_req(op, "valid", path, body, query, headers, principal=principal)
             if method:
                 req.method = method
             return self.run(req, setup=True)
+
+        def answer(resp, status):
+            if resp is None or resp.status != status:
+                return None
+            try:
+                return json.loads(resp.body)
+            except ValueError:
+                return None
+
+        # Tenancy (the server runs with --admin-token): the fuzzer's own tenant and
+        # its key (every scope but keys:admin), a few more tenants with keys.
+        ten = self.ten
+        t = answer(run("createTenant", "/v1/tenants", {"name": "fuzz key tenant"}), 201)
+        if t:
+            ten.live.pop(t["id"], None)
+            k = answer(run("createKey", "/v1/tenants/%s/keys" % t["id"], {}), 201)
+            if k:
+                ten.keys.pop(k["id"], None)
+                ten.key_tenant, ten.key_tenant_name = t["id"], t["name"]
+                ten.key_secret, ten.key_id = k["key"], k["id"]
+        for i in range(3):
+            t = answer(run("createTenant", "/v1/tenants", {"name": self.tenant_name(rng, "fuzz tenant")}), 201)
+            if t:
+                run("createKey", "/v1/tenants/%s/keys" % t["id"], {"name": "k%d" % i, "scopes": ["threads:read"]})
+        if ten.key_secret:
+            for i in range(3):
+                who = "key" if i < 2 else "admin@key"
+                r = answer(run("createThread", "/v1/threads", {"metadata": {"fuzz": "key%d" % i}}, principal=who), 201)
+                if r:
+                    tid = r["thread_id"]
+                    run("sendMessage", "/v1/threads/%s/messages" % tid,
+                        {"content": "hello %d" % i, "user_id": "ku%d" % i}, principal=who)
+                    run("addContextItem", "/v1/threads/%s/items" % tid, {"type": "text", "content": "item %d" % i},
+                        principal=who)
+                    run("createMemory", "/v1/memories", {"content": "remember %d" % i, "user_id": "ku%d" % i},
+                        principal=who)
+                    self.pools_of["key"].memory_users.append("ku%d" % i)
 
         resp = run("getConsole", "/")
         if resp is not None and resp.status == 200:
@@ -2546,6 +2886,7 @@ class Fuzzer:
     # -- the run
     def make(self, i, op):
         rng = self.rng_for(i)
+        self.use(self.pick_principal(i, op))
         r = rng.random()
         if op.idempotent and r < 0.08:
             req = self.build_replay(rng, op)
@@ -2626,6 +2967,7 @@ def summary(fz, elapsed, healthz, exit_status, args):
         "events_seen": dict(sorted(st.events_seen.items())),
         "idempotent_replays": st.replays,
         "busy_thread_streams": dict(st.busy),
+        "per_principal": dict(sorted(st.per_principal.items())),
         "aux_requests": st.aux,
         "valid_refused_as_documented": {k: {"count": n, "example": st.refused_example.get(k)}
                                         for k, n in st.valid_refused.most_common()},
@@ -2645,6 +2987,7 @@ def print_summary(rep, out):
         rep["aux_requests"], rep["elapsed_s"]))
     w("status: %s\n" % ", ".join("%s x%d" % kv for kv in rep["per_status"].items()))
     w("kinds:  %s\n" % ", ".join("%s x%d" % kv for kv in rep["per_kind"].items()))
+    w("who:    %s\n" % ", ".join("%s x%d" % kv for kv in rep["per_principal"].items()))
     w("%-24s %6s %6s %6s %6s %7s  %s\n" % ("operation", "sent", "valid", "2xx", "inval", "secs", "statuses"))
     for opid, o in rep["per_operation"].items():
         w("%-24s %6d %6d %6d %6d %7.2f  %s\n" % (opid, o["requests"], o["valid"], o["valid_2xx"], o["invalid"],

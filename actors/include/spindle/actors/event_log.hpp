@@ -28,6 +28,9 @@ struct event {
   /// about, for filters; empty when it is about neither.
   std::string orchestration;
   std::string thread;
+  /// The tenant it belongs to (docs/tenants.md); empty: the default
+  /// tenant. A subscriber sees only its tenant's events.
+  std::string tenant;
   /// A JSON object.
   std::string data;
   /// The event as a text/event-stream frame (id, event, data), made once

@@ -47,9 +47,39 @@ std::optional<uint64_t> parse_context_id(std::string_view text);
 
 /// Validates a conversation thread ID (D10): 1 to 128 characters of
 /// [A-Za-z0-9._:-], never "." or "..". ("new" is valid here; the HTTP API
-/// gives it the meaning "create one".) Errors: `invalid_id` naming the
-/// problem, with the offending value shortened. This function is thread-safe.
+/// gives it the meaning "create one".) The ID may be qualified by a tenant
+/// (`TENANT~ID`, see `tenant_separator`); its own part follows the rule
+/// above. Errors: `invalid_id` naming the problem, with the offending value
+/// shortened. This function is thread-safe.
 caf::error validate_thread_id(std::string_view id);
+
+/// Validates a thread ID as a client sends it: the rule of
+/// `validate_thread_id` without a tenant (a client's ID never holds the
+/// separator). Thread-safe.
+caf::error validate_client_thread_id(std::string_view id);
+
+/// The separator of a tenant-qualified ID: `TENANT~ID` is the thread or
+/// user `ID` of the tenant `TENANT` (docs/tenants.md, "How data belongs to
+/// a tenant"). IDs a client sends never hold it; the default tenant's IDs
+/// are not qualified.
+inline constexpr char tenant_separator = '~';
+
+/// The most characters a tenant ID has: [a-z0-9], 1 to 32 of them.
+inline constexpr size_t max_tenant_id = 32;
+
+/// True for a tenant ID: 1 to 32 characters of [a-z0-9].
+bool valid_tenant_id(std::string_view id) noexcept;
+
+/// The tenant of a qualified ID (before the separator); empty for an
+/// unqualified one (the default tenant's).
+std::string_view tenant_of_id(std::string_view id) noexcept;
+
+/// The ID as its tenant's clients know it (after the separator).
+std::string_view local_id(std::string_view id) noexcept;
+
+/// `id` qualified by the tenant whose IDs start with `prefix` ("" for the
+/// default tenant, else `TENANT~`).
+std::string qualify_id(std::string_view prefix, std::string_view id);
 
 /// Validates an agent name used in file-system paths (D10): 1 to 64
 /// characters of [A-Za-z0-9._-], not starting with '.' or '-'.

@@ -31,8 +31,12 @@ inline constexpr size_t max_memory_snippet = 2000;
 inline constexpr size_t max_memory_content = 64u * 1024u;
 
 /// Validates a user ID: 1 to 128 characters of [A-Za-z0-9._:@+-], never
-/// "." or "..". Errors: `invalid_id` naming `user_id`. Thread-safe.
+/// "." or "..", optionally qualified by a tenant (`TENANT~ID`, ids.hpp).
+/// Errors: `invalid_id` naming `user_id`. Thread-safe.
 caf::error validate_user_id(std::string_view id);
+
+/// Validates a user ID as a client sends it: without a tenant. Thread-safe.
+caf::error validate_client_user_id(std::string_view id);
 
 /// Where a memory entry belongs: at least one of the two is non-empty.
 struct memory_scope {
@@ -237,8 +241,14 @@ typename Inspector::result_type inspect(Inspector& f, memory_listing& x) {
 /// - `(delete, memory, user_id, thread_id)` deletes every entry of a
 ///   scope (a user's, or a thread's anonymous ones when `user_id` is
 ///   empty) and replies with how many went.
-/// - `(delete, memory, id)` deletes one entry; replies 1, or 0 when there
-///   is none with that ID.
+/// - `(delete, memory, id, tenant)` deletes one entry of `tenant` ("*":
+///   of any tenant; "": of the default tenant, whose IDs are unqualified;
+///   else a tenant's ID prefix, "TENANT~"); replies 1, or 0 when there is
+///   none with that ID (of that tenant).
+/// - `(delete, memory, prefix, dry_run)` deletes every entry of the tenant
+///   whose IDs start with `prefix` ("TENANT~") and replies with how many
+///   went; with `dry_run` it deletes nothing and replies with how many
+///   scopes hold its entries. Reads every entry: for deleting a tenant.
 /// Deletions are committed before the reply, after every store sent
 /// before them; a retrieval sent after the reply never shows what went.
 using memory_actor = caf::typed_actor<
@@ -250,7 +260,10 @@ using memory_actor = caf::typed_actor<
     memory_listing>,
   caf::replies_to<caf::delete_atom, memory_atom, std::string,
                   std::string>::with<uint64_t>,
-  caf::replies_to<caf::delete_atom, memory_atom, int64_t>::with<uint64_t>>;
+  caf::replies_to<caf::delete_atom, memory_atom, int64_t,
+                  std::string>::with<uint64_t>,
+  caf::replies_to<caf::delete_atom, memory_atom, std::string,
+                  bool>::with<uint64_t>>;
 
 /// A retrieval answered on the caller's own thread, without a message and
 /// without waiting: from what a memory reader already keeps, when it keeps

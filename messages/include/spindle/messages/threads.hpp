@@ -382,13 +382,19 @@ struct thread_list_request {
   thread_metadata filters;
   /// Only threads changed after this time (milliseconds; 0: all).
   int64_t updated_after_ms = 0;
+  /// When set, only the threads of one tenant: those qualified by
+  /// `tenant_prefix` (`TENANT~`), or the unqualified ones (the default
+  /// tenant's) when it is empty (ids.hpp, `tenant_separator`).
+  bool scoped = false;
+  std::string tenant_prefix;
 };
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f,
                                         thread_list_request& x) {
   return f(caf::meta::type_name("thread_list_request"), x.limit, x.snapshot,
-           x.after_version, x.after_id, x.filters, x.updated_after_ms);
+           x.after_version, x.after_id, x.filters, x.updated_after_ms,
+           x.scoped, x.tenant_prefix);
 }
 
 /// A page: its threads (current turn counts and metadata), the walk's

@@ -716,6 +716,102 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/tenants": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List tenants
+         * @description Every tenant, the oldest first, the built-in `default` among them. For the admin token.
+         */
+        get: operations["listTenants"];
+        put?: never;
+        /**
+         * Create a tenant
+         * @description A tenant with an ID spindle makes (`t` and 11 characters of `[a-z0-9]`) and no keys yet. For the admin token; there are at most 100000 tenants.
+         */
+        post: operations["createTenant"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/tenants/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get a tenant
+         * @description The tenant object. For the admin token.
+         */
+        get: operations["getTenant"];
+        put?: never;
+        post?: never;
+        /**
+         * Delete a tenant
+         * @description Revokes the tenant's keys (at once on this node, on the other nodes of a cluster within half a second), then deletes its threads, its memories and the answers kept for its `Idempotency-Key`s, then the tenant. A tenant that holds threads or memories is refused unless `force` is `true`; deleting its data waits a second first, so that no node still takes its keys. A failure midway leaves the tenant with its keys revoked: send the request again. The tenant `default` cannot be deleted. For the admin token.
+         */
+        delete: operations["deleteTenant"];
+        options?: never;
+        head?: never;
+        /**
+         * Rename a tenant or change its weight
+         * @description Changes the name, the weight or both; the tenant `default` keeps its name. For the admin token.
+         */
+        patch: operations["updateTenant"];
+        trace?: never;
+    };
+    "/v1/tenants/{id}/keys": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * List a tenant's keys
+         * @description The tenant's keys, the oldest first, without their secrets. For the admin token, or a key of that tenant with the scope `keys:admin`.
+         */
+        get: operations["listKeys"];
+        put?: never;
+        /**
+         * Create a key
+         * @description A key of the tenant. Its secret (`key`) is in this answer only: spindle keeps its SHA-256 and its first 12 characters (`prefix`). For the admin token, or a key of that tenant with the scope `keys:admin`, which cannot give the new key a scope it lacks itself. A tenant holds at most 1000 keys. The body may be empty.
+         */
+        post: operations["createKey"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/keys/{id}": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        post?: never;
+        /**
+         * Revoke a key
+         * @description Revokes the key: this node refuses it at once, the other nodes of a cluster within half a second. For the admin token, or a key of the key's tenant with the scope `keys:admin`.
+         */
+        delete: operations["revokeKey"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -727,10 +823,10 @@ export interface components {
                 /** @description What went wrong, naming the field or value at fault. */
                 message: string;
                 /**
-                 * @description OpenAI's error type, from the status: invalid_request_error (400, 413, 414, 422, 431), authentication_error (401), not_found_error (404), conflict_error (409), timeout_error (504), api_error (other 5xx).
+                 * @description OpenAI's error type, from the status: invalid_request_error (400, 413, 414, 422, 431), authentication_error (401), permission_error (403), not_found_error (404), conflict_error (409), timeout_error (504), api_error (other 5xx).
                  * @enum {string}
                  */
-                type: "invalid_request_error" | "authentication_error" | "not_found_error" | "conflict_error" | "timeout_error" | "api_error";
+                type: "invalid_request_error" | "authentication_error" | "permission_error" | "not_found_error" | "conflict_error" | "timeout_error" | "api_error";
                 /** @description The offending field, query parameter or header (`messages[2].role`, `Idempotency-Key`), or null. */
                 param: string | null;
             };
@@ -746,10 +842,10 @@ export interface components {
             };
         };
         /**
-         * @description 400 `malformed` (not JSON, not an object, invalid UTF-8, a missing or mistyped field, an HTTP request that cannot be parsed), 400 `unknown_field`, 400 `invalid_argument`, 400 `invalid_id`, 401 `unauthorized`, 404 `not_found`, 409 `conflict` / `exhausted` / `already_exists` / `lease_lost`, 413 / 414 / 431 `too_large`, 422 `idempotency_mismatch` / `capacity_exceeded`, 500 `storage_failure` / `io_failure` / `internal`, 502 `upstream_failure`, 503 `unavailable` / `storage_unavailable` / `not_owner`, 504 `timeout`, 507 `storage_full` (docs/errors.md).
+         * @description 400 `malformed` (not JSON, not an object, invalid UTF-8, a missing or mistyped field, an HTTP request that cannot be parsed), 400 `unknown_field`, 400 `invalid_argument`, 400 `invalid_id`, 401 `unauthorized`, 403 `permission_denied`, 404 `not_found`, 409 `conflict` / `exhausted` / `already_exists` / `lease_lost`, 413 / 414 / 431 `too_large`, 422 `idempotency_mismatch` / `capacity_exceeded`, 500 `storage_failure` / `io_failure` / `internal`, 502 `upstream_failure`, 503 `unavailable` / `storage_unavailable` / `not_owner`, 504 `timeout`, 507 `storage_full` (docs/errors.md).
          * @enum {string}
          */
-        ErrorCode: "malformed" | "unknown_field" | "invalid_argument" | "invalid_id" | "unauthorized" | "not_found" | "conflict" | "exhausted" | "already_exists" | "lease_lost" | "too_large" | "idempotency_mismatch" | "capacity_exceeded" | "storage_failure" | "io_failure" | "internal" | "upstream_failure" | "unavailable" | "storage_unavailable" | "not_owner" | "timeout" | "storage_full";
+        ErrorCode: "malformed" | "unknown_field" | "invalid_argument" | "invalid_id" | "unauthorized" | "permission_denied" | "not_found" | "conflict" | "exhausted" | "already_exists" | "lease_lost" | "too_large" | "idempotency_mismatch" | "capacity_exceeded" | "storage_failure" | "io_failure" | "internal" | "upstream_failure" | "unavailable" | "storage_unavailable" | "not_owner" | "timeout" | "storage_full";
         /**
          * Context Item
          * @description A piece of code or text with metadata for LLM context
@@ -1631,10 +1727,177 @@ export interface components {
              */
             interrupted?: true;
         };
+        /** @description A tenant: a share of spindle whose data no other tenant sees. */
+        Tenant: {
+            /**
+             * @description The tenant's ID: `t` and 11 characters of `[a-z0-9]` for a tenant created; `default` for the built-in one, which holds the data written before tenancy was on.
+             * @example default
+             * @example t4q9z2m7k0xa
+             */
+            id: string;
+            /** @constant */
+            object: "tenant";
+            /** @description 1 to 64 characters of `A-Z a-z 0-9`, space, `.`, `_` and `-`, no space first or last; no two tenants have the same. */
+            name: string;
+            /** @description Its share of the model when the upstream is contended, 1 to 1000. */
+            weight: number;
+            /**
+             * Format: int64
+             * @description Milliseconds since the Unix epoch.
+             */
+            created_at: number;
+        };
+        TenantList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["Tenant"][];
+        };
+        TenantCreate: {
+            /** @description 1 to 64 characters of `A-Z a-z 0-9`, space, `.`, `_` and `-`, no space first or last (400 `invalid_argument` otherwise); taken is 409 `conflict`. */
+            name: string;
+            /**
+             * @description Its share of the model when the upstream is contended (400 `invalid_argument` out of range); null: 1.
+             * @default 1
+             */
+            weight?: number | null;
+        };
+        /** @description At least one of `name` and `weight` (400 `malformed` otherwise). */
+        TenantPatch: {
+            /** @description The new name: 1 to 64 characters of `A-Z a-z 0-9`, space, `.`, `_` and `-`, no space first or last (400 `invalid_argument` otherwise, and for the tenant `default`); taken is 409 `conflict`. */
+            name?: string;
+            /** @description The new weight (400 `invalid_argument` out of range); null: unchanged. */
+            weight?: number | null;
+        };
+        TenantDeleted: {
+            /** @description The tenant deleted. */
+            id: string;
+            /** @constant */
+            object: "tenant";
+            /** @constant */
+            deleted: true;
+            /**
+             * Format: int64
+             * @description Its threads deleted.
+             */
+            threads: number;
+            /**
+             * Format: int64
+             * @description Its memory entries deleted.
+             */
+            memories: number;
+            /**
+             * Format: int64
+             * @description Its keys revoked.
+             */
+            keys: number;
+        };
+        /**
+         * @description What a key may do, route by route: `threads:read` (listing and reading threads, their history and context items, building a context), `threads:write` (creating, changing, copying and deleting threads, messages, cancelling, turns, adding context items, chat completions), `memories:read` (`GET /v1/memories`, `GET /v1/memories/entries`), `memories:write` (storing and deleting memories), `tasks:read` (reading orchestrations and tasks), `tasks:write` (creating orchestrations, claiming and settling tasks, subtasks, `POST /v1/ids`), `events:read` (`GET /v1/events`), `usage:read` (no route asks for it yet), `keys:admin` (its own tenant's keys). `POST /v1/tokens/count` needs none. A key created without `scopes` has all but `keys:admin`.
+         * @enum {string}
+         */
+        Scope: "threads:read" | "threads:write" | "memories:read" | "memories:write" | "tasks:read" | "tasks:write" | "events:read" | "usage:read" | "keys:admin";
+        /** @description A tenant's key, without its secret. */
+        Key: {
+            /**
+             * @description The key's ID: `key_` and 16 characters of `[a-z0-9]`.
+             * @example key_0k3x9q2m7ab1c4d5
+             */
+            id: string;
+            /** @constant */
+            object: "key";
+            /** @description The tenant it belongs to. */
+            tenant: string;
+            /** @description Its name, possibly empty. */
+            name: string;
+            /** @description The secret's first 12 characters, to tell keys apart. */
+            prefix: string;
+            /** @description What it may do. */
+            scopes: components["schemas"]["Scope"][];
+            /**
+             * Format: int64
+             * @description Milliseconds since the Unix epoch.
+             */
+            created_at: number;
+            /**
+             * Format: int64
+             * @description Milliseconds since the Unix epoch when it stops being accepted (401 `unauthorized` after); null: never.
+             */
+            expires_at: number | null;
+            /**
+             * Format: int64
+             * @description Milliseconds since the Unix epoch of the last request it authenticated, to the minute; null: never used.
+             */
+            last_used_at: number | null;
+        };
+        /** @description A new key, with its secret. */
+        KeyCreated: {
+            /**
+             * @description The key's ID: `key_` and 16 characters of `[a-z0-9]`.
+             * @example key_0k3x9q2m7ab1c4d5
+             */
+            id: string;
+            /** @constant */
+            object: "key";
+            /** @description The tenant it belongs to. */
+            tenant: string;
+            /** @description Its name, possibly empty. */
+            name: string;
+            /** @description The secret's first 12 characters, to tell keys apart. */
+            prefix: string;
+            /** @description What it may do. */
+            scopes: components["schemas"]["Scope"][];
+            /**
+             * Format: int64
+             * @description Milliseconds since the Unix epoch.
+             */
+            created_at: number;
+            /**
+             * Format: int64
+             * @description Milliseconds since the Unix epoch when it stops being accepted (401 `unauthorized` after); null: never.
+             */
+            expires_at: number | null;
+            /**
+             * Format: int64
+             * @description Milliseconds since the Unix epoch of the last request it authenticated, to the minute; null: never used.
+             */
+            last_used_at: number | null;
+            /** @description The secret, for `Authorization: Bearer <key>`; shown in this answer only. */
+            key: string;
+        };
+        KeyList: {
+            /** @constant */
+            object: "list";
+            data: components["schemas"]["Key"][];
+        };
+        KeyCreate: {
+            /** @description Empty, or 1 to 64 characters of `A-Z a-z 0-9`, space, `.`, `_` and `-`, no space first or last (400 `invalid_argument` otherwise); names need not be unique. Null: empty. */
+            name?: string | null;
+            /** @description What the key may do: 1 to 64 scope names (400 `invalid_argument` for none or an unknown one, 413 `too_large` for more than 64); absent or null: all but `keys:admin`. A key creating a key may give it only scopes it has (403 `permission_denied`). */
+            scopes?: components["schemas"]["Scope"][] | null;
+            /** @description Seconds until it expires, at most ten years (400 `invalid_argument` otherwise); absent or null: never. */
+            expires_in_s?: number | null;
+        };
+        KeyRevoked: {
+            /** @description The key revoked. */
+            id: string;
+            /** @constant */
+            object: "key";
+            /** @constant */
+            revoked: true;
+        };
     };
     responses: {
-        /** @description `unauthorized`: a token is configured (`--token`) and the request lacks `Authorization: Bearer <token>` or names another token. */
+        /** @description `unauthorized`: a token is configured (`--token`) and the request lacks `Authorization: Bearer <token>` or names another token; with tenancy on (`--admin-token`), also a request without a bearer token or whose token is neither the admin token nor a valid key: a missing, unknown, revoked or expired key. */
         Unauthorized: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["Error"];
+            };
+        };
+        /** @description `permission_denied`: with tenancy on (`--admin-token`), the key lacks the route's scope (named in `param` and the message), the route is for the admin token, the admin token names no tenant with `Spindle-Tenant` on a route of a tenant's data, or a key names another tenant (`param` `Spindle-Tenant`); the routes of orchestration (the scopes `tasks:read` and `tasks:write`, `POST /v1/ids` too) answer it to every tenant but `default`. */
+        Forbidden: {
             headers: {
                 [name: string]: unknown;
             };
@@ -1723,6 +1986,12 @@ export interface components {
         LastEventId: string;
         /** @description The file's ETag: 304 when it is unchanged. */
         IfNoneMatch: string;
+        /** @description A tenant ID: `default`, or `t` and 11 characters of `[a-z0-9]` for a tenant created; a value that is no tenant ID (1 to 32 characters of `[a-z0-9]`) names no tenant (404 `not_found`). */
+        TenantId: string;
+        /** @description A key's ID (`key_` and 16 characters of `[a-z0-9]`); any other value names no key (404 `not_found`). */
+        KeyId: string;
+        /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+        SpindleTenant: string;
     };
     requestBodies: never;
     headers: {
@@ -1823,6 +2092,16 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description `not_found`: with tenancy on, the admin token's `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             413: components["responses"]["ContentTooLarge"];
             414: components["responses"]["UriTooLong"];
             431: components["responses"]["HeadersTooLarge"];
@@ -1869,6 +2148,16 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description `not_found`: with tenancy on, the admin token's `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             413: components["responses"]["ContentTooLarge"];
             414: components["responses"]["UriTooLong"];
             431: components["responses"]["HeadersTooLarge"];
@@ -1912,6 +2201,16 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description `not_found`: with tenancy on, the admin token's `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             413: components["responses"]["ContentTooLarge"];
             414: components["responses"]["UriTooLong"];
             431: components["responses"]["HeadersTooLarge"];
@@ -2130,7 +2429,10 @@ export interface operations {
     issueId: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -2159,6 +2461,16 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description `not_found`: with tenancy on, `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             /** @description `exhausted`: the counter is past `ZZZZ`. */
             409: {
                 headers: {
@@ -2194,7 +2506,10 @@ export interface operations {
                 /** @description Milliseconds since the Unix epoch: only threads changed after it. */
                 updated_after?: number;
             };
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -2219,6 +2534,16 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description `not_found`: with tenancy on, `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             413: components["responses"]["ContentTooLarge"];
             414: components["responses"]["UriTooLong"];
             431: components["responses"]["HeadersTooLarge"];
@@ -2238,7 +2563,10 @@ export interface operations {
     createThread: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -2267,6 +2595,16 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description `not_found`: with tenancy on, `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             /** @description `too_large`: the body is over `--body-limit`, more than 16 metadata keys, or a value over 512 bytes. */
             413: {
                 headers: {
@@ -2295,7 +2633,10 @@ export interface operations {
     getThread: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path: {
                 /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. */
                 id: components["parameters"]["ThreadId"];
@@ -2323,6 +2664,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             /** @description `not_found`: no such thread. */
             404: {
                 headers: {
@@ -2351,7 +2693,10 @@ export interface operations {
     deleteThread: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path: {
                 /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. */
                 id: components["parameters"]["ThreadId"];
@@ -2377,6 +2722,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             /** @description `not_found`: no such thread (nothing is touched). */
             404: {
                 headers: {
@@ -2406,7 +2752,10 @@ export interface operations {
     updateThread: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path: {
                 /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. */
                 id: components["parameters"]["ThreadId"];
@@ -2438,6 +2787,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             /** @description `not_found`: no such thread. */
             404: {
                 headers: {
@@ -2475,7 +2825,10 @@ export interface operations {
     copyThread: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path: {
                 /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. */
                 id: components["parameters"]["ThreadId"];
@@ -2507,6 +2860,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             /** @description `not_found`: no such thread. */
             404: {
                 headers: {
@@ -2539,6 +2893,8 @@ export interface operations {
             header?: {
                 /** @description Makes a retry safe: a request with the key of an earlier one (same method, path and body) is answered as the first was, without the work being done twice; while the first runs, the retry waits for its answer. 1 to 255 printable ASCII characters without spaces (else 400 `invalid_argument`, `param` `Idempotency-Key`); the same key with another request is 422 `idempotency_mismatch`. Successes are kept for `--idempotency-retention` seconds (a day by default). */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
                 /** @description A thread ID (1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..`), or `new` for a thread created with a UUIDv4 ID. */
@@ -2572,6 +2928,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             /** @description `not_found`: the thread was deleted while the message waited for it. */
             404: {
                 headers: {
@@ -2647,6 +3004,8 @@ export interface operations {
             header?: {
                 /** @description Makes a retry safe: a request with the key of an earlier one (same method, path and body) is answered as the first was, without the work being done twice; while the first runs, the retry waits for its answer. 1 to 255 printable ASCII characters without spaces (else 400 `invalid_argument`, `param` `Idempotency-Key`); the same key with another request is 422 `idempotency_mismatch`. Successes are kept for `--idempotency-retention` seconds (a day by default). */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
                 /** @description A thread ID (1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..`), or `new` for a thread created with a UUIDv4 ID. */
@@ -2681,6 +3040,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             /** @description `not_found`: the thread was deleted while the message waited for it. */
             404: {
                 headers: {
@@ -2753,7 +3113,10 @@ export interface operations {
     cancelMessage: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path: {
                 /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. */
                 id: components["parameters"]["ThreadId"];
@@ -2781,6 +3144,16 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description `not_found`: with tenancy on, `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             /** @description `conflict`: no message is running on the thread. */
             409: {
                 headers: {
@@ -2810,7 +3183,10 @@ export interface operations {
             query?: {
                 max_turns?: number;
             };
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path: {
                 /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. */
                 id: components["parameters"]["ThreadId"];
@@ -2838,6 +3214,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             /** @description `not_found`: no such thread (it is not created). */
             404: {
                 headers: {
@@ -2866,7 +3243,10 @@ export interface operations {
     appendTurns: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path: {
                 /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. */
                 id: components["parameters"]["ThreadId"];
@@ -2898,6 +3278,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             /** @description `not_found`: no such thread. */
             404: {
                 headers: {
@@ -2935,7 +3316,10 @@ export interface operations {
     clearTurns: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path: {
                 /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. */
                 id: components["parameters"]["ThreadId"];
@@ -2963,6 +3347,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             /** @description `not_found`: no such thread. */
             404: {
                 headers: {
@@ -2992,7 +3377,10 @@ export interface operations {
     buildContext: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path: {
                 /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. */
                 id: components["parameters"]["ThreadId"];
@@ -3024,6 +3412,16 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description `not_found`: with tenancy on, `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             /** @description `too_large`: the body is over `--body-limit`, or the system prompt and the message alone exceed the token budget. */
             413: {
                 headers: {
@@ -3054,7 +3452,10 @@ export interface operations {
                 /** @description The newest N items (all by default). */
                 limit?: number;
             };
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path: {
                 /** @description The thread whose context window is meant (1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..`). */
                 id: components["parameters"]["ThreadIdItems"];
@@ -3082,6 +3483,16 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description `not_found`: with tenancy on, `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             413: components["responses"]["ContentTooLarge"];
             414: components["responses"]["UriTooLong"];
             431: components["responses"]["HeadersTooLarge"];
@@ -3104,6 +3515,8 @@ export interface operations {
             header?: {
                 /** @description Makes a retry safe: a request with the key of an earlier one (same method, path and body) is answered as the first was, without the work being done twice; while the first runs, the retry waits for its answer. 1 to 255 printable ASCII characters without spaces (else 400 `invalid_argument`, `param` `Idempotency-Key`); the same key with another request is 422 `idempotency_mismatch`. Successes are kept for `--idempotency-retention` seconds (a day by default). */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
                 /** @description The thread whose context window is meant (1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..`). */
@@ -3137,6 +3550,16 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description `not_found`: with tenancy on, `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             413: components["responses"]["ContentTooLarge"];
             414: components["responses"]["UriTooLong"];
             /** @description `capacity_exceeded`: the item is larger than the window's whole token budget; the window is unchanged. `idempotency_mismatch`: the `Idempotency-Key` was used for another request (method, path or body); nothing ran. */
@@ -3169,7 +3592,10 @@ export interface operations {
                 /** @description The newest N items (all by default). */
                 limit?: number;
             };
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path: {
                 /** @description The thread whose context window is meant (1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..`). */
                 id: components["parameters"]["ThreadIdItems"];
@@ -3197,6 +3623,16 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description `not_found`: with tenancy on, `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             413: components["responses"]["ContentTooLarge"];
             414: components["responses"]["UriTooLong"];
             431: components["responses"]["HeadersTooLarge"];
@@ -3223,7 +3659,10 @@ export interface operations {
                 q?: string;
                 max_chars?: number;
             };
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -3248,6 +3687,16 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description `not_found`: with tenancy on, `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             413: components["responses"]["ContentTooLarge"];
             414: components["responses"]["UriTooLong"];
             431: components["responses"]["HeadersTooLarge"];
@@ -3270,6 +3719,8 @@ export interface operations {
             header?: {
                 /** @description Makes a retry safe: a request with the key of an earlier one (same method, path and body) is answered as the first was, without the work being done twice; while the first runs, the retry waits for its answer. 1 to 255 printable ASCII characters without spaces (else 400 `invalid_argument`, `param` `Idempotency-Key`); the same key with another request is 422 `idempotency_mismatch`. Successes are kept for `--idempotency-retention` seconds (a day by default). */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path?: never;
             cookie?: never;
@@ -3300,6 +3751,16 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description `not_found`: with tenancy on, `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             /** @description `too_large`: the body is over `--body-limit`, or the content over 64 KiB. */
             413: {
                 headers: {
@@ -3340,7 +3801,10 @@ export interface operations {
                 user_id?: string;
                 thread_id?: string;
             };
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -3365,6 +3829,16 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description `not_found`: with tenancy on, `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             413: components["responses"]["ContentTooLarge"];
             414: components["responses"]["UriTooLong"];
             431: components["responses"]["HeadersTooLarge"];
@@ -3391,7 +3865,10 @@ export interface operations {
                 /** @description An earlier page's `next_cursor`. */
                 cursor?: string;
             };
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -3416,6 +3893,16 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description `not_found`: with tenancy on, `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             413: components["responses"]["ContentTooLarge"];
             414: components["responses"]["UriTooLong"];
             431: components["responses"]["HeadersTooLarge"];
@@ -3435,7 +3922,10 @@ export interface operations {
     deleteMemory: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path: {
                 /** @description A memory entry's ID; anything but a positive integer is 400 `invalid_id`. */
                 id: components["parameters"]["MemoryId"];
@@ -3463,6 +3953,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             /** @description `not_found`: no entry with that ID. */
             404: {
                 headers: {
@@ -3492,7 +3983,10 @@ export interface operations {
     listOrchestrations: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -3517,6 +4011,16 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description `not_found`: with tenancy on, `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             413: components["responses"]["ContentTooLarge"];
             414: components["responses"]["UriTooLong"];
             431: components["responses"]["HeadersTooLarge"];
@@ -3540,6 +4044,8 @@ export interface operations {
             header?: {
                 /** @description Makes a retry safe: a request with the key of an earlier one (same method, path and body) is answered as the first was, without the work being done twice; while the first runs, the retry waits for its answer. 1 to 255 printable ASCII characters without spaces (else 400 `invalid_argument`, `param` `Idempotency-Key`); the same key with another request is 422 `idempotency_mismatch`. Successes are kept for `--idempotency-retention` seconds (a day by default). */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path?: never;
             cookie?: never;
@@ -3570,6 +4076,16 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description `not_found`: with tenancy on, `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             /** @description `exhausted`: orchestration IDs are past `ZZZZ`. */
             409: {
                 headers: {
@@ -3609,7 +4125,10 @@ export interface operations {
     getOrchestration: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path: {
                 /** @description An orchestration ID (`0001`, ..., `9999`, `A000`, ..., `ZZZZ`); a task ID is 400 `invalid_id`. */
                 id: components["parameters"]["OrchestrationId"];
@@ -3637,6 +4156,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             /** @description `not_found`: no such orchestration. */
             404: {
                 headers: {
@@ -3666,7 +4186,10 @@ export interface operations {
     claimTask: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path?: never;
             cookie?: never;
         };
@@ -3702,6 +4225,16 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description `not_found`: with tenancy on, `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             413: components["responses"]["ContentTooLarge"];
             414: components["responses"]["UriTooLong"];
             431: components["responses"]["HeadersTooLarge"];
@@ -3723,7 +4256,10 @@ export interface operations {
     getTask: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path: {
                 /** @description A task ID (`0001_t1`, `0001_t1.2`) or an orchestration's ID (its root task); off the grammar is 400 `invalid_id`. The grammar (docs/ids.md) is an orchestration ID in hybrid base36 (`0001`-`9999`, `A000`-`Z999`, `AA00`-`ZZ99`, `AAA0`-`ZZZ9`, `AAAA`-`ZZZZ`), then up to 32 levels of sequence numbers of 1 to 736335. */
                 id: components["parameters"]["TaskId"];
@@ -3751,6 +4287,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             /** @description `not_found`: no such task. */
             404: {
                 headers: {
@@ -3780,7 +4317,10 @@ export interface operations {
     createSubtask: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path: {
                 /** @description A task ID (`0001_t1`, `0001_t1.2`) or an orchestration's ID (its root task); off the grammar is 400 `invalid_id`. The grammar (docs/ids.md) is an orchestration ID in hybrid base36 (`0001`-`9999`, `A000`-`Z999`, `AA00`-`ZZ99`, `AAA0`-`ZZZ9`, `AAAA`-`ZZZZ`), then up to 32 levels of sequence numbers of 1 to 736335. */
                 id: components["parameters"]["TaskId"];
@@ -3812,6 +4352,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             /** @description `not_found`: no such parent. */
             404: {
                 headers: {
@@ -3851,7 +4392,10 @@ export interface operations {
     heartbeatTask: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path: {
                 /** @description A task ID (`0001_t1`, `0001_t1.2`) or an orchestration's ID (its root task); off the grammar is 400 `invalid_id`. The grammar (docs/ids.md) is an orchestration ID in hybrid base36 (`0001`-`9999`, `A000`-`Z999`, `AA00`-`ZZ99`, `AAA0`-`ZZZ9`, `AAAA`-`ZZZZ`), then up to 32 levels of sequence numbers of 1 to 736335. */
                 id: components["parameters"]["TaskId"];
@@ -3883,6 +4427,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             /** @description `not_found`: no such task. */
             404: {
                 headers: {
@@ -3921,7 +4466,10 @@ export interface operations {
     completeTask: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path: {
                 /** @description A task ID (`0001_t1`, `0001_t1.2`) or an orchestration's ID (its root task); off the grammar is 400 `invalid_id`. The grammar (docs/ids.md) is an orchestration ID in hybrid base36 (`0001`-`9999`, `A000`-`Z999`, `AA00`-`ZZ99`, `AAA0`-`ZZZ9`, `AAAA`-`ZZZZ`), then up to 32 levels of sequence numbers of 1 to 736335. */
                 id: components["parameters"]["TaskId"];
@@ -3953,6 +4501,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             /** @description `not_found`: no such task. */
             404: {
                 headers: {
@@ -3992,7 +4541,10 @@ export interface operations {
     failTask: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path: {
                 /** @description A task ID (`0001_t1`, `0001_t1.2`) or an orchestration's ID (its root task); off the grammar is 400 `invalid_id`. The grammar (docs/ids.md) is an orchestration ID in hybrid base36 (`0001`-`9999`, `A000`-`Z999`, `AA00`-`ZZ99`, `AAA0`-`ZZZ9`, `AAAA`-`ZZZZ`), then up to 32 levels of sequence numbers of 1 to 736335. */
                 id: components["parameters"]["TaskId"];
@@ -4024,6 +4576,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             /** @description `not_found`: no such task. */
             404: {
                 headers: {
@@ -4063,7 +4616,10 @@ export interface operations {
     requeueTask: {
         parameters: {
             query?: never;
-            header?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
             path: {
                 /** @description A task ID (`0001_t1`, `0001_t1.2`) or an orchestration's ID (its root task); off the grammar is 400 `invalid_id`. The grammar (docs/ids.md) is an orchestration ID in hybrid base36 (`0001`-`9999`, `A000`-`Z999`, `AA00`-`ZZ99`, `AAA0`-`ZZZ9`, `AAAA`-`ZZZZ`), then up to 32 levels of sequence numbers of 1 to 736335. */
                 id: components["parameters"]["TaskId"];
@@ -4095,6 +4651,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             /** @description `not_found`: no such task. */
             404: {
                 headers: {
@@ -4146,6 +4703,8 @@ export interface operations {
             header?: {
                 /** @description Resume after this event (`EPOCH-SEQ`, as sent in `id:`); a malformed ID is 400 `invalid_argument`. */
                 "Last-Event-ID"?: components["parameters"]["LastEventId"];
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path?: never;
             cookie?: never;
@@ -4173,6 +4732,16 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description `not_found`: with tenancy on, `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             413: components["responses"]["ContentTooLarge"];
             414: components["responses"]["UriTooLong"];
             431: components["responses"]["HeadersTooLarge"];
@@ -4197,6 +4766,8 @@ export interface operations {
                 "Spindle-Thread-Id"?: components["parameters"]["SpindleThreadIdRequest"];
                 /** @description Makes a retry safe: a request with the key of an earlier one (same method, path and body) is answered as the first was, without the work being done twice; while the first runs, the retry waits for its answer. 1 to 255 printable ASCII characters without spaces (else 400 `invalid_argument`, `param` `Idempotency-Key`); the same key with another request is 422 `idempotency_mismatch`. Successes are kept for `--idempotency-retention` seconds (a day by default). */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path?: never;
             cookie?: never;
@@ -4230,6 +4801,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
             /** @description `not_found`: with a thread, the thread does not exist for tool results, or was deleted while the message waited. */
             404: {
                 headers: {
@@ -4331,6 +4903,16 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description `not_found`: with tenancy on, the admin token's `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             413: components["responses"]["ContentTooLarge"];
             414: components["responses"]["UriTooLong"];
             431: components["responses"]["HeadersTooLarge"];
@@ -4344,6 +4926,576 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+        };
+    };
+    listTenants: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The tenants. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantList"];
+                };
+            };
+            /** @description `malformed`: the request could not be parsed as HTTP; `unknown_field`: a query parameter (the route takes none). */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            /** @description `permission_denied`: tenancy is off (no `--admin-token`), or the request has a tenant's key: this route is for the admin token. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `not_found`: with tenancy on, the admin token's `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            413: components["responses"]["ContentTooLarge"];
+            414: components["responses"]["UriTooLong"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["InternalError"];
+            /** @description `unavailable`: the server has `--max-connections` open (the connection is then closed), its runtime is stopping, or the tenants and keys cannot be read now; `storage_unavailable`: the PostgreSQL store cannot be reached now; nothing was stored. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    createTenant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TenantCreate"];
+            };
+        };
+        responses: {
+            /** @description The new tenant. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Tenant"];
+                };
+            };
+            /** @description `malformed`: the request could not be parsed as HTTP; `malformed`: not a JSON object, `name` missing or not a string, `weight` not an integer; `unknown_field`; `invalid_argument`: a `name` off its grammar, a `weight` out of range (named in `param`). */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            /** @description `permission_denied`: tenancy is off (no `--admin-token`), or the request has a tenant's key: this route is for the admin token. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `not_found`: with tenancy on, the admin token's `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `conflict`: a tenant has that name. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `too_large`: the body is over `--body-limit`, or there are 100000 tenants. */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            414: components["responses"]["UriTooLong"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["InternalError"];
+            /** @description `unavailable`: the server has `--max-connections` open (the connection is then closed), its runtime is stopping, or the tenants and keys cannot be read now; `storage_unavailable`: the PostgreSQL store cannot be reached now; nothing was stored. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            507: components["responses"]["StorageFull"];
+        };
+    };
+    getTenant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A tenant ID: `default`, or `t` and 11 characters of `[a-z0-9]` for a tenant created; a value that is no tenant ID (1 to 32 characters of `[a-z0-9]`) names no tenant (404 `not_found`). */
+                id: components["parameters"]["TenantId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The tenant. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Tenant"];
+                };
+            };
+            /** @description `malformed`: the request could not be parsed as HTTP. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            /** @description `permission_denied`: tenancy is off (no `--admin-token`), or the request has a tenant's key: this route is for the admin token. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `not_found`: no such tenant (an ID off its grammar names none), or the admin token's `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            413: components["responses"]["ContentTooLarge"];
+            414: components["responses"]["UriTooLong"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["InternalError"];
+            /** @description `unavailable`: the server has `--max-connections` open (the connection is then closed), its runtime is stopping, or the tenants and keys cannot be read now; `storage_unavailable`: the PostgreSQL store cannot be reached now; nothing was stored. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    deleteTenant: {
+        parameters: {
+            query?: {
+                /** @description `true`: delete the tenant's threads and memories with it; `true` or `false` only (400 `invalid_argument` otherwise). */
+                force?: boolean;
+            };
+            header?: never;
+            path: {
+                /** @description A tenant ID: `default`, or `t` and 11 characters of `[a-z0-9]` for a tenant created; a value that is no tenant ID (1 to 32 characters of `[a-z0-9]`) names no tenant (404 `not_found`). */
+                id: components["parameters"]["TenantId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description What went with the tenant. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantDeleted"];
+                };
+            };
+            /** @description `malformed`: the request could not be parsed as HTTP; `invalid_argument`: `force` neither `true` nor `false`, the tenant `default`; `unknown_field`: another query parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            /** @description `permission_denied`: tenancy is off (no `--admin-token`), or the request has a tenant's key: this route is for the admin token. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `not_found`: no such tenant (an ID off its grammar names none), or the admin token's `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `conflict`: the tenant holds threads or memories and `force` is not `true`; nothing was changed. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            413: components["responses"]["ContentTooLarge"];
+            414: components["responses"]["UriTooLong"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["InternalError"];
+            /** @description `unavailable`: the server has `--max-connections` open (the connection is then closed), its runtime is stopping, or the tenants and keys cannot be read now; `storage_unavailable`: the PostgreSQL store cannot be reached now; nothing was stored. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            504: components["responses"]["Timeout"];
+            507: components["responses"]["StorageFull"];
+        };
+    };
+    updateTenant: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A tenant ID: `default`, or `t` and 11 characters of `[a-z0-9]` for a tenant created; a value that is no tenant ID (1 to 32 characters of `[a-z0-9]`) names no tenant (404 `not_found`). */
+                id: components["parameters"]["TenantId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TenantPatch"];
+            };
+        };
+        responses: {
+            /** @description The tenant after the change. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Tenant"];
+                };
+            };
+            /** @description `malformed`: the request could not be parsed as HTTP; `malformed`: not a JSON object, neither `name` nor `weight`, `name` not a string, `weight` not an integer; `unknown_field`; `invalid_argument`: a `name` off its grammar, a `weight` out of range, a new name for `default`. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            /** @description `permission_denied`: tenancy is off (no `--admin-token`), or the request has a tenant's key: this route is for the admin token. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `not_found`: no such tenant (an ID off its grammar names none), or the admin token's `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `conflict`: another tenant has that name. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            413: components["responses"]["ContentTooLarge"];
+            414: components["responses"]["UriTooLong"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["InternalError"];
+            /** @description `unavailable`: the server has `--max-connections` open (the connection is then closed), its runtime is stopping, or the tenants and keys cannot be read now; `storage_unavailable`: the PostgreSQL store cannot be reached now; nothing was stored. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            507: components["responses"]["StorageFull"];
+        };
+    };
+    listKeys: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A tenant ID: `default`, or `t` and 11 characters of `[a-z0-9]` for a tenant created; a value that is no tenant ID (1 to 32 characters of `[a-z0-9]`) names no tenant (404 `not_found`). */
+                id: components["parameters"]["TenantId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The keys. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["KeyList"];
+                };
+            };
+            /** @description `malformed`: the request could not be parsed as HTTP; `unknown_field`: a query parameter (the route takes none). */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            /** @description `permission_denied`: tenancy is off (no `--admin-token`); a key without the scope `keys:admin` (`param` `keys:admin`), a key of another tenant, or a key whose `Spindle-Tenant` names another tenant. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `not_found`: no such tenant (an ID off its grammar names none), or the admin token's `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            413: components["responses"]["ContentTooLarge"];
+            414: components["responses"]["UriTooLong"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["InternalError"];
+            /** @description `unavailable`: the server has `--max-connections` open (the connection is then closed), its runtime is stopping, or the tenants and keys cannot be read now; `storage_unavailable`: the PostgreSQL store cannot be reached now; nothing was stored. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    createKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A tenant ID: `default`, or `t` and 11 characters of `[a-z0-9]` for a tenant created; a value that is no tenant ID (1 to 32 characters of `[a-z0-9]`) names no tenant (404 `not_found`). */
+                id: components["parameters"]["TenantId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["KeyCreate"];
+            };
+        };
+        responses: {
+            /** @description The new key, with its secret. */
+            201: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["KeyCreated"];
+                };
+            };
+            /** @description `malformed`: the request could not be parsed as HTTP; `malformed`: not a JSON object, `name` not a string, `scopes` not an array, `expires_in_s` not an integer; `unknown_field`; `invalid_argument`: a `name` off its grammar, an empty `scopes`, a name in it that is no scope, `expires_in_s` out of range (named in `param`). */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            /** @description `permission_denied`: tenancy is off (no `--admin-token`); a key without the scope `keys:admin` (`param` `keys:admin`), a key of another tenant, or a key whose `Spindle-Tenant` names another tenant, or a key asking for a scope it lacks (`param` `scopes`). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `not_found`: no such tenant (an ID off its grammar names none), or the admin token's `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `too_large`: the body is over `--body-limit`, `scopes` lists more than 64 names, or the tenant holds 1000 keys (revoke one first). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            414: components["responses"]["UriTooLong"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["InternalError"];
+            /** @description `unavailable`: the server has `--max-connections` open (the connection is then closed), its runtime is stopping, or the tenants and keys cannot be read now; `storage_unavailable`: the PostgreSQL store cannot be reached now; nothing was stored. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            507: components["responses"]["StorageFull"];
+        };
+    };
+    revokeKey: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A key's ID (`key_` and 16 characters of `[a-z0-9]`); any other value names no key (404 `not_found`). */
+                id: components["parameters"]["KeyId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The key is revoked. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["KeyRevoked"];
+                };
+            };
+            /** @description `malformed`: the request could not be parsed as HTTP. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            /** @description `permission_denied`: tenancy is off (no `--admin-token`); a key without the scope `keys:admin` (`param` `keys:admin`), or a key whose `Spindle-Tenant` names another tenant. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `not_found`: no such key (an ID off its grammar names none); asked with a tenant's key, also a key of another tenant; or the admin token's `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            413: components["responses"]["ContentTooLarge"];
+            414: components["responses"]["UriTooLong"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["InternalError"];
+            /** @description `unavailable`: the server has `--max-connections` open (the connection is then closed), its runtime is stopping, or the tenants and keys cannot be read now; `storage_unavailable`: the PostgreSQL store cannot be reached now; nothing was stored. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            507: components["responses"]["StorageFull"];
         };
     };
 }

@@ -324,9 +324,13 @@ public:
 
   // Threads as resources (docs/threads.md, "Threads as resources").
 
-  /// Creates a thread with a fresh ID holding `metadata`. Errors:
-  /// invalid_argument, too_large, storage_failure, timeout.
-  caf::expected<thread_info> create_thread(thread_metadata metadata);
+  /// Creates a thread with a fresh ID holding `metadata`, of the tenant
+  /// whose IDs start with `tenant_prefix` ("" the default tenant, else
+  /// "TENANT~", docs/tenants.md). Errors: invalid_argument, too_large,
+  /// storage_failure, timeout.
+  caf::expected<thread_info> create_thread(thread_metadata metadata,
+                                           const std::string& tenant_prefix
+                                           = {});
 
   /// Appends `turns` to the existing thread `thread_id` in one write, all
   /// or nothing, without generating; replies with the new turn count. The
@@ -420,9 +424,21 @@ public:
   caf::expected<uint64_t> delete_memories(const std::string& user_id,
                                           const std::string& thread_id);
 
-  /// Deletes one memory entry; false when there is none with `id`.
-  /// Errors: storage_failure, timeout, unavailable.
-  caf::expected<bool> delete_memory(int64_t id);
+  /// Deletes one memory entry; false when there is none with `id`. With
+  /// `tenant` only an entry of that tenant: "" the default tenant (whose
+  /// IDs are unqualified), else a tenant's ID prefix ("TENANT~",
+  /// docs/tenants.md); "*" any. Errors: storage_failure, timeout,
+  /// unavailable.
+  caf::expected<bool> delete_memory(int64_t id, const std::string& tenant = "*");
+
+  /// Deletes every memory entry of the tenant whose IDs start with
+  /// `tenant_prefix` ("TENANT~"); returns how many went. With `dry_run`,
+  /// deletes nothing and returns how many scopes (users, or threads
+  /// without a user) hold its entries. Reads every entry: for deleting a
+  /// tenant. Errors: invalid_argument, storage_failure, timeout,
+  /// unavailable.
+  caf::expected<uint64_t> delete_tenant_memories(
+    const std::string& tenant_prefix, bool dry_run = false);
 
   /// Sends one user message and waits for the reply: the whole exchange of
   /// docs/threads.md (history read before the message is stored, user turn

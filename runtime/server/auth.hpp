@@ -1,0 +1,53 @@
+#pragma once
+
+// Who a request acts for and what it may do (docs/tenants.md): the rule of
+// every route, the admin token, tenants' keys, and the IDs of a tenant.
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "router.hpp"
+#include "tenancy/principal.hpp"
+#include "tenancy/scopes.hpp"
+
+namespace spindle::tenancy {
+class tenant_store;
+} // namespace spindle::tenancy
+
+namespace spindle::http {
+
+/// The rule of the route named `route` ("GET /v1/threads/{id}"). Throws
+/// std::logic_error for a route without one: every route has a rule.
+route_rule rule_of(const std::string& route);
+
+/// The principal of every request while tenancy is off.
+std::shared_ptr<const tenancy::principal> open_principal();
+
+/// Authenticates `req` for a route with `rule` while tenancy is on. With
+/// `may_block` false it never touches the database. Thread-safe.
+auth_outcome authenticate(const request& req, const route_rule& rule,
+                          const std::string& admin_token,
+                          tenancy::tenant_store& tenants, bool may_block);
+
+/// Whether `given` is `secret`, in time independent of where they differ.
+bool same_secret(std::string_view given, std::string_view secret) noexcept;
+
+/// The principal of a request (the open one when none was set).
+const tenancy::principal& who(const request& req);
+
+/// A thread ID from a client (the path's, a body's or a query's `field`),
+/// checked (no tenant in it; 400 `invalid_id` otherwise) and qualified for
+/// the request's tenant. "new" is kept as the tenant's "new".
+std::string scoped_thread(const request& req, const std::string& id,
+                          const char* field = "thread_id");
+/// The same for a user ID; "" stays "".
+std::string scoped_user(const request& req, const std::string& id,
+                        const char* field = "user_id");
+/// An ID as its tenant's clients know it.
+std::string local(const std::string& id);
+
+/// `e` without the request's tenant prefix in its message.
+api_error scrubbed(api_error e, const request& req);
+
+} // namespace spindle::http

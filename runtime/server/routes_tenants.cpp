@@ -1,0 +1,360 @@
+// Tenants and keys (docs/api.md, "Tenants and keys"; docs/tenants.md): the
+// admin token manages tenants; it and a tenant's keys with `keys:admin`
+// manage that tenant's keys.
+
+#include <chrono>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "auth.hpp"
+#include "idempotency.hpp"
+#include "router.hpp"
+#include "spindle/messages/error.hpp"
+#include "spindle/messages/ids.hpp"
+#include "spindle/runtime/runtime.hpp"
+#include "tenancy/tenant_store.hpp"
+
+namespace spindle::http {
+
+namespace {
+
+using tenancy::tenant_store;
+
+// The most scopes a request may list (each named once is enough).
+constexpr size_t max_scope_list = 64;
+// The longest a key may live: ten years.
+constexpr int64_t max_expires_in_s = 10LL * 366 * 24 * 3600;
+
+tenant_store& store_of(router& r) {
+  auto store = r.tenants();
+  if (!store)
+    throw api_error{403, "permission_denied",
+                    "tenancy is off: start spindle serve with --admin-token "
+                    "to manage tenants and keys"};
+  return *store;
+}
+
+json time_or_null(int64_t ms) {
+  return ms == 0 ? json(nullptr) : json(ms);
+}
+
+json tenant_json(const tenancy::tenant_record& t) {
+  return json{{"id", t.id},
+              {"object", "tenant"},
+              {"name", t.name},
+              {"weight", t.weight},
+              {"created_at", t.created_ms}};
+}
+
+json key_json(const tenancy::key_record& k) {
+  return json{{"id", k.id},
+              {"object", "key"},
+              {"tenant", k.tenant},
+              {"name", k.name},
+              {"prefix", k.prefix},
+              {"scopes", tenancy::names_of(k.scopes)},
+              {"created_at", k.created_ms},
+              {"expires_at", time_or_null(k.expires_ms)},
+              {"last_used_at", time_or_null(k.last_used_ms)}};
+}
+
+// A tenant ID of the path: one that cannot be a tenant answers as a
+// missing one.
+const std::string& path_tenant(const request& req) {
+  auto& id = req.matches[1];
+  if (!valid_tenant_id(id))
+    throw api_error{404, "not_found",
+                    "no tenant '" + id.substr(0, 64) + "'"};
+  return id;
+}
+
+tenancy::tenant_record found_tenant(tenant_store& store,
+                                    const std::string& id) {
+  auto found = store.find_tenant(id);
+  if (!found)
+    fail(found.error());
+  if (!*found)
+    throw api_error{404, "not_found", "no tenant '" + id + "'"};
+  return **found;
+}
+
+std::optional<int64_t> weight_of(const json& body) {
+  auto w = optional_int(body, "weight");
+  if (w && (*w < 1 || *w > 1000))
+    throw api_error{400, "invalid_argument",
+                    "weight must be between 1 and 1000", "weight"};
+  return w;
+}
+
+std::string name_of_body(const json& body, bool required) {
+  auto name = required ? required_string(body, "name")
+                       : optional_string(body, "name").value_or("");
+  if (required || !name.empty())
+    if (auto problem = tenant_store::check_name(name); !problem.empty())
+      throw api_error{400, "invalid_argument", problem, "name"};
+  return name;
+}
+
+tenancy::scope_set scopes_of_body(const json& body) {
+  auto field = body.find("scopes");
+  if (field == body.end() || field->is_null())
+    return tenancy::default_scopes;
+  if (!field->is_array())
+    throw api_error{400, "malformed",
+                    "field 'scopes' must be an array of scope names",
+                    "scopes"};
+  if (field->size() > max_scope_list)
+    throw api_error{413, "too_large",
+                    "scopes lists at most " + std::to_string(max_scope_list)
+                      + " names",
+                    "scopes"};
+  if (field->empty())
+    throw api_error{400, "invalid_argument",
+                    "scopes is empty: a key needs at least one scope ("
+                      + tenancy::all_scope_names() + ")",
+                    "scopes"};
+  tenancy::scope_set set = 0;
+  for (auto& item : *field) {
+    tenancy::scope s;
+    if (!item.is_string() || !tenancy::parse_scope(item.get<std::string>(), s))
+      throw api_error{400, "invalid_argument",
+                      "scopes: '"
+                        + (item.is_string() ? item.get<std::string>().substr(0, 64)
+                                            : dump(item).substr(0, 64))
+                        + "' is not a scope; the scopes are "
+                        + tenancy::all_scope_names(),
+                      "scopes"};
+    set |= tenancy::bit(s);
+  }
+  return set;
+}
+
+// What the tenant holds: threads (any?) and memory scopes.
+struct holdings {
+  bool threads = false;
+  uint64_t memory_scopes = 0;
+};
+
+holdings holdings_of(router& r, const std::string& prefix) {
+  holdings out;
+  thread_list_request lr;
+  lr.limit = 1;
+  lr.scoped = true;
+  lr.tenant_prefix = prefix;
+  auto page = r.rt().list_threads(lr);
+  if (!page)
+    fail(page.error());
+  out.threads = !page->threads.empty();
+  auto scopes = r.rt().delete_tenant_memories(prefix, /*dry_run=*/true);
+  if (scopes)
+    out.memory_scopes = *scopes;
+  else if (classify(scopes.error()) != errc::unavailable)
+    fail(scopes.error());
+  return out;
+}
+
+} // namespace
+
+void add_tenant_routes(router& r) {
+  r.post(R"(/v1/tenants)", "POST /v1/tenants",
+         [&r](const request& req, response& res, request_context& ctx) {
+           auto& store = store_of(r);
+           auto body = parse_body(req, {"name", "weight"});
+           auto name = name_of_body(body, true);
+           auto created = store.create_tenant(name,
+                                              weight_of(body).value_or(1));
+           if (!created)
+             fail(created.error());
+           ctx.log["tenant"] = created->id;
+           reply(res, 201, tenant_json(*created));
+         });
+
+  r.get(R"(/v1/tenants)", "GET /v1/tenants",
+        [&r](const request& req, response& res, request_context&) {
+          auto& store = store_of(r);
+          only_params(req, {});
+          auto all = store.list_tenants();
+          if (!all)
+            fail(all.error());
+          json data = json::array();
+          for (auto& t : *all)
+            data.push_back(tenant_json(t));
+          reply(res, 200, {{"object", "list"}, {"data", std::move(data)}});
+        });
+
+  r.get(R"(/v1/tenants/([^/]+))", "GET /v1/tenants/{id}",
+        [&r](const request& req, response& res, request_context&) {
+          auto& store = store_of(r);
+          reply(res, 200, tenant_json(found_tenant(store, path_tenant(req))));
+        });
+
+  r.patch(R"(/v1/tenants/([^/]+))", "PATCH /v1/tenants/{id}",
+          [&r](const request& req, response& res, request_context&) {
+            auto& store = store_of(r);
+            auto& id = path_tenant(req);
+            auto body = parse_body(req, {"name", "weight"});
+            if (!body.contains("name") && !body.contains("weight"))
+              throw api_error{400, "malformed",
+                              "give name and/or weight to change", "name"};
+            std::optional<std::string> name;
+            if (body.contains("name"))
+              name = name_of_body(body, true);
+            auto weight = weight_of(body);
+            if (id == tenancy::default_tenant && name)
+              throw api_error{400, "invalid_argument",
+                              "the default tenant keeps its name", "name"};
+            auto updated = store.update_tenant(id, name, weight);
+            if (!updated)
+              fail(updated.error());
+            if (!*updated)
+              throw api_error{404, "not_found", "no tenant '" + id + "'"};
+            reply(res, 200, tenant_json(**updated));
+          });
+
+  r.del(R"(/v1/tenants/([^/]+))", "DELETE /v1/tenants/{id}",
+        [&r](const request& req, response& res, request_context& ctx) {
+          auto& store = store_of(r);
+          only_params(req, {"force"});
+          auto& id = path_tenant(req);
+          auto force_text = req.get_param_value("force");
+          if (req.has_param("force") && force_text != "true"
+              && force_text != "false")
+            throw api_error{400, "invalid_argument",
+                            "force must be true or false", "force"};
+          bool force = force_text == "true";
+          if (id == tenancy::default_tenant)
+            throw api_error{400, "invalid_argument",
+                            "the default tenant cannot be deleted"};
+          found_tenant(store, id);
+          auto prefix = tenancy::prefix_of(id);
+          auto held = holdings_of(r, prefix);
+          if ((held.threads || held.memory_scopes > 0) && !force)
+            throw api_error{
+              409, "conflict",
+              "tenant '" + id + "' holds "
+                + (held.threads ? std::string{"threads"}
+                                : std::string{"no threads"})
+                + " and the memories of " + std::to_string(held.memory_scopes)
+                + " users or threads; delete them, or delete the tenant with "
+                  "?force=true to remove them with it"};
+          // Its keys go first, so that nothing of it is written while its
+          // data goes; other nodes stop accepting them within the bound.
+          auto revoked = store.revoke_keys(id);
+          if (!revoked)
+            fail(revoked.error());
+          if (held.threads || held.memory_scopes > 0)
+            std::this_thread::sleep_for(2 * tenant_store::refresh);
+          uint64_t threads = 0;
+          for (;;) {
+            thread_list_request lr;
+            lr.limit = max_thread_page;
+            lr.scoped = true;
+            lr.tenant_prefix = prefix;
+            auto page = r.rt().list_threads(lr);
+            if (!page)
+              fail(page.error());
+            if (page->threads.empty())
+              break;
+            for (auto& t : page->threads) {
+              auto gone = r.rt().delete_thread(t.thread_id);
+              if (!gone && classify(gone.error()) != errc::not_found)
+                fail(gone.error());
+              ++threads;
+            }
+          }
+          uint64_t memories = 0;
+          auto deleted = r.rt().delete_tenant_memories(prefix);
+          if (deleted)
+            memories = *deleted;
+          else if (classify(deleted.error()) != errc::unavailable)
+            fail(deleted.error());
+          if (auto keys = r.idempotency())
+            if (auto err = keys->forget_prefix(prefix))
+              fail(err);
+          auto gone = store.delete_tenant(id);
+          if (!gone)
+            fail(gone.error());
+          if (!*gone)
+            throw api_error{404, "not_found", "no tenant '" + id + "'"};
+          spdlog::info("tenant {} deleted: {} threads, {} memories, {} keys",
+                       id, threads, memories, *revoked);
+          ctx.log["tenant"] = id;
+          reply(res, 200,
+                {{"id", id},
+                 {"object", "tenant"},
+                 {"deleted", true},
+                 {"threads", threads},
+                 {"memories", memories},
+                 {"keys", *revoked}});
+        });
+
+  r.post(R"(/v1/tenants/([^/]+)/keys)", "POST /v1/tenants/{id}/keys",
+         [&r](const request& req, response& res, request_context& ctx) {
+           auto& store = store_of(r);
+           auto& id = path_tenant(req);
+           auto body = parse_body(req, {"name", "scopes", "expires_in_s"},
+                                  /*allow_empty=*/true);
+           auto name = name_of_body(body, false);
+           auto scopes = scopes_of_body(body);
+           auto expires = optional_int(body, "expires_in_s");
+           if (expires && (*expires < 1 || *expires > max_expires_in_s))
+             throw api_error{400, "invalid_argument",
+                             "expires_in_s must be between 1 and "
+                               + std::to_string(max_expires_in_s),
+                             "expires_in_s"};
+           // A key may not hand out more than it holds.
+           auto& principal = who(req);
+           if (principal.who == tenancy::principal::kind::key
+               && (scopes & ~principal.scopes) != 0)
+             throw api_error{403, "permission_denied",
+                             "a key cannot create a key with scopes it "
+                             "lacks",
+                             "scopes"};
+           auto created = store.create_key(id, name, scopes,
+                                           expires.value_or(0));
+           if (!created)
+             fail(created.error());
+           ctx.log["key"] = created->record.id;
+           auto out = key_json(created->record);
+           out["key"] = created->secret;
+           reply(res, 201, out);
+         });
+
+  r.get(R"(/v1/tenants/([^/]+)/keys)", "GET /v1/tenants/{id}/keys",
+        [&r](const request& req, response& res, request_context&) {
+          auto& store = store_of(r);
+          only_params(req, {});
+          auto& id = path_tenant(req);
+          found_tenant(store, id);
+          auto keys = store.list_keys(id);
+          if (!keys)
+            fail(keys.error());
+          json data = json::array();
+          for (auto& k : *keys)
+            data.push_back(key_json(k));
+          reply(res, 200, {{"object", "list"}, {"data", std::move(data)}});
+        });
+
+  r.del(R"(/v1/keys/([^/]+))", "DELETE /v1/keys/{id}",
+        [&r](const request& req, response& res, request_context& ctx) {
+          auto& store = store_of(r);
+          auto& id = req.matches[1];
+          auto& principal = who(req);
+          // A key revokes its own tenant's keys only; another tenant's
+          // key answers as a missing one.
+          auto tenant = principal.who == tenancy::principal::kind::key
+                          ? principal.tenant
+                          : std::string{};
+          auto gone = store.revoke_key(id, tenant);
+          if (!gone)
+            fail(gone.error());
+          if (!*gone)
+            throw api_error{404, "not_found",
+                            "no key '" + id.substr(0, 64) + "'"};
+          ctx.log["key"] = id;
+          reply(res, 200, {{"id", id}, {"object", "key"}, {"revoked", true}});
+        });
+}
+
+} // namespace spindle::http

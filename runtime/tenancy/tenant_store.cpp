@@ -1,0 +1,685 @@
+#include "tenancy/tenant_store.hpp"
+
+#include <algorithm>
+#include <filesystem>
+
+#include <openssl/evp.h>
+#include <openssl/rand.h>
+#include <spdlog/spdlog.h>
+
+#include "spindle/messages/error.hpp"
+#include "spindle/messages/ids.hpp"
+#include "storage/database.hpp"
+#include "storage/postgres/postgres.hpp"
+#include "storage/sql_connection.hpp"
+#include "tenancy/principal.hpp"
+
+namespace spindle::tenancy {
+
+namespace {
+
+int64_t now_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+           std::chrono::system_clock::now().time_since_epoch())
+    .count();
+}
+
+int64_t steady_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(
+           std::chrono::steady_clock::now().time_since_epoch())
+    .count();
+}
+
+constexpr char alphabet62[]
+  = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+constexpr char alphabet36[] = "abcdefghijklmnopqrstuvwxyz0123456789";
+
+// `n` characters drawn uniformly from the first `size` of `alphabet`, from
+// the operating system's random source (OpenSSL's RAND_bytes), with
+// rejection so that every character is equally likely.
+std::string random_text(size_t n, const char* alphabet, unsigned size) {
+  std::string out;
+  out.reserve(n);
+  unsigned limit = 256 - 256 % size;
+  unsigned char buf[64];
+  while (out.size() < n) {
+    if (RAND_bytes(buf, sizeof buf) != 1)
+      throw std::runtime_error{"no random bytes from the system"};
+    for (unsigned char b : buf)
+      if (b < limit && out.size() < n)
+        out += alphabet[b % size];
+  }
+  return out;
+}
+
+constexpr const char* key_marker = "spk_";
+constexpr size_t key_secret_chars = 40;
+constexpr size_t key_prefix_chars = 12;
+
+// A cached answer stays good while the refresher keeps up: past this
+// without a refresh, the database is asked again.
+constexpr int64_t stale_after_ms = 5 * tenant_store::refresh.count();
+// How long a hash found to be no key is refused without asking again, and
+// how many such hashes are remembered.
+constexpr auto unknown_for = std::chrono::seconds{1};
+constexpr size_t max_unknown = 65536;
+// Changes older than this leave the log.
+constexpr int64_t change_retention_ms = 3600 * 1000;
+
+std::string text_of(const sql_value& v) {
+  return v.type == sql_value::kind::text ? v.text : std::string{};
+}
+
+int64_t int_of(const sql_value& v) {
+  return v.type == sql_value::kind::integer ? v.integer : 0;
+}
+
+scope_set scopes_of(std::string_view text) {
+  scope_set out = 0;
+  size_t start = 0;
+  while (start < text.size()) {
+    auto end = std::min(text.find(' ', start), text.size());
+    scope s;
+    if (parse_scope(text.substr(start, end - start), s))
+      out |= bit(s);
+    start = end + 1;
+  }
+  return out;
+}
+
+std::string scopes_text(scope_set set) {
+  std::string out;
+  for (auto& name : names_of(set)) {
+    if (!out.empty())
+      out += ' ';
+    out += name;
+  }
+  return out;
+}
+
+tenant_record tenant_of_row(const std::vector<sql_value>& row) {
+  return tenant_record{text_of(row[0]), text_of(row[1]), int_of(row[2]),
+                       int_of(row[3])};
+}
+
+constexpr const char* key_columns
+  = "id, tenant, prefix, name, scopes, created_ms, expires_ms, last_used_ms";
+
+key_record key_of_row(const std::vector<sql_value>& row) {
+  key_record k;
+  k.id = text_of(row[0]);
+  k.tenant = text_of(row[1]);
+  k.prefix = text_of(row[2]);
+  k.name = text_of(row[3]);
+  k.scopes = scopes_of(text_of(row[4]));
+  k.created_ms = int_of(row[5]);
+  k.expires_ms = int_of(row[6]);
+  k.last_used_ms = int_of(row[7]);
+  return k;
+}
+
+caf::expected<sql_rows> query(sql_connection& db, const std::string& sql,
+                              std::vector<sql_value> params) {
+  auto q = db.prepare(sql);
+  if (!q)
+    return q.error();
+  for (size_t i = 0; i < params.size(); ++i)
+    (*q)->bind(static_cast<int>(i + 1), params[i]);
+  return (*q)->rows();
+}
+
+caf::error run(sql_connection& db, const std::string& sql,
+               std::vector<sql_value> params) {
+  auto rows = query(db, sql, std::move(params));
+  return rows ? caf::error{} : rows.error();
+}
+
+std::string tenants_database_path(const storage_options& options) {
+  if (options.files_in_memory())
+    return ":memory:";
+  return (std::filesystem::path{options.data_dir} / "tenants.db").string();
+}
+
+bool unique_violation(const caf::error& err) {
+  auto text = describe(err);
+  return text.find("UNIQUE") != std::string::npos
+         || text.find("unique") != std::string::npos
+         || text.find("duplicate key") != std::string::npos;
+}
+
+} // namespace
+
+tenant_store::tenant_store(std::unique_ptr<sql_connection> db)
+  : db_(std::move(db)) {
+}
+
+caf::expected<std::unique_ptr<tenant_store>>
+tenant_store::open(const storage_options& storage) {
+  std::unique_ptr<sql_connection> db;
+  if (storage.on_postgres()) {
+    auto opened = open_postgres(storage.store);
+    if (!opened)
+      return opened.error();
+    db = std::move(*opened);
+  } else {
+    auto opened = database::open(tenants_database_path(storage), storage.sync);
+    if (!opened)
+      return opened.error();
+    db = sqlite_connection(std::move(*opened));
+  }
+  std::unique_ptr<tenant_store> out{new tenant_store(std::move(db))};
+  if (auto err = out->create_schema())
+    return err;
+  out->refresh_once();
+  out->refresher_ = std::thread{[p = out.get()] { p->refresher(); }};
+  return out;
+}
+
+tenant_store::~tenant_store() {
+  {
+    std::lock_guard<std::mutex> guard{stop_mx_};
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+  if (refresher_.joinable())
+    refresher_.join();
+}
+
+caf::error tenant_store::create_schema() {
+  std::lock_guard<std::mutex> guard{db_mx_};
+  bool pg = db_->backend() == sql_backend::postgres;
+  if (auto err = db_->begin())
+    return err;
+  auto fail = [&](caf::error err) {
+    db_->rollback();
+    return err;
+  };
+  // Two nodes starting at once: one creates, the other waits and finds.
+  if (pg)
+    if (auto err = db_->exec("SELECT pg_advisory_xact_lock(7305813101);"))
+      return fail(std::move(err));
+  std::string ddl
+    = "CREATE TABLE IF NOT EXISTS tenants ("
+      "  id TEXT PRIMARY KEY,"
+      "  name TEXT NOT NULL UNIQUE,"
+      "  weight BIGINT NOT NULL DEFAULT 1,"
+      "  created_ms BIGINT NOT NULL);"
+      "CREATE TABLE IF NOT EXISTS tenant_keys ("
+      "  id TEXT PRIMARY KEY,"
+      "  tenant TEXT NOT NULL,"
+      "  hash TEXT NOT NULL UNIQUE,"
+      "  prefix TEXT NOT NULL,"
+      "  name TEXT NOT NULL DEFAULT '',"
+      "  scopes TEXT NOT NULL,"
+      "  created_ms BIGINT NOT NULL,"
+      "  expires_ms BIGINT NOT NULL DEFAULT 0,"
+      "  last_used_ms BIGINT NOT NULL DEFAULT 0);"
+      "CREATE INDEX IF NOT EXISTS tenant_keys_by_tenant "
+      "  ON tenant_keys(tenant, id);";
+  ddl += pg ? "CREATE TABLE IF NOT EXISTS tenant_key_changes ("
+              "  seq BIGINT GENERATED BY DEFAULT AS IDENTITY PRIMARY KEY,"
+              "  key_id TEXT NOT NULL,"
+              "  at_ms BIGINT NOT NULL);"
+            : "CREATE TABLE IF NOT EXISTS tenant_key_changes ("
+              "  seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+              "  key_id TEXT NOT NULL,"
+              "  at_ms BIGINT NOT NULL);";
+  if (auto err = db_->exec(ddl))
+    return fail(std::move(err));
+  if (auto err = run(*db_,
+                     "INSERT INTO tenants(id, name, weight, created_ms) "
+                     "VALUES (?1, ?1, 1, ?2) ON CONFLICT DO NOTHING;",
+                     {sql_value::of(std::string{default_tenant}),
+                      sql_value::of(now_ms())}))
+    return fail(std::move(err));
+  // Readers start from the log's end: what changed before they started is
+  // not in their cache.
+  auto last = query(*db_, "SELECT max(seq) FROM tenant_key_changes;", {});
+  if (!last)
+    return fail(last.error());
+  if (!last->empty())
+    seen_change_ = int_of((*last)[0][0]);
+  return db_->commit();
+}
+
+// -- tenants ------------------------------------------------------------------
+
+std::string tenant_store::check_name(std::string_view name) {
+  if (name.empty() || name.size() > 64)
+    return "name must have 1 to 64 characters";
+  if (name.front() == ' ' || name.back() == ' ')
+    return "name must not start or end with a space";
+  for (char c : name) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+              || (c >= '0' && c <= '9') || c == ' ' || c == '.' || c == '_'
+              || c == '-';
+    if (!ok)
+      return "name may hold only A-Z a-z 0-9, spaces and . _ -";
+  }
+  return {};
+}
+
+caf::expected<tenant_record>
+tenant_store::create_tenant(const std::string& name, int64_t weight) {
+  if (auto problem = check_name(name); !problem.empty())
+    return make_error(errc::invalid_argument, problem);
+  if (weight < 1 || weight > 1000)
+    return make_error(errc::invalid_argument,
+                      "weight must be between 1 and 1000");
+  std::lock_guard<std::mutex> guard{db_mx_};
+  auto count = query(*db_, "SELECT count(*) FROM tenants;", {});
+  if (!count)
+    return count.error();
+  if (!count->empty()
+      && static_cast<size_t>(int_of((*count)[0][0])) >= max_tenants)
+    return make_error(errc::too_large, "at most "
+                                         + std::to_string(max_tenants)
+                                         + " tenants");
+  tenant_record t{"t" + random_text(11, alphabet36, 36), name, weight,
+                  now_ms()};
+  auto err = run(*db_,
+                 "INSERT INTO tenants(id, name, weight, created_ms) "
+                 "VALUES (?1, ?2, ?3, ?4);",
+                 {sql_value::of(t.id), sql_value::of(t.name),
+                  sql_value::of(t.weight), sql_value::of(t.created_ms)});
+  if (err)
+    return unique_violation(err)
+             ? make_error(errc::conflict,
+                          "a tenant named '" + name + "' exists")
+             : err;
+  return t;
+}
+
+caf::expected<std::vector<tenant_record>> tenant_store::list_tenants() {
+  std::lock_guard<std::mutex> guard{db_mx_};
+  auto rows = query(*db_,
+                    "SELECT id, name, weight, created_ms FROM tenants "
+                    "ORDER BY created_ms, id;",
+                    {});
+  if (!rows)
+    return rows.error();
+  std::vector<tenant_record> out;
+  for (auto& row : *rows)
+    out.push_back(tenant_of_row(row));
+  return out;
+}
+
+caf::expected<std::optional<tenant_record>>
+tenant_store::find_tenant(const std::string& id) {
+  std::lock_guard<std::mutex> guard{db_mx_};
+  auto rows = query(*db_,
+                    "SELECT id, name, weight, created_ms FROM tenants "
+                    "WHERE id = ?1;",
+                    {sql_value::of(id)});
+  if (!rows)
+    return rows.error();
+  if (rows->empty())
+    return std::optional<tenant_record>{};
+  return std::optional<tenant_record>{tenant_of_row(rows->front())};
+}
+
+caf::expected<std::optional<tenant_record>>
+tenant_store::update_tenant(const std::string& id,
+                            const std::optional<std::string>& name,
+                            std::optional<int64_t> weight) {
+  if (name)
+    if (auto problem = check_name(*name); !problem.empty())
+      return make_error(errc::invalid_argument, problem);
+  if (weight && (*weight < 1 || *weight > 1000))
+    return make_error(errc::invalid_argument,
+                      "weight must be between 1 and 1000");
+  {
+    std::lock_guard<std::mutex> guard{db_mx_};
+    if (name) {
+      auto err = run(*db_, "UPDATE tenants SET name = ?2 WHERE id = ?1;",
+                     {sql_value::of(id), sql_value::of(*name)});
+      if (err)
+        return unique_violation(err)
+                 ? make_error(errc::conflict,
+                              "a tenant named '" + *name + "' exists")
+                 : err;
+    }
+    if (weight)
+      if (auto err = run(*db_, "UPDATE tenants SET weight = ?2 WHERE id = ?1;",
+                         {sql_value::of(id), sql_value::of(*weight)}))
+        return err;
+  }
+  return find_tenant(id);
+}
+
+caf::expected<uint64_t> tenant_store::revoke_keys(const std::string& tenant) {
+  std::vector<std::string> keys;
+  {
+    std::lock_guard<std::mutex> guard{db_mx_};
+    auto rows = query(*db_, "SELECT id FROM tenant_keys WHERE tenant = ?1;",
+                      {sql_value::of(tenant)});
+    if (!rows)
+      return rows.error();
+    for (auto& row : *rows)
+      keys.push_back(text_of(row[0]));
+    if (auto err = db_->begin())
+      return err;
+    auto fail = [&](caf::error err) {
+      db_->rollback();
+      return err;
+    };
+    for (auto& k : keys)
+      if (auto err = log_change(k))
+        return fail(std::move(err));
+    if (auto err = run(*db_, "DELETE FROM tenant_keys WHERE tenant = ?1;",
+                       {sql_value::of(tenant)}))
+      return fail(std::move(err));
+    if (auto err = db_->commit())
+      return err;
+  }
+  for (auto& k : keys)
+    evict(k);
+  return static_cast<uint64_t>(keys.size());
+}
+
+caf::expected<bool> tenant_store::delete_tenant(const std::string& id) {
+  if (id == default_tenant)
+    return make_error(errc::invalid_argument,
+                      "the default tenant cannot be deleted");
+  std::vector<std::string> keys;
+  {
+    std::lock_guard<std::mutex> guard{db_mx_};
+    auto rows = query(*db_, "SELECT id FROM tenant_keys WHERE tenant = ?1;",
+                      {sql_value::of(id)});
+    if (!rows)
+      return rows.error();
+    for (auto& row : *rows)
+      keys.push_back(text_of(row[0]));
+    if (auto err = db_->begin())
+      return err;
+    auto fail = [&](caf::error err) {
+      db_->rollback();
+      return err;
+    };
+    for (auto& k : keys)
+      if (auto err = log_change(k))
+        return fail(std::move(err));
+    if (auto err = run(*db_, "DELETE FROM tenant_keys WHERE tenant = ?1;",
+                       {sql_value::of(id)}))
+      return fail(std::move(err));
+    if (auto err = run(*db_, "DELETE FROM tenants WHERE id = ?1;",
+                       {sql_value::of(id)}))
+      return fail(std::move(err));
+    auto found = db_->changes() > 0;
+    if (auto err = db_->commit())
+      return err;
+    if (!found)
+      return false;
+  }
+  for (auto& k : keys)
+    evict(k);
+  return true;
+}
+
+// -- keys ---------------------------------------------------------------------
+
+caf::expected<created_key>
+tenant_store::create_key(const std::string& tenant, const std::string& name,
+                         scope_set scopes, int64_t expires_in_s) {
+  std::lock_guard<std::mutex> guard{db_mx_};
+  auto found = query(*db_,
+                     "SELECT (SELECT count(*) FROM tenants WHERE id = ?1), "
+                     "(SELECT count(*) FROM tenant_keys WHERE tenant = ?1);",
+                     {sql_value::of(tenant)});
+  if (!found)
+    return found.error();
+  if (found->empty() || int_of((*found)[0][0]) == 0)
+    return make_error(errc::not_found, "no tenant '" + tenant + "'");
+  if (static_cast<size_t>(int_of((*found)[0][1])) >= max_keys_per_tenant)
+    return make_error(errc::too_large,
+                      "a tenant holds at most "
+                        + std::to_string(max_keys_per_tenant)
+                        + " keys; revoke one first");
+  created_key out;
+  out.secret = key_marker + random_text(key_secret_chars, alphabet62, 62);
+  auto& k = out.record;
+  k.id = "key_" + random_text(16, alphabet36, 36);
+  k.tenant = tenant;
+  k.prefix = out.secret.substr(0, key_prefix_chars);
+  k.name = name;
+  k.scopes = scopes;
+  k.created_ms = now_ms();
+  k.expires_ms = expires_in_s > 0 ? k.created_ms + expires_in_s * 1000 : 0;
+  auto err = run(*db_,
+                 "INSERT INTO tenant_keys(id, tenant, hash, prefix, name, "
+                 "scopes, created_ms, expires_ms) "
+                 "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8);",
+                 {sql_value::of(k.id), sql_value::of(k.tenant),
+                  sql_value::of(hash_of(out.secret)), sql_value::of(k.prefix),
+                  sql_value::of(k.name), sql_value::of(scopes_text(k.scopes)),
+                  sql_value::of(k.created_ms), sql_value::of(k.expires_ms)});
+  if (err)
+    return err;
+  return out;
+}
+
+caf::expected<std::vector<key_record>>
+tenant_store::list_keys(const std::string& tenant) {
+  std::vector<key_record> out;
+  {
+    std::lock_guard<std::mutex> guard{db_mx_};
+    auto rows = query(*db_,
+                      std::string{"SELECT "} + key_columns
+                        + " FROM tenant_keys WHERE tenant = ?1 "
+                          "ORDER BY created_ms, id;",
+                      {sql_value::of(tenant)});
+    if (!rows)
+      return rows.error();
+    for (auto& row : *rows)
+      out.push_back(key_of_row(row));
+  }
+  // Uses seen here and not written back yet.
+  std::shared_lock<std::shared_mutex> guard{cache_mx_};
+  for (auto& [hash, c] : cache_)
+    for (auto& k : out)
+      if (k.id == c->record.id)
+        k.last_used_ms = std::max(k.last_used_ms,
+                                  c->used_ms.load() / 60000 * 60000);
+  return out;
+}
+
+caf::expected<bool> tenant_store::revoke_key(const std::string& key_id,
+                                             const std::string& tenant) {
+  {
+    std::lock_guard<std::mutex> guard{db_mx_};
+    if (auto err = db_->begin())
+      return err;
+    auto fail = [&](caf::error err) {
+      db_->rollback();
+      return err;
+    };
+    auto err = tenant.empty()
+                 ? run(*db_, "DELETE FROM tenant_keys WHERE id = ?1;",
+                       {sql_value::of(key_id)})
+                 : run(*db_,
+                       "DELETE FROM tenant_keys WHERE id = ?1 AND tenant = ?2;",
+                       {sql_value::of(key_id), sql_value::of(tenant)});
+    if (err)
+      return fail(std::move(err));
+    if (db_->changes() == 0) {
+      db_->rollback();
+      return false;
+    }
+    if (auto err = log_change(key_id))
+      return fail(std::move(err));
+    if (auto err = db_->commit())
+      return err;
+  }
+  evict(key_id);
+  return true;
+}
+
+caf::error tenant_store::log_change(const std::string& key_id) {
+  return run(*db_,
+             "INSERT INTO tenant_key_changes(key_id, at_ms) VALUES (?1, ?2);",
+             {sql_value::of(key_id), sql_value::of(now_ms())});
+}
+
+void tenant_store::evict(const std::string& key_id) {
+  std::unique_lock<std::shared_mutex> guard{cache_mx_};
+  evictions_.fetch_add(1);
+  for (auto i = cache_.begin(); i != cache_.end();)
+    i = i->second->record.id == key_id ? cache_.erase(i) : std::next(i);
+}
+
+// -- authentication -----------------------------------------------------------
+
+bool tenant_store::looks_like_key(std::string_view secret) noexcept {
+  static constexpr std::string_view marker = key_marker;
+  if (secret.size() != marker.size() + key_secret_chars
+      || secret.substr(0, marker.size()) != marker)
+    return false;
+  for (char c : secret.substr(marker.size()))
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')
+          || (c >= '0' && c <= '9')))
+      return false;
+  return true;
+}
+
+std::string tenant_store::hash_of(std::string_view secret) {
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  EVP_Digest(secret.data(), secret.size(), digest, &size, EVP_sha256(),
+             nullptr);
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(size * 2);
+  for (unsigned int i = 0; i < size; ++i) {
+    out += hex[digest[i] >> 4];
+    out += hex[digest[i] & 15];
+  }
+  return out;
+}
+
+key_check tenant_store::check(const key_record& k) {
+  if (k.expires_ms != 0 && now_ms() >= k.expires_ms)
+    return key_check::expired;
+  return key_check::valid;
+}
+
+std::optional<key_check> tenant_store::cached(std::string_view secret,
+                                              key_record& out) {
+  if (!looks_like_key(secret))
+    return key_check::unknown;
+  if (steady_ms() - refreshed_at_.load(std::memory_order_relaxed)
+      > stale_after_ms)
+    return std::nullopt;
+  auto hash = hash_of(secret);
+  std::shared_lock<std::shared_mutex> guard{cache_mx_};
+  if (auto i = cache_.find(hash); i != cache_.end()) {
+    hits_.fetch_add(1, std::memory_order_relaxed);
+    i->second->used_ms.store(now_ms(), std::memory_order_relaxed);
+    out = i->second->record;
+    return check(out);
+  }
+  if (auto i = unknown_.find(hash);
+      i != unknown_.end()
+      && std::chrono::steady_clock::now() - i->second < unknown_for)
+    return key_check::unknown;
+  return std::nullopt;
+}
+
+caf::expected<key_check> tenant_store::authenticate(std::string_view secret,
+                                                    key_record& out) {
+  if (!looks_like_key(secret))
+    return key_check::unknown;
+  if (auto known = cached(secret, out))
+    return *known;
+  misses_.fetch_add(1, std::memory_order_relaxed);
+  auto hash = hash_of(secret);
+  auto evictions = evictions_.load();
+  caf::expected<sql_rows> rows{sql_rows{}};
+  {
+    std::lock_guard<std::mutex> guard{db_mx_};
+    rows = query(*db_,
+                 std::string{"SELECT "} + key_columns
+                   + " FROM tenant_keys WHERE hash = ?1;",
+                 {sql_value::of(hash)});
+  }
+  if (!rows)
+    return rows.error();
+  std::unique_lock<std::shared_mutex> guard{cache_mx_};
+  if (rows->empty()) {
+    if (unknown_.size() >= max_unknown)
+      unknown_.clear();
+    unknown_[hash] = std::chrono::steady_clock::now();
+    return key_check::unknown;
+  }
+  auto entry = std::make_shared<cached_key>();
+  entry->record = key_of_row(rows->front());
+  entry->stored_used_ms = entry->record.last_used_ms;
+  entry->used_ms.store(now_ms());
+  out = entry->record;
+  if (evictions == evictions_.load())
+    cache_[hash] = std::move(entry);
+  return check(out);
+}
+
+void tenant_store::refresher() {
+  int64_t last_flush = steady_ms();
+  for (;;) {
+    {
+      std::unique_lock<std::mutex> guard{stop_mx_};
+      if (stop_cv_.wait_for(guard, refresh, [this] { return stopping_; }))
+        return;
+    }
+    refresh_once();
+    // Last uses, to the minute, once a minute.
+    if (steady_ms() - last_flush < 60000)
+      continue;
+    last_flush = steady_ms();
+    std::vector<std::pair<std::string, int64_t>> used;
+    {
+      std::shared_lock<std::shared_mutex> guard{cache_mx_};
+      for (auto& [hash, c] : cache_) {
+        auto at = c->used_ms.load() / 60000 * 60000;
+        if (at > c->stored_used_ms) {
+          c->stored_used_ms = at;
+          used.emplace_back(c->record.id, at);
+        }
+      }
+    }
+    std::lock_guard<std::mutex> guard{db_mx_};
+    for (auto& [id, at] : used)
+      if (auto err = run(*db_,
+                         "UPDATE tenant_keys SET last_used_ms = ?2 "
+                         "WHERE id = ?1 AND last_used_ms < ?2;",
+                         {sql_value::of(id), sql_value::of(at)}))
+        spdlog::warn("tenants: cannot note when key {} was used: {}", id,
+                     describe(err));
+    if (auto err = run(*db_, "DELETE FROM tenant_key_changes WHERE at_ms < ?1;",
+                       {sql_value::of(now_ms() - change_retention_ms)}))
+      spdlog::warn("tenants: cannot prune the log of key changes: {}",
+                   describe(err));
+  }
+}
+
+void tenant_store::refresh_once() {
+  std::vector<std::string> changed;
+  {
+    std::lock_guard<std::mutex> guard{db_mx_};
+    auto rows = query(*db_,
+                      "SELECT seq, key_id FROM tenant_key_changes "
+                      "WHERE seq > ?1 ORDER BY seq;",
+                      {sql_value::of(seen_change_)});
+    if (!rows) {
+      spdlog::warn("tenants: cannot read the log of key changes: {}",
+                   describe(rows.error()));
+      return;
+    }
+    for (auto& row : *rows) {
+      seen_change_ = std::max(seen_change_, int_of(row[0]));
+      changed.push_back(text_of(row[1]));
+    }
+  }
+  for (auto& id : changed)
+    evict(id);
+  refreshed_at_.store(steady_ms(), std::memory_order_relaxed);
+}
+
+} // namespace spindle::tenancy

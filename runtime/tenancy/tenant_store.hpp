@@ -1,0 +1,198 @@
+#pragma once
+
+// Tenants and their keys (docs/tenants.md): kept in `tenants.db` in the
+// data directory, in PostgreSQL with a `--store`, or in memory with
+// `--data :memory:`. A key's secret is never stored: only its SHA-256,
+// and a prefix of 12 characters to tell keys apart in listings.
+//
+// Authentication is answered from a cache of the keys in use. A change of
+// a key (a revocation, a deleted tenant) is written to a log of changes
+// beside the keys; every process reads that log every `refresh` and drops
+// what changed from its cache, so a revocation reaches every node of a
+// cluster within that bound, and the node that revoked it at once.
+// Thread-safe.
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <shared_mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include <caf/expected.hpp>
+
+#include "spindle/runtime/storage.hpp"
+#include "tenancy/scopes.hpp"
+
+namespace spindle {
+
+class sql_connection;
+
+namespace tenancy {
+
+struct tenant_record {
+  std::string id;
+  std::string name;
+  /// Its share of the model when the upstream is contended (1 to 1000).
+  int64_t weight = 1;
+  int64_t created_ms = 0;
+};
+
+struct key_record {
+  std::string id;
+  std::string tenant;
+  /// The secret's first 12 characters ("spk_" and 8 more).
+  std::string prefix;
+  std::string name;
+  scope_set scopes = default_scopes;
+  int64_t created_ms = 0;
+  /// 0: never expires.
+  int64_t expires_ms = 0;
+  /// The last request it authenticated, to the minute; 0: never used.
+  int64_t last_used_ms = 0;
+};
+
+/// A key as created: the record and its secret, which is shown once.
+struct created_key {
+  key_record record;
+  std::string secret;
+};
+
+/// What a presented secret came to.
+enum class key_check : uint8_t { valid, unknown, expired };
+
+class tenant_store {
+public:
+  /// The longest a revocation takes to reach another process.
+  static constexpr std::chrono::milliseconds refresh{500};
+  /// Keys a tenant may hold.
+  static constexpr size_t max_keys_per_tenant = 1000;
+  /// Tenants there may be.
+  static constexpr size_t max_tenants = 100000;
+
+  /// Opens the store of `storage` (creating its tables) and starts the
+  /// refresher. Ensures the default tenant exists.
+  static caf::expected<std::unique_ptr<tenant_store>>
+  open(const storage_options& storage);
+
+  ~tenant_store();
+  tenant_store(const tenant_store&) = delete;
+  tenant_store& operator=(const tenant_store&) = delete;
+
+  // -- tenants ----------------------------------------------------------------
+
+  /// An error message if `name` is no tenant name (1 to 64 characters of
+  /// A-Z a-z 0-9, space, . _ -; no space first or last), else empty.
+  static std::string check_name(std::string_view name);
+
+  /// Errors: invalid_argument, conflict (the name is taken),
+  /// too_large (max_tenants), storage_failure.
+  caf::expected<tenant_record> create_tenant(const std::string& name,
+                                             int64_t weight);
+  caf::expected<std::vector<tenant_record>> list_tenants();
+  caf::expected<std::optional<tenant_record>>
+  find_tenant(const std::string& id);
+  /// Changes the name and/or the weight; nullopt when there is no such
+  /// tenant. Errors as for `create_tenant`.
+  caf::expected<std::optional<tenant_record>>
+  update_tenant(const std::string& id, const std::optional<std::string>& name,
+                std::optional<int64_t> weight);
+  /// Revokes every key of `tenant` (at once here, within `refresh`
+  /// elsewhere); returns how many. Errors: storage_failure.
+  caf::expected<uint64_t> revoke_keys(const std::string& tenant);
+  /// Removes the tenant and its keys (revoked at once here, within
+  /// `refresh` elsewhere); false when there is no such tenant. The
+  /// default tenant cannot be removed (invalid_argument).
+  caf::expected<bool> delete_tenant(const std::string& id);
+
+  // -- keys -------------------------------------------------------------------
+
+  /// A new key of `tenant`; `expires_in_s` 0: never expires. Errors:
+  /// not_found (no such tenant), too_large (max_keys_per_tenant),
+  /// storage_failure.
+  caf::expected<created_key> create_key(const std::string& tenant,
+                                        const std::string& name,
+                                        scope_set scopes,
+                                        int64_t expires_in_s);
+  caf::expected<std::vector<key_record>> list_keys(const std::string& tenant);
+  /// Revokes `key_id` (of `tenant`, unless empty); false when there is no
+  /// such key (of that tenant).
+  caf::expected<bool> revoke_key(const std::string& key_id,
+                                 const std::string& tenant = {});
+
+  // -- authentication -----------------------------------------------------------
+
+  /// Whether `secret` has the form of a key ("spk_" and 40 of [A-Za-z0-9]).
+  static bool looks_like_key(std::string_view secret) noexcept;
+
+  /// The key of `secret` from the cache, without touching the database:
+  /// nullopt when the cache cannot tell (not cached, or the refresher has
+  /// not run for too long); then call `authenticate`.
+  std::optional<key_check> cached(std::string_view secret, key_record& out);
+
+  /// The key of `secret`, reading the database when it is not cached.
+  /// Errors: storage_failure.
+  caf::expected<key_check> authenticate(std::string_view secret,
+                                        key_record& out);
+
+  /// Keys authenticated from the cache and from the database, for metrics.
+  uint64_t cache_hits() const noexcept {
+    return hits_.load(std::memory_order_relaxed);
+  }
+  uint64_t cache_misses() const noexcept {
+    return misses_.load(std::memory_order_relaxed);
+  }
+
+private:
+  struct cached_key {
+    key_record record;
+    /// Last use seen here (ms), written back at most once a minute.
+    std::atomic<int64_t> used_ms{0};
+    int64_t stored_used_ms = 0;
+  };
+
+  explicit tenant_store(std::unique_ptr<sql_connection> db);
+
+  caf::error create_schema();
+  void refresher();
+  void refresh_once();
+  /// Drops `key_id` from the cache.
+  void evict(const std::string& key_id);
+  caf::error log_change(const std::string& key_id);
+  static std::string hash_of(std::string_view secret);
+  static key_check check(const key_record& k);
+
+  std::mutex db_mx_;
+  std::unique_ptr<sql_connection> db_;
+  int64_t seen_change_ = 0;
+
+  mutable std::shared_mutex cache_mx_;
+  /// By the secret's hash.
+  std::unordered_map<std::string, std::shared_ptr<cached_key>> cache_;
+  /// Hashes found to be no key, with when.
+  std::unordered_map<std::string, std::chrono::steady_clock::time_point>
+    unknown_;
+  /// When the refresher last read the log of changes.
+  std::atomic<int64_t> refreshed_at_{0};
+
+  /// Rises at every eviction: an answer read from the database before an
+  /// eviction is used once, not cached.
+  std::atomic<uint64_t> evictions_{0};
+  std::atomic<uint64_t> hits_{0};
+  std::atomic<uint64_t> misses_{0};
+
+  std::mutex stop_mx_;
+  std::condition_variable stop_cv_;
+  bool stopping_ = false;
+  std::thread refresher_;
+};
+
+} // namespace tenancy
+} // namespace spindle
