@@ -943,6 +943,22 @@ TEST_CASE("tenants across two nodes: each key sees only its tenant on every "
     auto list = call(port, key_of["a"], "GET", "/v1/threads");
     CHECK(json::parse(list.second)["data"].size() == 1);
   }
+  // Orchestration too: created through one node, claimed through the
+  // other, each tenant's by its own key only.
+  auto made = call(p1, key_of["a"], "POST", "/v1/orchestrations",
+                   {{"payload", "of a"}});
+  REQUIRE(made.first == 201);
+  auto orchestration = json::parse(made.second)["id"].get<std::string>();
+  CHECK(call(p0, key_of["b"], "GET", "/v1/orchestrations/" + orchestration)
+          .first
+        == 404);
+  CHECK(call(p0, key_of["b"], "POST", "/v1/tasks/claim", {{"worker", "w"}})
+          .first
+        == 204);
+  auto claimed = call(p0, key_of["a"], "POST", "/v1/tasks/claim",
+                      {{"worker", "w"}});
+  REQUIRE(claimed.first == 200);
+  CHECK(json::parse(claimed.second)["id"] == orchestration);
   // Revoked on node 0: refused there at once, on node 1 within the bound.
   CHECK(call(p1, key_of["a"], "GET", "/v1/threads").first == 200);
   auto revoked_at = std::chrono::steady_clock::now();

@@ -326,8 +326,9 @@ TEST_CASE("tenants: a key has only its scopes: a missing one is 403 naming "
   // B's key still works.
   client b_client{s.port(), b.key};
   CHECK(b_client.get("/v1/threads").status == 200);
-  // Orchestration serves the default tenant only for now.
-  CHECK(writer.post("/v1/orchestrations", {{"payload", "x"}}).status == 403);
+  // Orchestration is the tenant's own.
+  CHECK(writer.post("/v1/orchestrations", {{"payload", "x"}}).status == 201);
+  CHECK(reader.post("/v1/orchestrations", {{"payload", "x"}}).status == 403);
 }
 
 TEST_CASE("tenants: an expired key is refused with 401 saying so",
@@ -826,4 +827,158 @@ TEST_CASE("tenants: spindle tenant and spindle key manage them through the "
                           {"SPINDLE_ADMIN_TOKEN", "wrong"}});
   CHECK(wrong.exit_code == 1);
   CHECK(wrong.err.find("401 unauthorized") != std::string::npos);
+}
+
+TEST_CASE("tenants: orchestration is per tenant: claims take only the "
+          "tenant's tasks, lists show only its orchestrations, and another "
+          "tenant's task IDs answer as missing ones",
+          "[tenants]") {
+  test::test_store store;
+  test::served_runtime s{durable(store), tenancy_on()};
+  client admin{s.port(), admin_token};
+  constexpr int tenants = 6;
+  std::vector<tenant_keys> keys;
+  std::vector<std::unique_ptr<client>> clients;
+  std::vector<std::set<std::string>> owned(tenants);
+  for (int i = 0; i < tenants; ++i) {
+    keys.push_back(make_tenant(admin, "orch " + std::to_string(i)));
+    clients.push_back(std::make_unique<client>(s.port(), keys.back().key));
+  }
+  // Interleaved creation: orchestration IDs come from one counter.
+  for (int round = 0; round < 3; ++round)
+    for (int i = 0; i < tenants; ++i) {
+      auto& c = *clients[static_cast<size_t>(i)];
+      auto made = c.post("/v1/orchestrations",
+                         {{"payload", {{"tenant", i}, {"round", round}}}});
+      REQUIRE(made.status == 201);
+      auto id = made.parsed()["id"].get<std::string>();
+      owned[static_cast<size_t>(i)].insert(id);
+      auto sub = c.post("/v1/tasks/" + id + "/subtasks",
+                        {{"payload", {{"tenant", i}}}});
+      REQUIRE(sub.status == 201);
+      owned[static_cast<size_t>(i)].insert(sub.parsed()["id"].get<std::string>());
+    }
+  // Lists.
+  for (int i = 0; i < tenants; ++i) {
+    auto list = clients[static_cast<size_t>(i)]->get("/v1/orchestrations");
+    REQUIRE(list.status == 200);
+    auto page = list.parsed();
+    for (auto& id : page["data"])
+      CHECK(owned[static_cast<size_t>(i)].count(id.get<std::string>()) == 1);
+    CHECK(page["data"].size() == 3);
+  }
+  // By ID, another tenant's: as missing.
+  for (int i = 0; i < tenants; ++i) {
+    auto& c = *clients[static_cast<size_t>(i)];
+    auto& theirs = owned[static_cast<size_t>((i + 1) % tenants)];
+    for (auto& id : theirs) {
+      for (auto path : {"/v1/tasks/{ID}", "/v1/orchestrations/{ID}"}) {
+        if (std::string{path}.find("orchestrations") != std::string::npos
+            && id.find('_') != std::string::npos)
+          continue;
+        auto missing = id.find('_') == std::string::npos ? std::string{"ZZZZ"}
+                                                         : "ZZZZ_t1";
+        auto got = c.get(replace_all(path, "{ID}", id));
+        auto control = c.get(replace_all(path, "{ID}", missing));
+        CHECK(got.status == 404);
+        // The message names the task or its orchestration.
+        auto form = [](std::string body, const std::string& task) {
+          body = replace_all(body, task, "{ID}");
+          return replace_all(body, task.substr(0, task.find('_')), "{O}");
+        };
+        CHECK(form(got.body, id) == form(control.body, missing));
+      }
+      for (auto action : {"complete", "fail", "requeue"}) {
+        auto got = c.post("/v1/tasks/" + id + "/" + action, json::object());
+        CHECK(got.status == 404);
+      }
+      CHECK(c.post("/v1/tasks/" + id + "/subtasks", {{"payload", 1}}).status
+            == 404);
+      CHECK(c.post("/v1/ids", {{"kind", "task"}, {"parent", id}}).status
+            == 404);
+    }
+  }
+  // Claims from every tenant at once: each gets only its own tasks.
+  std::vector<std::thread> workers;
+  std::atomic<int> claimed{0};
+  std::mutex failures_mx;
+  std::vector<std::string> failures;
+  for (int i = 0; i < tenants; ++i)
+    workers.emplace_back([&, i] {
+      client c{s.port(), keys[static_cast<size_t>(i)].key};
+      for (;;) {
+        auto got = c.post("/v1/tasks/claim", {{"worker", "w"}});
+        if (got.status == 204)
+          return;
+        if (got.status != 200) {
+          std::lock_guard<std::mutex> g{failures_mx};
+          failures.push_back(got.body);
+          return;
+        }
+        auto t = got.parsed();
+        auto id = t["id"].get<std::string>();
+        if (owned[static_cast<size_t>(i)].count(id) == 0
+            || t["payload"]["tenant"] != i) {
+          std::lock_guard<std::mutex> g{failures_mx};
+          failures.push_back("tenant " + std::to_string(i) + " claimed "
+                             + id);
+        }
+        ++claimed;
+        auto done = c.post("/v1/tasks/" + id + "/complete",
+                           {{"result", "ok"}, {"lease", t["lease"]["token"]}});
+        if (done.status != 200) {
+          std::lock_guard<std::mutex> g{failures_mx};
+          failures.push_back(done.body);
+          return;
+        }
+      }
+    });
+  for (auto& w : workers)
+    w.join();
+  CHECK(failures.empty());
+  for (auto& f : failures)
+    UNSCOPED_INFO(f);
+  CHECK(claimed == tenants * 6);
+  // The default tenant has none of them.
+  client operator_default{s.port(), admin_token, "default"};
+  CHECK(operator_default.post("/v1/tasks/claim", {{"worker", "w"}}).status
+        == 204);
+  CHECK(operator_default.get("/v1/orchestrations").parsed()["data"].empty());
+  // A worker name holds no tenant.
+  CHECK(clients[0]->post("/v1/tasks/claim", {{"worker", "a~b"}}).status
+        == 400);
+}
+
+TEST_CASE("tenants: a tenant's orchestrations survive a restart in its "
+          "tenant",
+          "[tenants]") {
+  test::test_store store;
+  auto flags = store.serve_flags();
+  flags.insert(flags.end(), {"--admin-token", admin_token});
+  std::string key;
+  std::string orchestration;
+  {
+    test::server_process srv{flags};
+    client admin{srv.port(), admin_token};
+    auto t = make_tenant(admin, "durable");
+    key = t.key;
+    client c{srv.port(), key};
+    auto made = c.post("/v1/orchestrations", {{"payload", "kept"}});
+    REQUIRE(made.status == 201);
+    orchestration = made.parsed()["id"].get<std::string>();
+    REQUIRE(srv.stop(SIGTERM) == 0);
+  }
+  test::server_process srv{flags};
+  client c{srv.port(), key};
+  auto tree = c.get("/v1/orchestrations/" + orchestration);
+  REQUIRE(tree.status == 200);
+  client operator_default{srv.port(), admin_token, "default"};
+  CHECK(operator_default.get("/v1/orchestrations/" + orchestration).status
+        == 404);
+  CHECK(operator_default.post("/v1/tasks/claim", {{"worker", "w"}}).status
+        == 204);
+  auto claim = c.post("/v1/tasks/claim", {{"worker", "w"}});
+  REQUIRE(claim.status == 200);
+  CHECK(claim.parsed()["id"] == orchestration);
+  CHECK(claim.parsed()["payload"] == "kept");
 }

@@ -243,6 +243,7 @@ void emit(orchestrator_pointer self, event e) {
   auto& st = self->state;
   if (!st.events)
     return;
+  e.tenant = st.tenant;
   if (!st.store)
     st.events->publish({std::move(e)});
   else
@@ -334,9 +335,10 @@ orchestrator_actor::behavior_type
 orchestrator(orchestrator_pointer self, records::stored_orchestration initial,
              scheduler_actor scheduler, id_allocator_actor ids,
              storage_actor store, std::chrono::milliseconds timeout,
-             std::shared_ptr<event_log> events) {
+             std::shared_ptr<event_log> events, std::string tenant) {
   auto& init = self->state;
   init.events = std::move(events);
+  init.tenant = std::move(tenant);
   init.root = initial.root;
   init.scheduler = std::move(scheduler);
   init.ids = std::move(ids);

@@ -480,7 +480,8 @@ orchestrator_actor adopt(scheduler_pointer self,
     }
   auto handle = self->spawn(orchestrator, std::move(orch),
                             caf::actor_cast<scheduler_actor>(self), st.ids,
-                            st.store, st.options.timeout, st.options.events);
+                            st.store, st.options.timeout, st.options.events,
+                            st.options.tenant);
   self->monitor(handle);
   st.orchestrators.emplace(ordinal, handle);
   st.orchestrator_of.emplace(handle.address(), ordinal);
@@ -519,7 +520,7 @@ void load(scheduler_pointer self, uint64_t ordinal) {
   };
   self
     ->request(st.store, st.options.timeout, load_atom::value,
-              records::load_orchestration(root))
+              records::load_orchestration(root, st.options.tenant))
     .then(
       [self, ordinal, answer, failed](sql_rows& rows) {
         auto stored = records::decode_tasks(rows);
@@ -610,7 +611,7 @@ void restore(scheduler_pointer self) {
   auto& st = self->state;
   self
     ->request(st.store, st.options.timeout, load_atom::value,
-              records::load_tasks())
+              records::load_tasks(self->state.options.tenant))
     .await(
       [self](sql_rows& rows) {
         auto stored = records::decode_tasks(rows);
@@ -750,6 +751,7 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
               t.id = root.to_string();
               t.max_attempts = retry.max_attempts;
               created.push_back(task_event("task.created", t));
+              created.back().tenant = st.options.tenant;
             }
             if (!st.store) {
               if (st.options.events)
@@ -763,7 +765,8 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
             // write skips the ID (gaps are allowed, reuse is not). Until
             // then a request for it finds nothing, even if the row has
             // committed: its orchestrator is spawned here, once.
-            auto write = sql_write{records::insert_task(root, payload, retry)};
+            auto write = sql_write{records::insert_task(root, payload, retry,
+                                                        st.options.tenant)};
             st.creating.insert(root.orchestration);
             self
               ->request(st.store, st.options.timeout, store_atom::value,
@@ -983,7 +986,7 @@ scheduler_actor::behavior_type scheduler(scheduler_pointer self,
       auto rp = self->make_response_promise<std::vector<std::string>>();
       self
         ->request(st.store, st.options.timeout, load_atom::value,
-                  records::list_orchestrations())
+                  records::list_orchestrations(self->state.options.tenant))
         .then(
           [rp](sql_rows& rows) mutable {
             std::vector<task_id> roots;

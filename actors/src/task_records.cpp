@@ -85,17 +85,30 @@ task_counts count_states(const stored_orchestration& x) {
   return out;
 }
 
-sql_statement load_tasks() {
-  return make_sql(std::string{task_columns} + ";");
+// An orchestration's tenant is on its root's row: the filter is part of
+// every load (docs/tenants.md).
+sql_statement load_tasks(const std::string& tenant) {
+  return make_sql(std::string{task_columns}
+                    + " WHERE orchestration IN (SELECT id FROM tasks WHERE "
+                      "parent = '' AND tenant = ?1);",
+                  tenant);
 }
 
-sql_statement load_orchestration(const task_id& root) {
-  return make_sql(std::string{task_columns} + " WHERE orchestration = ?1;",
-                  root.to_string());
+sql_statement load_orchestration(const task_id& root,
+                                 const std::string& tenant) {
+  return make_sql(std::string{task_columns}
+                    + " WHERE orchestration = ?1 AND EXISTS (SELECT 1 FROM "
+                      "tasks r WHERE r.id = ?1 AND r.tenant = ?2);",
+                  root.to_string(), tenant);
 }
 
-sql_statement list_orchestrations() {
-  return make_sql("SELECT id FROM tasks WHERE parent = '';");
+sql_statement list_orchestrations(const std::string& tenant) {
+  return make_sql("SELECT id FROM tasks WHERE parent = '' AND tenant = ?1;",
+                  tenant);
+}
+
+sql_statement list_task_tenants() {
+  return make_sql("SELECT DISTINCT tenant FROM tasks WHERE parent = '';");
 }
 
 bool finished(const stored_orchestration& x) {
@@ -157,18 +170,18 @@ decode_tasks(const sql_rows& rows) {
 }
 
 sql_statement insert_task(const task_id& id, const std::string& payload,
-                          const task_retry& retry) {
+                          const task_retry& retry, const std::string& tenant) {
   std::string parent;
   if (auto p = id.parent())
     parent = p->to_string();
   return make_sql("INSERT INTO tasks(id, orchestration, parent, state, "
-                  "payload, max_attempts, backoff_ms) "
-                  "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7);",
+                  "payload, max_attempts, backoff_ms, tenant) "
+                  "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8);",
                   id.to_string(), task_id{id.orchestration, {}}.to_string(),
                   std::move(parent),
                   static_cast<int64_t>(task_state::pending), payload,
                   static_cast<int64_t>(retry.max_attempts),
-                  static_cast<int64_t>(retry.backoff_ms));
+                  static_cast<int64_t>(retry.backoff_ms), tenant);
 }
 
 sql_statement update_task(const task_id& id, task_state state,

@@ -9,6 +9,7 @@
 #include "spindle/actors/fenced_store.hpp"
 #include "spindle/actors/id_allocator.hpp"
 #include "spindle/actors/scheduler.hpp"
+#include "spindle/actors/task_records.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/runtime/actor_pool.hpp"
 #include "spindle/runtime/cluster.hpp"
@@ -92,12 +93,20 @@ caf::error runtime::start_core() {
   if (auto err = start_orchestration())
     return err;
   running_ = true;
+  // The other tenants' orchestrations load behind their schedulers, where
+  // the default tenant's scheduler runs.
+  if (scheduler()) {
+    start_tenant_schedulers(true);
+    caf::logger::set_current_actor_system(nullptr);
+  }
   return caf::none;
 }
 
-scheduler_actor runtime::spawn_scheduler(uint64_t epoch) {
+scheduler_actor runtime::spawn_scheduler(uint64_t epoch,
+                                         const std::string& tenant) {
   scheduler_options opts;
   opts.events = events_;
+  opts.tenant = tenant;
   storage_actor store = state_store_;
   storage_actor fence;
   if (epoch > 0)
@@ -107,6 +116,24 @@ scheduler_actor runtime::spawn_scheduler(uint64_t epoch) {
                                    epoch);
   auto handle = system_->spawn(spindle::scheduler, id_allocator_, store,
                                opts);
+  if (!tenant.empty()) {
+    // A tenant's scheduler that stops by itself (its load failed) is
+    // started again by the tenant's next request.
+    handle->attach_functor([this, tenant, fence,
+                            addr = handle.address()](const caf::error& why) {
+      if (fence)
+        caf::anon_send_exit(fence, caf::exit_reason::user_shutdown);
+      if (why && why != caf::exit_reason::user_shutdown)
+        spdlog::error("orchestration: the scheduler of tenant {} stopped "
+                      "({}); its next request starts it again",
+                      tenant, describe(why));
+      std::lock_guard<std::mutex> guard{scheduler_mtx_};
+      auto i = tenant_schedulers_.find(tenant);
+      if (i != tenant_schedulers_.end() && i->second.address() == addr)
+        tenant_schedulers_.erase(i);
+    });
+    return handle;
+  }
   if (epoch > 0) {
     // A scheduler that stops by itself (its load failed) gives the seat
     // back to the heartbeat, which takes it again with a new epoch.
@@ -133,18 +160,92 @@ void runtime::scheduler_seat_changed(uint64_t epoch) {
     caf::logger::set_current_actor_system(nullptr);
   }
   scheduler_actor old;
+  std::map<std::string, scheduler_actor> old_tenants;
   {
     std::lock_guard<std::mutex> guard{scheduler_mtx_};
     old = std::exchange(scheduler_, fresh);
+    old_tenants = std::exchange(tenant_schedulers_, {});
+    seat_epoch_ = epoch;
   }
   if (old)
     caf::anon_send_exit(old, caf::exit_reason::user_shutdown);
+  for (auto& [tenant, handle] : old_tenants)
+    caf::anon_send_exit(handle, caf::exit_reason::user_shutdown);
+  if (epoch > 0 && running()) {
+    start_tenant_schedulers(false);
+    caf::logger::set_current_actor_system(nullptr);
+  }
   if (epoch > 0)
     spdlog::info("cluster: this node runs the scheduler (seat epoch {}); it "
                  "loads the stored orchestrations",
                  epoch);
   else if (old)
     spdlog::warn("cluster: this node no longer runs the scheduler");
+}
+
+scheduler_actor runtime::tenant_scheduler(const std::string& tenant,
+                                          bool& spawned) {
+  std::lock_guard<std::mutex> guard{scheduler_mtx_};
+  // Where the default tenant's runs (the seat's holder), every tenant's
+  // does.
+  if (!scheduler_ || !running())
+    return {};
+  if (auto i = tenant_schedulers_.find(tenant); i != tenant_schedulers_.end())
+    return i->second;
+  auto handle = spawn_scheduler(seat_epoch_, tenant);
+  tenant_schedulers_.emplace(tenant, handle);
+  spawned = true;
+  return handle;
+}
+
+scheduler_actor runtime::scheduler_of(const std::string& tenant) {
+  if (tenant.empty())
+    return scheduler();
+  bool spawned = false;
+  auto handle = tenant_scheduler(tenant, spawned);
+  // Spawning pinned the actor system's logger in a thread-local of this
+  // (outside) thread; ~actor_system waits for every pin.
+  if (spawned)
+    caf::logger::set_current_actor_system(nullptr);
+  return handle;
+}
+
+std::vector<scheduler_actor> runtime::all_schedulers() const {
+  std::lock_guard<std::mutex> guard{scheduler_mtx_};
+  std::vector<scheduler_actor> out;
+  if (scheduler_)
+    out.push_back(scheduler_);
+  for (auto& [tenant, handle] : tenant_schedulers_)
+    out.push_back(handle);
+  return out;
+}
+
+void runtime::start_tenant_schedulers(bool wait) {
+  if (!state_store_)
+    return;
+  auto start = [this](caf::expected<sql_rows> rows) {
+    if (!rows) {
+      spdlog::warn("orchestration: the tenants holding orchestrations "
+                   "cannot be read ({}); their schedulers start on their "
+                   "first request",
+                   describe(rows.error()));
+      return;
+    }
+    // On an actor's thread (the answer) or the caller's (`wait`): the
+    // caller unpins the logger itself.
+    bool spawned = false;
+    for (auto& row : *rows)
+      if (!row.empty() && row[0].type == sql_value::kind::text
+          && !row[0].text.empty() && valid_tenant_id(row[0].text))
+        tenant_scheduler(row[0].text, spawned);
+  };
+  if (wait)
+    start(call<sql_rows>(state_store_, options_.default_timeout,
+                         load_atom::value, records::list_task_tenants()));
+  else
+    call_async<sql_rows>(state_store_, options_.default_timeout,
+                         std::move(start), load_atom::value,
+                         records::list_task_tenants());
 }
 
 thread_location runtime::locate_scheduler() const {
@@ -219,7 +320,8 @@ std::vector<caf::actor> runtime::core_actors() const {
       result.push_back(caf::actor_cast<caf::actor>(handle));
   };
   // -- orchestration (add here) --
-  add(scheduler());
+  for (auto& handle : all_schedulers())
+    add(handle);
   // -- threads, memory, builder (add here) --
   add(context_builder_);
   add(rewriter_);
@@ -261,6 +363,7 @@ void runtime::stop() {
   {
     std::lock_guard<std::mutex> guard{scheduler_mtx_};
     scheduler_ = nullptr;
+    tenant_schedulers_.clear();
   }
   id_allocator_ = nullptr;
   state_store_ = nullptr;

@@ -121,12 +121,6 @@ std::optional<api_error> authorize(const principal& p, const route_rule& rule,
         return forbidden(std::string{"this key lacks the scope '"}
                            + tenancy::name_of(rule.scope) + "'",
                          tenancy::name_of(rule.scope));
-      // Orchestration keeps one tenant's tasks for now: the default one
-      // (docs/tenants.md, "What is not per tenant yet").
-      if ((rule.scope == scope::tasks_read || rule.scope == scope::tasks_write)
-          && p.tenant != tenancy::default_tenant)
-        return forbidden("orchestration serves the default tenant only; "
-                         "this tenant has no tasks");
       return std::nullopt;
   }
   return std::nullopt;

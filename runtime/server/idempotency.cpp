@@ -1,10 +1,10 @@
 #include "idempotency.hpp"
 
-#include <openssl/evp.h>
 #include <spdlog/spdlog.h>
 
 #include <nlohmann/json.hpp>
 
+#include "core/digest.hpp"
 #include "spindle/messages/error.hpp"
 #include "storage/database.hpp"
 #include "storage/postgres/postgres.hpp"
@@ -102,18 +102,7 @@ std::string idempotency_store::fingerprint(std::string_view method,
   input.reserve(method.size() + path.size() + body.size() + 2);
   input.append(method).append(1, ' ').append(path).append(1, '\n');
   input.append(body);
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int size = 0;
-  EVP_Digest(input.data(), input.size(), digest, &size, EVP_sha256(),
-             nullptr);
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(size * 2);
-  for (unsigned int i = 0; i < size; ++i) {
-    out += hex[digest[i] >> 4];
-    out += hex[digest[i] & 15];
-  }
-  return out;
+  return sha256_hex(input);
 }
 
 sql_query* idempotency_store::query(std::unique_ptr<sql_query>& slot,

@@ -1,6 +1,8 @@
 // POST /v1/ids: IDs from the allocator over HTTP.
 
+#include "auth.hpp"
 #include "router.hpp"
+#include "spindle/messages/task_id.hpp"
 #include "spindle/runtime/runtime.hpp"
 
 namespace spindle::http {
@@ -17,6 +19,15 @@ void add_id_routes(router& r) {
              if (!parent)
                throw api_error{400, "malformed",
                                "field 'parent' is required for kind 'task'"};
+             // With tenants, only under a task of the request's tenant: a
+             // parent of another answers as a missing one.
+             if (who(req).who != tenancy::principal::kind::open) {
+               if (auto parsed = task_id::parse(*parent); !parsed)
+                 fail(parsed.error());
+               if (auto found = r.rt().task(who(req).qualify(*parent));
+                   !found)
+                 fail(found.error());
+             }
              id = r.rt().next_task_id(*parent);
            } else if (parent) {
              throw api_error{400, "malformed",

@@ -1,8 +1,10 @@
 // Orchestration routes: create, spawn subtasks, claim, complete, fail, and
 // the tree with states.
 
+#include "auth.hpp"
 #include "router.hpp"
 #include "spindle/messages/error.hpp"
+#include "spindle/messages/ids.hpp"
 #include "spindle/messages/task_id.hpp"
 #include "spindle/runtime/runtime.hpp"
 
@@ -117,18 +119,25 @@ json claim_json(const task_claim& c) {
   return out;
 }
 
-// The task the next claim takes, over every orchestration (D1): the
-// scheduler's first executable task, or null.
-json next_task(router& r) {
-  auto next = r.rt().executable_tasks({}, 1);
+// The task the next claim takes, over every orchestration of the
+// request's tenant (D1): its scheduler's first executable task, or null.
+json next_task(router& r, const request& req) {
+  auto next = r.rt().executable_tasks(who(req).prefix, 1);
   return next && !next->empty() ? json(next->front()) : json(nullptr);
 }
 
+// A task ID of the path, checked, as the facade names it in the request's
+// tenant ("TENANT~0001_t1"; docs/tenants.md).
 std::string path_task(const request& req) {
-  auto id = req.matches[1];
+  auto& id = req.matches[1];
   if (auto parsed = task_id::parse(id); !parsed)
     fail(parsed.error());
-  return id;
+  return who(req).qualify(id);
+}
+
+// The tenant's ID for the facade ("" for the default tenant).
+std::string tenant_id_of(const request& req) {
+  return std::string{tenant_of_id(who(req).prefix)};
 }
 
 } // namespace
@@ -140,7 +149,8 @@ void add_task_routes(router& r) {
            auto body = parse_body(req, {"payload", "max_attempts",
                                         "backoff_s"});
            auto id = r.rt().create_orchestration(keep(body, "payload", true),
-                                                 retry_of(body));
+                                                 retry_of(body),
+                                                 tenant_id_of(req));
            if (!id)
              fail(id.error());
            ctx.log["task"] = *id;
@@ -163,17 +173,18 @@ void add_task_routes(router& r) {
                  {"tasks", tasks},
                  {"executable", executable ? json(*executable)
                                            : json::array()},
-                 {"next", next_task(r)}});
+                 {"next", next_task(r, req)}});
         });
 
   r.get(R"(/v1/orchestrations)", "GET /v1/orchestrations",
         [&r](const request& req, response& res, request_context&) {
           only_params(req, {});
-          auto ids = r.rt().list_orchestrations();
+          auto ids = r.rt().list_orchestrations(tenant_id_of(req));
           if (!ids)
             fail(ids.error());
-          reply(res, 200,
-                {{"object", "list"}, {"data", *ids}, {"next", next_task(r)}});
+          reply(res, 200, {{"object", "list"},
+                           {"data", *ids},
+                           {"next", next_task(r, req)}});
         });
 
   r.get(R"(/v1/tasks/([^/]+))", "GET /v1/tasks/{id}",
@@ -205,6 +216,11 @@ void add_task_routes(router& r) {
     [&r](std::shared_ptr<async_call> call) {
       auto body = parse_body(call->req(), {"worker", "lease_s", "wait_s"});
       auto worker = required_string(body, "worker");
+      // Workers are per tenant: a name never holds the tenant separator.
+      if (worker.find(tenant_separator) != std::string::npos)
+        throw api_error{400, "invalid_argument",
+                        "worker: a worker name may not hold '~'", "worker"};
+      worker = who(call->req()).qualify(worker);
       auto lease = lease_length(body);
       auto wait = seconds_field(body, "wait_s", 0, 60,
                                 std::chrono::milliseconds{0});

@@ -3,10 +3,10 @@
 #include <algorithm>
 #include <filesystem>
 
-#include <openssl/evp.h>
 #include <openssl/rand.h>
 #include <spdlog/spdlog.h>
 
+#include "core/digest.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/ids.hpp"
 #include "storage/database.hpp"
@@ -347,7 +347,9 @@ tenant_store::update_tenant(const std::string& id,
   return find_tenant(id);
 }
 
-caf::expected<uint64_t> tenant_store::revoke_keys(const std::string& tenant) {
+caf::expected<uint64_t> tenant_store::drop_keys(const std::string& tenant,
+                                                bool with_tenant,
+                                                bool& tenant_found) {
   std::vector<std::string> keys;
   {
     std::lock_guard<std::mutex> guard{db_mx_};
@@ -369,6 +371,12 @@ caf::expected<uint64_t> tenant_store::revoke_keys(const std::string& tenant) {
     if (auto err = run(*db_, "DELETE FROM tenant_keys WHERE tenant = ?1;",
                        {sql_value::of(tenant)}))
       return fail(std::move(err));
+    if (with_tenant) {
+      if (auto err = run(*db_, "DELETE FROM tenants WHERE id = ?1;",
+                         {sql_value::of(tenant)}))
+        return fail(std::move(err));
+      tenant_found = db_->changes() > 0;
+    }
     if (auto err = db_->commit())
       return err;
   }
@@ -377,43 +385,19 @@ caf::expected<uint64_t> tenant_store::revoke_keys(const std::string& tenant) {
   return static_cast<uint64_t>(keys.size());
 }
 
+caf::expected<uint64_t> tenant_store::revoke_keys(const std::string& tenant) {
+  bool unused = false;
+  return drop_keys(tenant, false, unused);
+}
+
 caf::expected<bool> tenant_store::delete_tenant(const std::string& id) {
   if (id == default_tenant)
     return make_error(errc::invalid_argument,
                       "the default tenant cannot be deleted");
-  std::vector<std::string> keys;
-  {
-    std::lock_guard<std::mutex> guard{db_mx_};
-    auto rows = query(*db_, "SELECT id FROM tenant_keys WHERE tenant = ?1;",
-                      {sql_value::of(id)});
-    if (!rows)
-      return rows.error();
-    for (auto& row : *rows)
-      keys.push_back(text_of(row[0]));
-    if (auto err = db_->begin())
-      return err;
-    auto fail = [&](caf::error err) {
-      db_->rollback();
-      return err;
-    };
-    for (auto& k : keys)
-      if (auto err = log_change(k))
-        return fail(std::move(err));
-    if (auto err = run(*db_, "DELETE FROM tenant_keys WHERE tenant = ?1;",
-                       {sql_value::of(id)}))
-      return fail(std::move(err));
-    if (auto err = run(*db_, "DELETE FROM tenants WHERE id = ?1;",
-                       {sql_value::of(id)}))
-      return fail(std::move(err));
-    auto found = db_->changes() > 0;
-    if (auto err = db_->commit())
-      return err;
-    if (!found)
-      return false;
-  }
-  for (auto& k : keys)
-    evict(k);
-  return true;
+  bool found = false;
+  if (auto dropped = drop_keys(id, true, found); !dropped)
+    return dropped.error();
+  return found;
 }
 
 // -- keys ---------------------------------------------------------------------
@@ -542,18 +526,7 @@ bool tenant_store::looks_like_key(std::string_view secret) noexcept {
 }
 
 std::string tenant_store::hash_of(std::string_view secret) {
-  unsigned char digest[EVP_MAX_MD_SIZE];
-  unsigned int size = 0;
-  EVP_Digest(secret.data(), secret.size(), digest, &size, EVP_sha256(),
-             nullptr);
-  static constexpr char hex[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(size * 2);
-  for (unsigned int i = 0; i < size; ++i) {
-    out += hex[digest[i] >> 4];
-    out += hex[digest[i] & 15];
-  }
-  return out;
+  return sha256_hex(secret);
 }
 
 key_check tenant_store::check(const key_record& k) {

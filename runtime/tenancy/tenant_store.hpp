@@ -161,6 +161,10 @@ private:
   explicit tenant_store(std::unique_ptr<sql_connection> db);
 
   caf::error create_schema();
+  /// Revokes every key of `tenant` and, `with_tenant`, removes the tenant
+  /// in the same transaction (`tenant_found` says whether it was there).
+  caf::expected<uint64_t> drop_keys(const std::string& tenant,
+                                    bool with_tenant, bool& tenant_found);
   void refresher();
   void refresh_once();
   /// Drops `key_id` from the cache.

@@ -155,7 +155,6 @@ INVALID_KINDS = [
 #   admin      the admin token; `Spindle-Tenant: default` on a route of a tenant's data
 #   key        a key of the fuzzer's own tenant, every scope but keys:admin
 #   admin@key  the admin token acting in that tenant (`Spindle-Tenant: <its id>`)
-# The key's tenant has no orchestration (403): its principals never send those.
 PRINCIPAL_WEIGHTS = (("admin", 0.7), ("key", 0.2), ("admin@key", 0.1))
 MAX_LIVE_TENANTS = 300         # tenants the fuzzer made and did not delete (the server takes 100000)
 
@@ -202,14 +201,11 @@ class Operation:
         self.idempotent = any(p["name"] == "Idempotency-Key" for _, p in self.header_params)
         # A route of a tenant's data: the admin token must name a tenant there.
         self.tenant_data = any(p["name"] == "Spindle-Tenant" for _, p in self.header_params)
-        # Orchestration serves the default tenant only (tenants.md, "What is not per tenant yet").
-        self.tasks = self.tenant_data and (path.startswith(("/v1/orchestrations", "/v1/tasks"))
-                                           or path == "/v1/ids")
         # Who may send it with tenancy on (runtime/server/auth.cpp, rule_of).
         if not self.secured:
             self.access = "open"
         elif self.tenant_data:
-            self.access = "tasks" if self.tasks else "tenant"
+            self.access = "tenant"
         elif path.startswith("/v1/keys/") or path.endswith("/keys"):
             self.access = "tenant_admin"   # the admin token, or a key with keys:admin
         elif path == "/v1/tokens/count":
@@ -2541,18 +2537,11 @@ class Fuzzer:
         if kind == "wrong_principal":
             # A valid token on a route it may not use: 403 permission_denied.
             exp = {"status": {403}, "code_of": {403: {"permission_denied"}}}
-            if op.access in ("admin", "tenant_admin", "tasks") and self.ten.key_secret:
-                if op.access == "tasks" and rng.random() < 0.4:
-                    # the admin token in the key's tenant: it has no orchestration
-                    req.headers["Authorization"] = "Bearer " + self.server.token
-                    req.headers["Spindle-Tenant"] = self.ten.key_tenant
-                    req.note = "the admin token in tenant %s, not default" % self.ten.key_tenant
-                else:
-                    req.headers["Authorization"] = "Bearer " + self.ten.key_secret
-                    req.headers.pop("Spindle-Tenant", None)
-                    req.note = "a tenant's key (without keys:admin) on a route %s" % {
-                        "admin": "for the admin token", "tenant_admin": "for keys:admin",
-                        "tasks": "of orchestration (the default tenant's only)"}[op.access]
+            if op.access in ("admin", "tenant_admin") and self.ten.key_secret:
+                req.headers["Authorization"] = "Bearer " + self.ten.key_secret
+                req.headers.pop("Spindle-Tenant", None)
+                req.note = "a tenant's key (without keys:admin) on a route %s" % {
+                    "admin": "for the admin token", "tenant_admin": "for keys:admin"}[op.access]
                 if op.access == "tenant_admin":
                     exp["param"] = "keys:admin"
                 req.expect = exp

@@ -208,6 +208,12 @@ constexpr migration migrations[] = {
    "      thread, fence USING ERRCODE = 'SPF01'; "
    "  END IF; "
    "END $$;"},
+
+  // 14: tenants (docs/tenants.md), as SQLite's.
+  {14,
+   "ALTER TABLE tasks ADD COLUMN tenant TEXT COLLATE \"C\" NOT NULL "
+   "DEFAULT '';"
+   "CREATE INDEX tasks_by_tenant ON tasks(tenant, parent, id);"},
 };
 
 static_assert(sizeof(migrations) / sizeof(migrations[0]) > 0

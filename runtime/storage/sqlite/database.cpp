@@ -266,6 +266,11 @@ const char* const migrations[] = {
   // spindle_fence; docs/cluster.md). A SQLite store is one process, never
   // a cluster: nothing changes here, the version follows.
   "SELECT 1;",
+
+  // 13 -> 14: tenants (docs/tenants.md). An orchestration's root row names
+  // its tenant ('' for the default tenant, as every stored one is).
+  "ALTER TABLE tasks ADD COLUMN tenant TEXT NOT NULL DEFAULT '';"
+  "CREATE INDEX tasks_by_tenant ON tasks(tenant, parent, id);",
 };
 
 static_assert(sizeof(migrations) / sizeof(migrations[0])

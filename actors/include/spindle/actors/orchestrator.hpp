@@ -89,6 +89,9 @@ struct orchestrator_state {
   uint64_t spawning = 0;
   /// Where task events go; null: nowhere.
   std::shared_ptr<event_log> events;
+  /// The tenant of the orchestration ("": the default one); its events
+  /// carry it.
+  std::string tenant;
 
   /// Answers every reply still waiting with `unavailable`.
   ~orchestrator_state();
@@ -107,6 +110,6 @@ orchestrator_actor::behavior_type
 orchestrator(orchestrator_pointer self, records::stored_orchestration initial,
              scheduler_actor scheduler, id_allocator_actor ids,
              storage_actor store, std::chrono::milliseconds timeout,
-             std::shared_ptr<event_log> events);
+             std::shared_ptr<event_log> events, std::string tenant = {});
 
 } // namespace spindle

@@ -29,6 +29,10 @@ struct scheduler_options {
   std::chrono::milliseconds timeout{30000};
   /// Where task events go (docs/api.md, "Events"); null: nowhere.
   std::shared_ptr<event_log> events;
+  /// The tenant whose orchestrations this scheduler holds ("": the default
+  /// tenant; docs/tenants.md): it loads, lists and creates only those, and
+  /// its events carry the tenant.
+  std::string tenant;
 };
 
 /// State of the scheduler (see messages/orchestration.hpp for its

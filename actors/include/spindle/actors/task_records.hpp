@@ -61,14 +61,22 @@ task_counts count_states(const stored_orchestration& x);
 
 // -- loads -------------------------------------------------------------------------
 
-/// Every stored task (the restart of the scheduler).
-sql_statement load_tasks();
+/// Every stored task of `tenant`'s orchestrations (the restart of its
+/// scheduler; "" the default tenant: docs/tenants.md).
+sql_statement load_tasks(const std::string& tenant = {});
 
-/// The tasks of one orchestration (the reload of one orchestrator).
-sql_statement load_orchestration(const task_id& root);
+/// The tasks of one orchestration of `tenant` (the reload of one
+/// orchestrator): none when it is another tenant's.
+sql_statement load_orchestration(const task_id& root,
+                                 const std::string& tenant = {});
 
-/// The ID of every stored orchestration (one row each, its root's ID).
-sql_statement list_orchestrations();
+/// The ID of every stored orchestration of `tenant` (one row each, its
+/// root's ID).
+sql_statement list_orchestrations(const std::string& tenant = {});
+
+/// The tenants that hold orchestrations, the default one ("") among them
+/// when it does.
+sql_statement list_task_tenants();
 
 /// True when every task of `x` is completed or failed: nothing changes
 /// unless a failed task is requeued, and the orchestration may leave
@@ -85,9 +93,10 @@ decode_tasks(const sql_rows& rows);
 // -- changes ------------------------------------------------------------------------
 
 /// Stores a new task, pending with `payload` (an orchestration when `id` is
-/// one), which may be tried `retry.max_attempts` times.
+/// one, of `tenant`), which may be tried `retry.max_attempts` times.
 sql_statement insert_task(const task_id& id, const std::string& payload,
-                          const task_retry& retry = {});
+                          const task_retry& retry = {},
+                          const std::string& tenant = {});
 
 /// Stores the state, outcome, worker, attempts and retry time of an
 /// existing task.

@@ -1896,7 +1896,7 @@ export interface components {
                 "application/json": components["schemas"]["Error"];
             };
         };
-        /** @description `permission_denied`: with tenancy on (`--admin-token`), the key lacks the route's scope (named in `param` and the message), the route is for the admin token, the admin token names no tenant with `Spindle-Tenant` on a route of a tenant's data, or a key names another tenant (`param` `Spindle-Tenant`); the routes of orchestration (the scopes `tasks:read` and `tasks:write`, `POST /v1/ids` too) answer it to every tenant but `default`. */
+        /** @description `permission_denied`: with tenancy on (`--admin-token`), the key lacks the route's scope (named in `param` and the message), the route is for the admin token, the admin token names no tenant with `Spindle-Tenant` on a route of a tenant's data, or a key names another tenant (`param` `Spindle-Tenant`). */
         Forbidden: {
             headers: {
                 [name: string]: unknown;

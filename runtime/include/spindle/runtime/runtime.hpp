@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -496,6 +497,14 @@ public:
     return scheduler_;
   }
 
+  /// The scheduler of `tenant`'s orchestrations ("": the default tenant's,
+  /// `scheduler()`; docs/tenants.md), started on first use where the
+  /// default one runs; invalid where none runs. Every orchestration call
+  /// below takes its tenant from the task ID, parent, orchestration or
+  /// worker it names (`TENANT~ID`, messages/ids.hpp); IDs in the answers
+  /// are the tenant's own (unqualified). Thread-safe.
+  scheduler_actor scheduler_of(const std::string& tenant);
+
   /// Where orchestration requests are served: here, or by the node
   /// holding the scheduler seat (`url` empty: no node holds it now, or
   /// none is known yet). Always here outside a cluster. Thread-safe.
@@ -512,6 +521,11 @@ public:
   /// "Retries"). Errors also: invalid_argument (a bad `retry`).
   caf::expected<std::string> create_orchestration(std::string payload,
                                                   task_retry retry);
+  /// The same, in `tenant` ("": the default tenant). Errors also:
+  /// invalid_id (not a tenant ID).
+  caf::expected<std::string> create_orchestration(std::string payload,
+                                                  task_retry retry,
+                                                  const std::string& tenant);
 
   /// Creates a subtask of task `parent` and returns its ID (0001 -> 0001_t1,
   /// 0001_t1 -> 0001_t1.1). Errors: invalid_id, not_found, conflict (the
@@ -598,7 +612,8 @@ public:
                    uint64_t limit = UINT64_MAX);
 
   /// Every orchestration's ID, by value. Errors: timeout, unavailable.
-  caf::expected<std::vector<std::string>> list_orchestrations();
+  caf::expected<std::vector<std::string>>
+  list_orchestrations(const std::string& tenant = {});
 
   /// Monitors an in-process worker actor: when it goes down, the tasks
   /// `worker` runs become stale. Errors: invalid_argument.
@@ -614,8 +629,8 @@ public:
   caf::expected<std::vector<std::string>>
   mark_worker_stale(const std::string& worker);
 
-  /// How many tasks are in each state, over every orchestration. Errors:
-  /// timeout, unavailable.
+  /// How many tasks are in each state, over every orchestration of every
+  /// tenant whose scheduler runs here. Errors: timeout, unavailable.
   caf::expected<task_counts> count_tasks();
 
   /// Checks every attached process worker that runs tasks; the tasks of
@@ -720,7 +735,16 @@ private:
   caf::error start_orchestration();
   /// Starts a scheduler (its load runs behind it); in a cluster, writing
   /// through a store fenced with the scheduler seat's `epoch`.
-  scheduler_actor spawn_scheduler(uint64_t epoch);
+  scheduler_actor spawn_scheduler(uint64_t epoch,
+                                  const std::string& tenant = {});
+  /// Starts the schedulers of the tenants that hold orchestrations (their
+  /// loads run behind them); `wait`: blocks until their tenants are known.
+  void start_tenant_schedulers(bool wait);
+  /// `tenant`'s scheduler, started here if it does not run yet
+  /// (`spawned`); invalid where the default one does not run.
+  scheduler_actor tenant_scheduler(const std::string& tenant, bool& spawned);
+  /// Every scheduler running here: the default one first.
+  std::vector<scheduler_actor> all_schedulers() const;
   /// The seat was taken (`epoch` > 0) or lost (0): the scheduler that ran
   /// under the old one stops, a new one starts.
   void scheduler_seat_changed(uint64_t epoch);
@@ -732,8 +756,21 @@ private:
   void ask_scheduler_async(std::chrono::milliseconds timeout,
                            std::function<void(caf::expected<R>)> done,
                            Ts&&... xs);
+  /// The same to `tenant`'s scheduler (invalid_id for no tenant ID).
+  template <class R, class... Ts>
+  caf::expected<R> ask_scheduler_in(const std::string& tenant,
+                                    std::chrono::milliseconds timeout,
+                                    Ts&&... xs);
+  template <class R, class... Ts>
+  void ask_scheduler_in_async(const std::string& tenant,
+                              std::chrono::milliseconds timeout,
+                              std::function<void(caf::expected<R>)> done,
+                              Ts&&... xs);
   mutable std::mutex scheduler_mtx_;
   scheduler_actor scheduler_;
+  /// The other tenants' schedulers, and the seat's epoch they write under.
+  std::map<std::string, scheduler_actor> tenant_schedulers_;
+  uint64_t seat_epoch_ = 0;
   // events:
   std::shared_ptr<event_log> events_;
 };
