@@ -379,20 +379,44 @@ def write_lua(tmp, route, tenancy, keys_path, key_count):
     return path
 
 
-def bench_route(route, urls, scripts, conns, seconds, rounds, log):
+def cpu_seconds(pid):
+    """User and system CPU time the process has used, in seconds."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measured(url, c, seconds, script, pid):
+    """One wrk point, with the server's CPU time per request: the cost of
+    a request the server pays whatever else runs on the machine, so it
+    compares two servers more steadily than requests per second on a
+    shared machine, where one round's ratio moves by 2x."""
+    before = cpu_seconds(pid)
+    r = bh.run_wrk(url, c, seconds, script)
+    used = cpu_seconds(pid) - before
+    n = r.get("requests") or 0
+    r["cpu_us_per_request"] = used * 1e6 / n if n else float("nan")
+    return r
+
+
+def bench_route(route, urls, scripts, conns, seconds, rounds, log, pids):
     """Like bench_http's /healthz: `rounds` rounds per connection count,
     the two servers one right after the other, the order alternating;
     the ratio is the median of the rounds' ratios, each server's figures
-    its median round's."""
+    its median round's. `cpu_ratio` is off's CPU time per request over
+    on's, the median of the rounds': the capacity tenancy leaves."""
     points = []
     for c in conns:
         runs = []
         for r in range(rounds):
             order = ("off", "on") if r % 2 == 0 else ("on", "off")
-            got = {name: bh.run_wrk(urls[name], c, seconds, scripts[name])
+            got = {name: measured(urls[name], c, seconds, scripts[name],
+                                  pids[name])
                    for name in order}
             got["ratio"] = (got["on"]["requests_per_sec"]
                             / got["off"]["requests_per_sec"])
+            got["cpu_ratio"] = (got["off"]["cpu_us_per_request"]
+                                / got["on"]["cpu_us_per_request"])
             runs.append(got)
 
         def median_run(name):
@@ -402,11 +426,17 @@ def bench_route(route, urls, scripts, conns, seconds, rounds, log):
         p = {"connections": c, "off": median_run("off"),
              "on": median_run("on"),
              "ratio": statistics.median(g["ratio"] for g in runs),
-             "round_ratios": [g["ratio"] for g in runs]}
+             "round_ratios": [g["ratio"] for g in runs],
+             "cpu_ratio": statistics.median(g["cpu_ratio"] for g in runs),
+             "cpu_us": {name: statistics.median(g[name]["cpu_us_per_request"]
+                                                for g in runs)
+                        for name in ("off", "on")}}
         log(f"  {route} c={c}: on {p['on']['requests_per_sec']:,.0f}/s, "
             f"off {p['off']['requests_per_sec']:,.0f}/s, rounds "
             + " ".join(f"{x:.2f}x" for x in p["round_ratios"])
-            + f", median {p['ratio']:.2f}x")
+            + f", median {p['ratio']:.2f}x; CPU per request off "
+            f"{p['cpu_us']['off']:.0f} us, on {p['cpu_us']['on']:.0f} us, "
+            f"{p['cpu_ratio']:.2f}x")
         points.append(p)
     return points
 
@@ -426,10 +456,14 @@ def route_table(points):
                      " ".join(f"{x:.2f}" for x in p["round_ratios"]),
                      "yes" if met(p) else "**no**",
                      bh.lat(off, "p50"), bh.lat(on, "p50"),
-                     bh.lat(off, "p99"), bh.lat(on, "p99")])
+                     bh.lat(off, "p99"), bh.lat(on, "p99"),
+                     f"{p['cpu_us']['off']:.0f} µs",
+                     f"{p['cpu_us']['on']:.0f} µs",
+                     f"{p['cpu_ratio']:.2f}x"])
     return bh.table(["connections", "off req/s", "on req/s", "on/off",
                      "rounds", f"≥ {TARGET}x", "off p50", "on p50",
-                     "off p99", "on p99"], rows)
+                     "off p99", "on p99", "off CPU/req", "on CPU/req",
+                     "CPU off/on"], rows)
 
 
 def route_report_table(route, points, seconds, tenants):
@@ -584,10 +618,12 @@ def main():
             tempfile.TemporaryDirectory(prefix="bench_tenants-"))
         log(f"bench_tenants: {seconds} s per point, {rounds} round(s), "
             f"temp dir {tmp}")
-        _, off_url = start_spindle(exe, tmp, "off",
-                                   os.path.join(tmp, "off"), [], stack)
-        _, on_url = start_spindle(exe, tmp, "on", os.path.join(tmp, "on"),
-                                  ["--admin-token", admin], stack)
+        off_srv, off_url = start_spindle(exe, tmp, "off",
+                                         os.path.join(tmp, "off"), [], stack)
+        on_srv, on_url = start_spindle(exe, tmp, "on",
+                                       os.path.join(tmp, "on"),
+                                       ["--admin-token", admin], stack)
+        pids = {"off": off_srv.proc.pid, "on": on_srv.proc.pid}
         log(f"  spindle (tenancy off) at {off_url}, "
             f"(tenancy on) at {on_url}")
         keys, took = populate(on_url, off_url, admin, tenants, log)
@@ -610,7 +646,7 @@ def main():
         before = key_authentications(on_url, admin)
         for route, _ in ROUTES:
             result[route] = bench_route(route, urls, scripts[route], conns,
-                                        seconds, rounds, log)
+                                        seconds, rounds, log, pids)
         after = key_authentications(on_url, admin)
         result["key_authentications"] = {"before": before, "after": after}
         result["answers"] = {"off": answers_by_status(off_url),

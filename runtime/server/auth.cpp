@@ -198,6 +198,19 @@ auth_outcome authenticate(const request& req, const route_rule& rule,
     out.who = std::move(p);
     return out;
   }
+  // The common case: a key in use, its principal made once.
+  if (auto p = tenants.cached_principal(token)) {
+    if (!named.empty() && named != p->tenant)
+      return refused(forbidden(
+        "Spindle-Tenant names a tenant for the admin token; a key acts in "
+        "its own tenant only",
+        "Spindle-Tenant"));
+    if (auto no = authorize(*p, rule, req))
+      return refused(std::move(*no));
+    auth_outcome out;
+    out.who = std::move(p);
+    return out;
+  }
   tenancy::key_record key;
   tenancy::key_check verdict;
   if (auto known = tenants.cached(token, key)) {

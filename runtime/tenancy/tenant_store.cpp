@@ -57,8 +57,10 @@ constexpr size_t key_secret_chars = 40;
 constexpr size_t key_prefix_chars = 12;
 
 // A cached answer stays good while the refresher keeps up: past this
-// without a refresh, the database is asked again.
-constexpr int64_t stale_after_ms = 5 * tenant_store::refresh.count();
+// without a successful read of the log of changes (the store cannot be
+// reached), the database is asked again. Generous, so that a refresher
+// only delayed by a busy machine does not send every request to the store.
+constexpr int64_t stale_after_ms = 10000;
 // How long a hash found to be no key is refused without asking again, and
 // how many such hashes are remembered.
 constexpr auto unknown_for = std::chrono::seconds{1};
@@ -535,6 +537,26 @@ key_check tenant_store::check(const key_record& k) {
   return key_check::valid;
 }
 
+std::shared_ptr<const principal>
+tenant_store::cached_principal(std::string_view secret) {
+  if (!looks_like_key(secret)
+      || steady_ms() - refreshed_at_.load(std::memory_order_relaxed)
+           > stale_after_ms)
+    return nullptr;
+  auto hash = hash_of(secret);
+  std::shared_lock<std::shared_mutex> guard{cache_mx_};
+  auto i = cache_.find(hash);
+  if (i == cache_.end())
+    return nullptr;
+  auto& c = *i->second;
+  auto now = now_ms();
+  if (c.record.expires_ms != 0 && now >= c.record.expires_ms)
+    return nullptr;
+  hits_.fetch_add(1, std::memory_order_relaxed);
+  c.used_ms.store(now, std::memory_order_relaxed);
+  return c.who;
+}
+
 std::optional<key_check> tenant_store::cached(std::string_view secret,
                                               key_record& out) {
   if (!looks_like_key(secret))
@@ -585,6 +607,13 @@ caf::expected<key_check> tenant_store::authenticate(std::string_view secret,
   }
   auto entry = std::make_shared<cached_key>();
   entry->record = key_of_row(rows->front());
+  auto who = std::make_shared<principal>();
+  who->who = principal::kind::key;
+  who->tenant = entry->record.tenant;
+  who->prefix = prefix_of(entry->record.tenant);
+  who->scopes = entry->record.scopes;
+  who->key_id = entry->record.id;
+  entry->who = std::move(who);
   entry->stored_used_ms = entry->record.last_used_ms;
   entry->used_ms.store(now_ms());
   out = entry->record;

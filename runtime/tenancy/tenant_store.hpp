@@ -29,6 +29,7 @@
 #include <caf/expected.hpp>
 
 #include "spindle/runtime/storage.hpp"
+#include "tenancy/principal.hpp"
 #include "tenancy/scopes.hpp"
 
 namespace spindle {
@@ -137,6 +138,12 @@ public:
   /// not run for too long); then call `authenticate`.
   std::optional<key_check> cached(std::string_view secret, key_record& out);
 
+  /// The principal of `secret` when it is a valid key in the cache (made
+  /// once per key, shared by its requests): the fast path, without the
+  /// database and without an allocation; null when the cache cannot say
+  /// (then `cached` and `authenticate`).
+  std::shared_ptr<const principal> cached_principal(std::string_view secret);
+
   /// The key of `secret`, reading the database when it is not cached.
   /// Errors: storage_failure.
   caf::expected<key_check> authenticate(std::string_view secret,
@@ -153,6 +160,7 @@ public:
 private:
   struct cached_key {
     key_record record;
+    std::shared_ptr<const principal> who;
     /// Last use seen here (ms), written back at most once a minute.
     std::atomic<int64_t> used_ms{0};
     int64_t stored_used_ms = 0;
