@@ -53,6 +53,8 @@ Usage
     python3 bench/bench_tenants.py --json out.json    # full run, ~6 minutes
 
 Options:
+    --pin             both servers on the first core, wrk and this script
+                      on the second: the same conditions for both
     --build-dir DIR   where the spindle executable is (default: build)
     --quick           2 s per point, one round, 100 tenants and 1,000
                       keys (the full run: 8 s per point, five rounds, 1,000
@@ -80,6 +82,7 @@ import os
 import platform
 import re
 import resource
+import subprocess
 import secrets
 import shutil
 import signal
@@ -572,6 +575,10 @@ def main():
                          "the rounds' median")
     ap.add_argument("--json", metavar="PATH",
                     help="write every figure to this JSON file")
+    ap.add_argument("--pin", action="store_true",
+                    help="run both servers on the first core and wrk (and "
+                         "this script) on the second, so that the two "
+                         "servers are measured in the same conditions")
     args = ap.parse_args()
 
     exe = os.path.abspath(os.path.join(args.build_dir, "spindle"))
@@ -624,6 +631,18 @@ def main():
                                        os.path.join(tmp, "on"),
                                        ["--admin-token", admin], stack)
         pids = {"off": off_srv.proc.pid, "on": on_srv.proc.pid}
+        if args.pin:
+            cpus = sorted(os.sched_getaffinity(0))
+            if len(cpus) < 2:
+                fail("--pin needs two cores")
+            for pid in pids.values():
+                # Every thread of the server, not only its first.
+                subprocess.run(["taskset", "-a", "-p", "-c", str(cpus[0]),
+                                str(pid)], check=True,
+                               stdout=subprocess.DEVNULL)
+            os.sched_setaffinity(0, {cpus[1]})
+            result["pinned"] = {"servers": cpus[0], "wrk": cpus[1]}
+            log(f"  servers pinned to CPU {cpus[0]}, wrk to CPU {cpus[1]}")
         log(f"  spindle (tenancy off) at {off_url}, "
             f"(tenancy on) at {on_url}")
         keys, took = populate(on_url, off_url, admin, tenants, log)
