@@ -479,14 +479,14 @@ caf::expected<bool> tenant_store::revoke_key(const std::string& key_id,
       db_->rollback();
       return err;
     };
-    auto err = tenant.empty()
-                 ? run(*db_, "DELETE FROM tenant_keys WHERE id = ?1;",
-                       {sql_value::of(key_id)})
-                 : run(*db_,
-                       "DELETE FROM tenant_keys WHERE id = ?1 AND tenant = ?2;",
-                       {sql_value::of(key_id), sql_value::of(tenant)});
-    if (err)
-      return fail(std::move(err));
+    auto deleted
+      = tenant.empty()
+          ? run(*db_, "DELETE FROM tenant_keys WHERE id = ?1;",
+                {sql_value::of(key_id)})
+          : run(*db_, "DELETE FROM tenant_keys WHERE id = ?1 AND tenant = ?2;",
+                {sql_value::of(key_id), sql_value::of(tenant)});
+    if (deleted)
+      return fail(std::move(deleted));
     if (db_->changes() == 0) {
       db_->rollback();
       return false;
