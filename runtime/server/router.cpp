@@ -745,9 +745,10 @@ void router::dispatch(std::shared_ptr<request> req, responder_ptr res) {
     // A key not cached or a tenant to look up: off the loop.
     boost::asio::post(workers_, [this, e, req = std::move(req),
                                  res = std::move(res)]() mutable {
-      admit(e, std::move(req), std::move(res),
-            authenticate(*req, e->rule, options_.admin_token, *tenants_,
-                         true));
+      // Before `req` is moved into the call: arguments have no order.
+      auto checked = authenticate(*req, e->rule, options_.admin_token,
+                                  *tenants_, true);
+      admit(e, std::move(req), std::move(res), std::move(checked));
     });
     return;
   }
