@@ -49,12 +49,7 @@ std::string with_bounds(const std::string& url, milliseconds lease) {
 // Runs `sql` with `params`; the rows it returned, or an error.
 caf::expected<sql_rows> run(sql_connection& db, const std::string& sql,
                             const std::vector<sql_value>& params) {
-  auto q = db.prepare(sql);
-  if (!q)
-    return q.error();
-  for (size_t i = 0; i < params.size(); ++i)
-    (*q)->bind(static_cast<int>(i + 1), params[i]);
-  return (*q)->rows();
+  return run_query(db, sql, params);
 }
 
 // Whether a node at `advertise` (http://host:port) is certainly gone:

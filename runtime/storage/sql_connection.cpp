@@ -55,4 +55,14 @@ caf::expected<sql_rows> sql_query::rows() {
   return out;
 }
 
+caf::expected<sql_rows> run_query(sql_connection& db, const std::string& sql,
+                                  const std::vector<sql_value>& params) {
+  auto q = db.prepare(sql);
+  if (!q)
+    return q.error();
+  for (size_t i = 0; i < params.size(); ++i)
+    (*q)->bind(static_cast<int>(i + 1), params[i]);
+  return (*q)->rows();
+}
+
 } // namespace spindle

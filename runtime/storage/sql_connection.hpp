@@ -131,6 +131,12 @@ public:
   virtual std::string where() const = 0;
 };
 
+/// Prepares `sql`, binds `params` to ?1, ?2, ... and runs it: every row it
+/// returned. For connections used outside the state store (the cluster's
+/// membership, the tenant store). Errors: those of `prepare` and `step`.
+caf::expected<sql_rows> run_query(sql_connection& db, const std::string& sql,
+                                  const std::vector<sql_value>& params = {});
+
 /// Wraps an open SQLite database.
 std::unique_ptr<sql_connection> sqlite_connection(std::unique_ptr<database> db);
 

@@ -121,13 +121,8 @@ key_record key_of_row(const std::vector<sql_value>& row) {
 }
 
 caf::expected<sql_rows> query(sql_connection& db, const std::string& sql,
-                              std::vector<sql_value> params) {
-  auto q = db.prepare(sql);
-  if (!q)
-    return q.error();
-  for (size_t i = 0; i < params.size(); ++i)
-    (*q)->bind(static_cast<int>(i + 1), params[i]);
-  return (*q)->rows();
+                              const std::vector<sql_value>& params) {
+  return run_query(db, sql, params);
 }
 
 caf::error run(sql_connection& db, const std::string& sql,
