@@ -210,7 +210,7 @@ TEST_CASE("jwt: alg none, unknown algorithms and an algorithm the issuer "
     CHECK_FALSE((*v)->verify(junk, now));
 }
 
-TEST_CASE("jwt: RS256 and ES256 with the keys of a JWK Set, by kid; an HS256 "
+TEST_CASE("jwt: RS256 and ES256 with the keys of a JWK Set, by kid, and an HS256 "
           "token made with a public key as its secret is refused",
           "[jwt]") {
   key_pair rsa{EVP_PKEY_Q_keygen(nullptr, nullptr, "RSA", size_t{2048})};
