@@ -1,10 +1,13 @@
 // Health: this server's node(s) and small live charts of its request
 // rate and latency, exchanges in flight and the state store's commits,
-// from GET /v1/stats once a second (figures computed by the server).
+// from GET /v1/stats once a second (figures computed by the server). With
+// tenancy on they are the admin token's: another token is told so, and
+// the page stops asking.
 
 import { api } from "./api.js";
 import { $, h, replace } from "./dom.js";
 import { setLive } from "./main.js";
+import { refusal } from "./session.js";
 /** @typedef {import("./api.js").Schemas} Schemas */
 
 const POINTS = 60;
@@ -109,12 +112,23 @@ function draw(canvas, series) {
 }
 
 async function poll() {
+  const root = state.root;
   /** @type {Schemas["Stats"]} */
   let s;
   try {
     s = await api("GET", "/v1/stats?window=2");
+    if (!root || state.root !== root) return; // refused meanwhile
     setLive("live");
   } catch (err) {
+    if (!root || state.root !== root) return;
+    if (err.status === 403) {
+      // Not this token's: said once, not asked again every second.
+      leave();
+      setLive("off", err);
+      replace(state.root, h("header", { class: "view-head" }, h("h2", { id: "health-title", text: "Health" })), refusal(err, "The server's health"));
+      state.root = null; // built again on the next visit
+      return;
+    }
     setLive("down");
     replace($("#nodes", state.root), h("tr", null, h("td", { colspan: 8, class: "error", role: "alert", text: String(err) })));
     return;

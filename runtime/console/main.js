@@ -1,13 +1,16 @@
 // The console's shell: the sections (Conversations, Orchestration,
-// Health) behind #/ routes, the token dialog, confirmations and notices.
+// Health, Tenants) behind #/ routes, the token dialog, who the token is
+// (in the header, with Sign out), confirmations and notices.
 
-import { onTokenNeeded } from "./api.js";
+import { actingTenant, onTokenChange, onTokenNeeded, signOut, token, wasAccepted } from "./api.js";
 import { $ } from "./dom.js";
+import { learn, principal } from "./session.js";
 import * as threads from "./threads.js";
 import * as tasks from "./tasks.js";
 import * as health from "./health.js";
+import * as tenants from "./tenants.js";
 
-const views = { threads, tasks, health };
+const views = { threads, tasks, health, tenants };
 let current = null;
 
 let noticeTimer = 0;
@@ -57,10 +60,53 @@ onTokenNeeded(
     }),
 );
 
-export function setLive(state) {
+// A new token from the dialog. When the old one had been taken, the page
+// shows what it read with it: the page starts afresh. So it does for the
+// admin token, whose views start with the choice of a tenant. Otherwise
+// (the first token, or one after a refused one) the waiting requests go on.
+onTokenChange(async (old) => {
+  if (wasAccepted(old)) return restart();
+  const p = await learn();
+  showPrincipal();
+  if (p.kind === "admin") return restart();
+});
+
+/** Loads the page again (its token and tenant are kept for the tab). */
+function restart() {
+  location.reload();
+  return new Promise(() => {}); // the page goes
+}
+
+// The header: who the token is, Sign out, and the Tenants section for the
+// admin token only.
+function showPrincipal() {
+  const p = principal();
+  const label = $("#who-label");
+  label.textContent = p.label;
+  label.title = p.title;
+  label.dataset.kind = p.kind;
+  $("#who").hidden = p.kind === "none" && !token();
+  $("#leave-tenant").hidden = !(p.kind === "admin" && actingTenant());
+  $("#sign-out").hidden = !token();
+  /** @type {HTMLElement} */ ($('nav a[data-view="tenants"]')).hidden = p.kind !== "admin";
+}
+
+$("#sign-out").addEventListener("click", () => {
+  signOut();
+  restart();
+});
+$("#leave-tenant").addEventListener("click", () => tenants.switchTo("", ""));
+
+/**
+ * The event stream's state: "live", "down" (reconnecting), "off" (the
+ * server refused this token the stream: no live updates, `err` says why).
+ * @param {string} state @param {Error} [err]
+ */
+export function setLive(state, err) {
   const el = $("#live");
-  el.textContent = state;
+  el.textContent = state === "off" ? "not live" : state;
   el.dataset.state = state;
+  el.title = state === "off" && err ? "No live updates: " + err.message : "";
 }
 
 function route() {
@@ -89,5 +135,10 @@ window.addEventListener("unhandledrejection", (e) => {
   notify(e.reason?.toString?.() ?? String(e.reason));
   e.preventDefault();
 });
-route();
-document.documentElement.dataset.ready = "true";
+// Who the token held is, before the first view: the admin token's views
+// differ (and no view waits: without a token nothing is asked).
+learn().then(() => {
+  showPrincipal();
+  route();
+  document.documentElement.dataset.ready = "true";
+});

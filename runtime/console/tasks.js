@@ -1,11 +1,14 @@
 // Orchestration: every orchestration as a tree of its tasks (IDs, states
 // in colour, workers, leases and their expiry, attempts), kept current by
 // the event stream; the task the next claim takes (D1) is marked, and a
-// stale or failed task can be requeued.
+// stale or failed task can be requeued. A token the server refuses the
+// orchestrations (403) is told so here, once.
 
 import { api, followEvents, seg } from "./api.js";
 import { $, h, replace } from "./dom.js";
 import { notify, setLive } from "./main.js";
+import { needsTenant, refusal } from "./session.js";
+import { chooser } from "./tenants.js";
 /** @typedef {import("./api.js").Schemas} Schemas */
 
 const STATES = ["pending", "running", "completed", "failed", "stale"];
@@ -32,6 +35,11 @@ export function parentOf(id) {
 const orchOf = (id) => id.split("_")[0];
 
 export function show(root, args, first) {
+  if (needsTenant()) {
+    if (first) replace(root, h("h2", { id: "tasks-title", class: "sr-only", text: "Orchestration" }), chooser("its orchestrations"));
+    setLive("off");
+    return;
+  }
   if (first || !state.root) {
     state.root = root;
     state.box = h("div", { id: "orchestrations" });
@@ -60,8 +68,8 @@ export function leave() {
 }
 
 function onLive(s, err) {
-  setLive(s);
-  if (err) notify(err);
+  setLive(s, err);
+  if (err && s === "down") notify(err);
 }
 
 async function reload() {
@@ -76,7 +84,16 @@ async function reload() {
     for (const id of list.data.slice().reverse()) await refresh(id);
     setNext(list.next);
   } catch (err) {
-    replace(state.box, h("p", { class: "error", role: "alert", text: String(err) }));
+    if (err.status === 403 && state.root) {
+      // Refused: said once; no events for what cannot be read, no reading
+      // again until the view is visited again.
+      leave();
+      setLive("off", err);
+      replace(state.root, h("header", { class: "view-head" }, h("h2", { id: "tasks-title", text: "Orchestration" })), refusal(err, "Orchestration"));
+      state.root = null;
+      return;
+    }
+    replace(state.box, refusal(err, "Orchestration"));
   }
 }
 

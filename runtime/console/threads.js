@@ -1,11 +1,14 @@
 // Conversations: the list of threads (search by ID or metadata, paging),
 // a thread's turns as a chat with replies streamed in, its context window
-// and its memory entries; fork, clear and delete.
+// and its memory entries; fork, clear and delete. The admin token acting
+// in no tenant is offered a choice of tenant instead.
 
 import { api, followEvents, postStream, seg } from "./api.js";
 import { $, h, replace, timeEl } from "./dom.js";
 import { markdown } from "./markdown.js";
 import { confirmDialog, notify, setLive } from "./main.js";
+import { needsTenant, refusal } from "./session.js";
+import { chooser } from "./tenants.js";
 /** @typedef {import("./api.js").Schemas} Schemas */
 
 const state = {
@@ -28,6 +31,11 @@ const TABS = [
 ];
 
 export function show(root, args, first) {
+  if (needsTenant()) {
+    if (first) replace(root, h("h2", { id: "threads-title", class: "sr-only", text: "Conversations" }), chooser("its conversations"));
+    setLive("off");
+    return;
+  }
   if (first || !state.root) build(root);
   const [id, tab] = args;
   state.tab = TABS.some(([t]) => t === tab) ? tab : "chat";
@@ -118,7 +126,7 @@ async function loadList(fresh) {
     // bench/bench_console.mjs reads from the browser's performance timeline.
     if (!performance.getEntriesByName("spindle:interactive").length) performance.mark("spindle:interactive");
   } catch (err) {
-    replace(state.list, h("li", { class: "error", role: "alert", text: String(err) }));
+    replace(state.list, refusal(err, "Conversations", "li"));
     more.hidden = true;
   }
 }
@@ -200,11 +208,7 @@ async function openThread(id) {
       renderThread(pane, t);
     } catch (err) {
       if (state.thread !== id) return;
-      replace(
-        pane,
-        h("header", { class: "thread-head" }, h("h2", null, h("code", { class: "tid", text: id }))),
-        h("p", { class: "error", role: "alert", text: String(err) }),
-      );
+      replace(pane, h("header", { class: "thread-head" }, h("h2", null, h("code", { class: "tid", text: id }))), refusal(err, "This conversation", "p"));
       return;
     }
   }
@@ -365,7 +369,7 @@ async function loadTurns() {
     list.lastElementChild?.scrollIntoView({ block: "nearest" });
   } catch (err) {
     if (err.status === 404) replace(list, h("li", { class: "empty", text: "No turns yet." }));
-    else replace(list, h("li", { class: "error", role: "alert", text: String(err) }));
+    else replace(list, refusal(err, "The turns", "li"));
   }
 }
 
@@ -447,7 +451,7 @@ async function loadItems() {
     replace(list, r.items.map(itemView));
     if (!r.items.length) list.append(h("li", { class: "empty", text: "The window is empty." }));
   } catch (err) {
-    replace(list, h("li", { class: "error", role: "alert", text: String(err) }));
+    replace(list, refusal(err, "The context window", "li"));
   }
 }
 
@@ -498,6 +502,6 @@ async function memoryPanel(panel) {
     );
     if (!r.entries.length) list.append(h("li", { class: "empty", text: "No memory entries." }));
   } catch (err) {
-    replace(list, h("li", { class: "error", role: "alert", text: String(err) }));
+    replace(list, refusal(err, "Memory", "li"));
   }
 }

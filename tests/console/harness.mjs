@@ -3,8 +3,14 @@
 // OpenAI-compatible upstream that streams its reply a word at a time, and
 // Debian's Chromium through playwright-core with every console error and
 // page error collected.
+//
+// SPINDLE_CONSOLE_FROM_DISK=DIR (runtime/console) serves the console's
+// page and files to the browser from DIR instead of the binary, with the
+// server's headers: for working on the console without rebuilding spindle.
+// Unset (as CTest runs it), the files compiled into the binary are tested.
 
 import { spawn } from "node:child_process";
+import crypto from "node:crypto";
 import fs from "node:fs";
 import http from "node:http";
 import os from "node:os";
@@ -104,6 +110,7 @@ export function launch(extraArgs = []) {
  */
 export async function newPage(browser, viewport = { width: 1280, height: 800 }, allowed = null) {
   const context = await browser.newContext({ viewport });
+  if (process.env.SPINDLE_CONSOLE_FROM_DISK) await consoleFromDisk(context, process.env.SPINDLE_CONSOLE_FROM_DISK);
   const page = await context.newPage();
   page.errors = [];
   page.on("console", (m) => {
@@ -116,10 +123,45 @@ export async function newPage(browser, viewport = { width: 1280, height: 800 }, 
 }
 
 /** JSON over HTTP from the test itself (not the browser). */
-export async function call(base, method, path, body, token) {
+export async function call(base, method, path, body, token, tenant) {
   const headers = { "Content-Type": "application/json" };
   if (token) headers.Authorization = "Bearer " + token;
+  if (tenant) headers["Spindle-Tenant"] = tenant;
   const res = await fetch(base + path, { method, headers, body: body === undefined ? undefined : JSON.stringify(body) });
   const text = await res.text();
   return { status: res.status, body: text ? JSON.parse(text) : null };
+}
+
+// The headers routes_console.cpp sends with the console's files.
+const CSP =
+  "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
+const TYPES = { ".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8" };
+
+/** Answers `/` and `/console/{file}` of every page of `context` from `dir`. */
+export async function consoleFromDisk(context, dir) {
+  const root = path.resolve(dir);
+  await context.route(
+    (url) => url.pathname === "/" || /^\/console\/[^/]+$/.test(url.pathname),
+    async (route) => {
+      const url = new URL(route.request().url());
+      const name = url.pathname === "/" ? "index.html" : decodeURIComponent(url.pathname.slice("/console/".length));
+      const file = path.join(root, name);
+      const type = TYPES[path.extname(name)];
+      if (name.includes("/") || name.startsWith(".") || !type || !fs.existsSync(file)) {
+        await route.fulfill({ status: 404, contentType: "application/json", body: JSON.stringify({ error: { code: "not_found", message: `the console has no file '${name}'` } }) });
+        return;
+      }
+      const headers = { "Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer" };
+      if (type.startsWith("text/html")) Object.assign(headers, { "Content-Security-Policy": CSP, "X-Frame-Options": "DENY" });
+      await route.fulfill({ status: 200, contentType: type, headers, body: fs.readFileSync(file) });
+    },
+  );
+}
+
+const b64url = (x) => Buffer.from(typeof x === "string" ? x : JSON.stringify(x)).toString("base64url");
+
+/** A JWT signed with HS256 and `secret` carrying `claims` (an end user's token). */
+export function signJwt(claims, secret) {
+  const unsigned = b64url({ alg: "HS256", typ: "JWT" }) + "." + b64url(claims);
+  return unsigned + "." + crypto.createHmac("sha256", secret).update(unsigned).digest("base64url");
 }

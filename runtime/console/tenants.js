@@ -1,0 +1,372 @@
+// Tenants (the admin token's): the tenants, one created from a form; a
+// tenant's keys (prefix, name, scopes, created, last used, expires), a key
+// created with its scopes and its secret shown once, a key revoked after a
+// confirmation; and "act in this tenant", after which the other views show
+// that tenant's data (api.js sends Spindle-Tenant).
+
+import { actIn, actingTenant, api, seg } from "./api.js";
+import { $, h, replace, timeEl } from "./dom.js";
+import { confirmDialog, notify } from "./main.js";
+import { refusal } from "./session.js";
+/** @typedef {import("./api.js").Schemas} Schemas */
+
+/** Every scope a key may hold (docs/tenants.md, "Scopes"), and what it opens. */
+/** @type {[Schemas["Scope"], string][]} */
+export const SCOPES = [
+  ["threads:read", "list and read conversations"],
+  ["threads:write", "create, change and delete conversations; messages"],
+  ["memories:read", "read long-term memories"],
+  ["memories:write", "store and delete memories"],
+  ["tasks:read", "read orchestrations and tasks"],
+  ["tasks:write", "create orchestrations; claim and settle tasks"],
+  ["events:read", "follow the event stream (live updates)"],
+  ["usage:read", "usage reports"],
+  ["keys:admin", "manage this tenant's own keys"],
+];
+
+const EXPIRIES = [
+  ["", "never"],
+  ["3600", "in 1 hour"],
+  ["86400", "in 1 day"],
+  ["604800", "in 7 days"],
+  ["2592000", "in 30 days"],
+  ["7776000", "in 90 days"],
+  ["31536000", "in 1 year"],
+];
+
+// At most this many tenants are listed at once (a server may hold 100,000);
+// the filter finds the others.
+const SHOWN = 200;
+
+const state = {
+  root: null,
+  /** @type {Schemas["Tenant"][]} */
+  tenants: [],
+  selected: null, // the tenant whose keys are shown
+  filter: "",
+};
+
+export function show(root, args, first) {
+  if (first || !state.root) build(root);
+  state.selected = args[0] || null;
+  loadTenants();
+}
+
+function build(root) {
+  state.root = root;
+  const name = h("input", { id: "tenant-name", required: true, maxLength: 64, autocomplete: "off" });
+  const weight = h("input", { id: "tenant-weight", type: "number", min: 1, max: 1000, placeholder: "1", inputMode: "numeric" });
+  const filter = h("input", { id: "tenant-filter", type: "search", placeholder: "name or ID", autocomplete: "off" });
+  filter.addEventListener("input", () => {
+    state.filter = filter.value.trim().toLowerCase();
+    renderList();
+  });
+  replace(
+    root,
+    h(
+      "header",
+      { class: "view-head" },
+      h("h2", { id: "tenants-title", text: "Tenants" }),
+      h("p", { class: "sub", id: "acting" }),
+    ),
+    h(
+      "div",
+      { class: "split" },
+      h(
+        "aside",
+        { class: "pane list-pane", "aria-label": "Tenant list" },
+        h(
+          "form",
+          { id: "tenant-form", class: "stack", onsubmit: (e) => (e.preventDefault(), createTenant(name, weight)) },
+          h("h3", { text: "New tenant" }),
+          h("label", { for: "tenant-name", text: "Name" }),
+          name,
+          h("label", { for: "tenant-weight", text: "Weight (share of the model, 1 to 1000)" }),
+          weight,
+          h("button", { type: "submit", class: "primary", id: "create-tenant", text: "Create tenant" }),
+        ),
+        h("div", { class: "search" }, h("label", { for: "tenant-filter", text: "Find a tenant" }), filter),
+        h("ul", { id: "tenant-items", class: "thread-items", "aria-label": "Tenants" }),
+      ),
+      h("article", { id: "tenant-pane", class: "pane", "aria-live": "off" }),
+    ),
+  );
+}
+
+function renderActing() {
+  const el = $("#acting", state.root);
+  const id = actingTenant();
+  const t = state.tenants.find((x) => x.id === id);
+  replace(el, id ? ["The other views act in tenant ", h("strong", { text: t ? t.name : id }), " (", h("code", { text: id }), ")."] : "The other views act in no tenant: choose one to see its conversations and orchestrations.");
+}
+
+async function loadTenants() {
+  const list = $("#tenant-items", state.root);
+  try {
+    /** @type {Schemas["TenantList"]} */
+    const r = await api("GET", "/v1/tenants");
+    state.tenants = r.data;
+  } catch (err) {
+    replace(list, refusal(err, "Tenants", "li"));
+    replace($("#tenant-pane", state.root), h("p", { class: "empty", text: "Tenants and keys are the admin token's." }));
+    return;
+  }
+  renderActing();
+  renderList();
+  const t = state.tenants.find((x) => x.id === state.selected);
+  if (t) showTenant(t);
+  else replace($("#tenant-pane", state.root), h("p", { class: "empty", text: state.selected ? `No tenant ${state.selected}.` : "Pick a tenant to see its keys, or create one." }));
+}
+
+function renderList() {
+  const list = $("#tenant-items", state.root);
+  const f = state.filter;
+  const match = f ? state.tenants.filter((t) => t.name.toLowerCase().includes(f) || t.id.includes(f)) : state.tenants;
+  replace(list, match.slice(0, SHOWN).map(tenantItem));
+  if (!match.length) list.append(h("li", { class: "empty", text: f ? "No tenant matches." : "No tenants." }));
+  if (match.length > SHOWN) list.append(h("li", { class: "sub", text: `${match.length - SHOWN} more: narrow the search.` }));
+}
+
+/** @param {Schemas["Tenant"]} t */
+function tenantItem(t) {
+  const acting = t.id === actingTenant();
+  return h(
+    "li",
+    { "data-tenant": t.id },
+    h(
+      "a",
+      { href: "#/tenants/" + seg(t.id), "aria-current": t.id === state.selected ? "true" : null },
+      h("span", { class: "tenant-name", text: t.name }),
+      acting ? h("span", { class: "badge", text: "acting in" }) : null,
+      h("span", { class: "sub" }, h("code", { text: t.id }), ` · weight ${t.weight} · created `, timeEl(t.created_at)),
+    ),
+  );
+}
+
+async function createTenant(name, weight) {
+  /** @type {Schemas["TenantCreate"]} */
+  const body = { name: name.value.trim() };
+  if (weight.value) body.weight = Number(weight.value);
+  try {
+    /** @type {Schemas["Tenant"]} */
+    const t = await api("POST", "/v1/tenants", body);
+    name.value = "";
+    weight.value = "";
+    notify(`Created tenant ${t.name} (${t.id}).`, "info");
+    location.hash = "#/tenants/" + seg(t.id);
+  } catch (err) {
+    notify(err);
+  }
+}
+
+// -- one tenant: its keys ------------------------------------------------------
+
+/** @param {Schemas["Tenant"]} t */
+function showTenant(t) {
+  const pane = $("#tenant-pane", state.root);
+  const acting = t.id === actingTenant();
+  const scopes = SCOPES.map(([s, what]) =>
+    h(
+      "label",
+      { class: "check" },
+      h("input", { type: "checkbox", name: "scope", value: s, checked: s !== "keys:admin" }),
+      h("code", { text: s }),
+      h("span", { class: "sub", text: what }),
+    ),
+  );
+  const keyName = h("input", { id: "key-name", maxLength: 64, autocomplete: "off", placeholder: "optional" });
+  const expires = h("select", { id: "key-expires" }, EXPIRIES.map(([v, label]) => h("option", { value: v, text: label })));
+  const form = h(
+    "form",
+    { id: "key-form", class: "stack", onsubmit: (e) => (e.preventDefault(), createKey(t, form, keyName, expires)) },
+    h("h3", { text: "New key" }),
+    h("label", { for: "key-name", text: "Name" }),
+    keyName,
+    h("fieldset", { class: "scopes" }, h("legend", { text: "Scopes" }), scopes),
+    h("div", { class: "row" }, h("label", { for: "key-expires", text: "Expires" }), expires),
+    h("div", { class: "row" }, h("button", { type: "submit", class: "primary", id: "create-key", text: "Create key" })),
+  );
+  replace(
+    pane,
+    h(
+      "header",
+      { class: "thread-head" },
+      h("h2", null, h("span", { id: "tenant-title", text: t.name }), " ", h("code", { class: "sub", text: t.id })),
+      h("div", { class: "sub" }, `weight ${t.weight} · created `, timeEl(t.created_at)),
+      h(
+        "div",
+        { class: "actions" },
+        acting
+          ? [h("button", { type: "button", id: "act-in", disabled: true, text: "Acting in this tenant" }), h("button", { type: "button", id: "leave-acting", onclick: () => switchTo("", ""), text: "Act in no tenant" })]
+          : h("button", { type: "button", id: "act-in", class: "primary", onclick: () => switchTo(t.id, t.name), text: "Act in this tenant" }),
+      ),
+    ),
+    h("div", { id: "new-key" }),
+    h("h3", { text: "Keys" }),
+    h(
+      "div",
+      { class: "table-wrap" },
+      h(
+        "table",
+        { class: "nodes key-table", id: "keys" },
+        h("thead", null, h("tr", null, ["Prefix", "Name", "Scopes", "Created", "Last used", "Expires", ""].map((c) => h("th", { scope: "col", text: c })))),
+        h("tbody", { id: "key-rows" }),
+      ),
+    ),
+    form,
+  );
+  loadKeys(t);
+}
+
+async function loadKeys(t) {
+  const rows = $("#key-rows", state.root);
+  try {
+    /** @type {Schemas["KeyList"]} */
+    const r = await api("GET", `/v1/tenants/${seg(t.id)}/keys`);
+    if (state.selected !== t.id) return;
+    replace(rows, r.data.map((k) => keyRow(t, k)));
+    if (!r.data.length) rows.append(h("tr", null, h("td", { colspan: 7, class: "empty", text: "No keys." })));
+  } catch (err) {
+    replace(rows, h("tr", null, h("td", { colspan: 7 }, refusal(err, "Keys"))));
+  }
+}
+
+/** @param {Schemas["Tenant"]} t @param {Schemas["Key"]} k */
+function keyRow(t, k) {
+  const expired = k.expires_at !== null && k.expires_at <= Date.now();
+  return h(
+    "tr",
+    { "data-key": k.id },
+    h("td", null, h("code", { class: "key-prefix", text: k.prefix + "…" })),
+    h("td", { class: "key-name", text: k.name || "–" }),
+    h("td", null, h("span", { class: "chips" }, k.scopes.map((s) => h("span", { class: "chip", text: s })))),
+    h("td", null, timeEl(k.created_at)),
+    h("td", null, k.last_used_at ? timeEl(k.last_used_at) : "never"),
+    h("td", { class: expired ? "error" : null }, k.expires_at ? [expired ? "expired " : "", timeEl(k.expires_at)] : "never"),
+    h("td", null, h("button", { type: "button", class: "small danger", "aria-label": `Revoke key ${k.prefix}`, onclick: () => revoke(t, k), text: "Revoke" })),
+  );
+}
+
+async function createKey(t, form, keyName, expires) {
+  /** @type {Schemas["Scope"][]} */
+  const scopes = [...form.querySelectorAll('input[name="scope"]:checked')].map((el) => /** @type {any} */ (el).value);
+  if (!scopes.length) {
+    notify("Choose at least one scope.");
+    return;
+  }
+  /** @type {Schemas["KeyCreate"]} */
+  const body = { scopes };
+  if (keyName.value.trim()) body.name = keyName.value.trim();
+  if (expires.value) body.expires_in_s = Number(expires.value);
+  try {
+    /** @type {Schemas["KeyCreated"]} */
+    const k = await api("POST", `/v1/tenants/${seg(t.id)}/keys`, body);
+    keyName.value = "";
+    showSecret(k);
+    loadKeys(t);
+  } catch (err) {
+    notify(err);
+  }
+}
+
+// The secret, once: in this answer only, never stored by the page. It goes
+// when "Done" is pressed, another tenant is picked or the page is left.
+/** @param {Schemas["KeyCreated"]} k */
+function showSecret(k) {
+  const box = $("#new-key", state.root);
+  const secret = h("input", { id: "new-key-secret", class: "secret-value", readOnly: true, value: k.key, "aria-label": "The new key", spellcheck: false, autocomplete: "off" });
+  const status = h("span", { id: "copy-status", role: "status" });
+  const copy = async () => {
+    secret.focus();
+    secret.select();
+    try {
+      await navigator.clipboard.writeText(k.key);
+      status.textContent = "Copied.";
+    } catch {
+      // No clipboard permission: the text is selected for Ctrl+C.
+      status.textContent = "Selected: press Ctrl+C to copy.";
+    }
+  };
+  replace(
+    box,
+    h(
+      "div",
+      { class: "secret", role: "alert" },
+      h("p", null, h("strong", { text: `Key ${k.prefix}… created${k.name ? ` (${k.name})` : ""}. Copy it now: it will not be shown again.` })),
+      h("p", { class: "sub", text: "spindle keeps only its hash; a lost key cannot be shown, only revoked and replaced. Send it as Authorization: Bearer <key>." }),
+      h("div", { class: "row" }, secret, h("button", { type: "button", id: "copy-key", onclick: copy, text: "Copy" }), status),
+      h("div", { class: "row" }, h("button", { type: "button", id: "new-key-done", onclick: () => replace(box), text: "Done" })),
+    ),
+  );
+  secret.select();
+}
+
+/** @param {Schemas["Tenant"]} t @param {Schemas["Key"]} k */
+async function revoke(t, k) {
+  const what = `${k.prefix}…${k.name ? ` (${k.name})` : ""}`;
+  if (!(await confirmDialog("Revoke this key?", `${what} of tenant ${t.name} is refused from its next request on, on every node within a second. This cannot be undone.`))) return;
+  try {
+    await api("DELETE", `/v1/keys/${seg(k.id)}`);
+    notify(`Revoked ${what}.`, "info");
+    loadKeys(t);
+  } catch (err) {
+    notify(err);
+  }
+}
+
+// -- acting in a tenant --------------------------------------------------------
+
+/**
+ * Acts in tenant `id` ("" for none) and starts the page afresh on the
+ * conversations, so that nothing read for another tenant stays on screen.
+ */
+export function switchTo(id, name) {
+  actIn(id, name);
+  history.replaceState(null, "", id ? "#/threads" : "#/tenants");
+  location.reload();
+}
+
+/**
+ * What a tenant's view shows to the admin token acting in no tenant: a
+ * choice of tenant. `what` names the view's data ("conversations").
+ */
+export function chooser(what) {
+  const select = h("select", { id: "act-tenant" }, h("option", { value: "", text: "Loading…" }));
+  const go = h("button", { type: "submit", class: "primary", id: "act-tenant-go", disabled: true, text: "Act in tenant" });
+  const box = h(
+    "div",
+    { class: "pane chooser" },
+    h("h2", { text: "Choose a tenant" }),
+    h("p", { text: `The admin token manages tenants and keys. To see ${what}, act in one tenant: the console then names it (Spindle-Tenant) on every request for its data.` }),
+    h(
+      "form",
+      {
+        class: "row",
+        onsubmit: (e) => {
+          e.preventDefault();
+          const opt = select.selectedOptions[0];
+          if (opt && opt.value) switchTo(opt.value, opt.dataset.name || "");
+        },
+      },
+      h("label", { for: "act-tenant", text: "Tenant" }),
+      select,
+      go,
+    ),
+    h("p", null, h("a", { href: "#/tenants", text: "Manage tenants and keys" })),
+  );
+  (async () => {
+    try {
+      /** @type {Schemas["TenantList"]} */
+      const r = await api("GET", "/v1/tenants");
+      replace(
+        select,
+        r.data.map((t) => h("option", { value: t.id, "data-name": t.name, text: `${t.name} (${t.id})` })),
+      );
+      go.disabled = !r.data.length;
+    } catch (err) {
+      replace(select, h("option", { value: "", text: "—" }));
+      box.append(refusal(err, "Tenants"));
+    }
+  })();
+  return box;
+}

@@ -1,0 +1,304 @@
+// The console with tenancy on (docs/console.md, "Tokens and tenants") in
+// Debian's Chromium, driven by playwright-core: a tenant's key, the admin
+// token and an end user's token each given to the page as a user would,
+// the API only to set the scene and to check what the page did. Run by
+// run.sh after console_test.mjs:
+//   node tenants_test.mjs SPINDLE_BINARY SCREENSHOT_DIR
+// Exits 0 when every check passed; a failed check throws and exits 1.
+// Every scenario fails on any console error or uncaught page error but
+// the 401 and 403 answers it provokes on purpose (the browser logs each).
+
+import assert from "node:assert/strict";
+import crypto from "node:crypto";
+import path from "node:path";
+import { call, launch, newPage, signJwt, startServer } from "./harness.mjs";
+
+const [binary, shots] = process.argv.slice(2);
+if (!binary || !shots) {
+  console.error("usage: node tenants_test.mjs SPINDLE_BINARY SCREENSHOT_DIR");
+  process.exit(2);
+}
+
+const DESKTOP = { width: 1280, height: 800 };
+const PHONE = { width: 390, height: 844 };
+const REFUSALS = /Failed to load resource: the server responded with a status of (401|403)/;
+const ADMIN = "admin-" + crypto.randomBytes(12).toString("hex");
+const server = await startServer(binary, ["--admin-token", ADMIN]);
+const base = server.base;
+const browser = await launch();
+
+// Desktop and phone screenshots of the page as it is now; `focus` is
+// scrolled into view on the phone.
+async function screenshots(page, name, focus = null) {
+  await page.screenshot({ path: path.join(shots, `${name}-desktop.png`) });
+  await page.setViewportSize(PHONE);
+  if (focus) await page.locator(focus).scrollIntoViewIfNeeded();
+  await page.waitForTimeout(150);
+  await page.screenshot({ path: path.join(shots, `${name}-phone.png`), fullPage: false });
+  await page.setViewportSize(DESKTOP);
+}
+
+let checks = 0;
+async function scenario(name, f, allowed = REFUSALS) {
+  const page = await newPage(browser, DESKTOP, allowed);
+  try {
+    await f(page);
+    assert.deepEqual(page.errors, [], "console or page errors");
+  } finally {
+    await page.context().close();
+  }
+  ++checks;
+  console.log("ok - " + name);
+}
+
+const admin = (method, p, body, tenant) => call(base, method, p, body, ADMIN, tenant);
+
+// Opens the console and gives the dialog `token`.
+async function signIn(page, token, hash = "") {
+  await page.goto(base + "/" + hash);
+  await page.waitForSelector("#token-dialog[open]");
+  await page.fill("#token-input", token);
+  await page.click('#token-form button[type="submit"]');
+}
+
+// None of `texts` is in the page: not in its markup, not on screen.
+async function absent(page, texts) {
+  const html = await page.content();
+  const shown = await page.evaluate(() => document.body.innerText);
+  for (const t of texts) {
+    assert.ok(!html.includes(t), `the page's markup holds ${JSON.stringify(t)}`);
+    assert.ok(!shown.includes(t), `the page shows ${JSON.stringify(t)}`);
+  }
+}
+
+const go = (page, hash) => page.evaluate((h) => (location.hash = h), hash);
+const text = (page, sel) => page.textContent(sel);
+
+// -- the scene: tenants A and B, a thread "plans" in each with text of its own
+const created = async (name) => {
+  const r = await admin("POST", "/v1/tenants", { name });
+  assert.equal(r.status, 201, JSON.stringify(r.body));
+  return r.body;
+};
+const A = await created("Acme");
+const B = await created("Bravo Corp");
+const say = async (tenant, thread, content, codename) => {
+  const r = await admin("POST", `/v1/threads/${thread}/messages`, { content }, tenant);
+  assert.equal(r.status, 200, JSON.stringify(r.body));
+  if (codename) assert.equal((await admin("PATCH", `/v1/threads/${thread}`, { metadata: { codename } }, tenant)).status, 200);
+};
+await say(A.id, "plans", "ALPHA-ONLY launch plan", "alpha-7731");
+await say(B.id, "plans", "BRAVO-ONLY merger memo", "bravo-4410");
+await say(B.id, "bravo-extra", "BRAVO-ONLY second thread");
+assert.equal((await admin("POST", "/v1/orchestrations", { payload: { goal: "bravo-goal" } }, B.id)).status, 201);
+// A's key for the console: conversations, memories and events, no tasks.
+const keyA = (await admin("POST", `/v1/tenants/${A.id}/keys`, { name: "console", scopes: ["threads:read", "threads:write", "memories:read", "events:read"] })).body;
+assert.match(keyA.key, /^spk_[A-Za-z0-9]{40}$/);
+const B_TEXTS = ["BRAVO-ONLY", "bravo-4410", "bravo-extra", "Bravo Corp", B.id];
+const A_TEXTS = ["ALPHA-ONLY", "alpha-7731", A.id];
+
+try {
+  await scenario("tenants: with a tenant's key the console shows that tenant only; orchestration and health say once that they are not for this key", async (page) => {
+    const asked = [];
+    page.on("request", (r) => asked.push(new URL(r.url()).pathname));
+    await signIn(page, keyA.key);
+    await page.waitForSelector('#thread-items li[data-thread="plans"]');
+    assert.equal(await text(page, "#who-label"), `tenant key ${keyA.key.slice(0, 12)}…`);
+    assert.equal(await page.isVisible('nav a[data-view="tenants"]'), false);
+    assert.equal(await page.locator("#thread-items li[data-thread]").count(), 1);
+    assert.match(await text(page, '#thread-items li[data-thread="plans"]'), /alpha-7731/);
+    await page.click('#thread-items li[data-thread="plans"] a');
+    await page.waitForSelector("#turns .turn.role-user");
+    assert.match(await text(page, "#turns"), /ALPHA-ONLY launch plan/);
+    await page.waitForFunction(() => document.querySelector("#live")?.dataset.state === "live");
+    await absent(page, B_TEXTS);
+    await screenshots(page, "tenant-key");
+
+    // Orchestration: the key lacks tasks:read. Said inline, asked once.
+    await page.click('nav a[data-view="tasks"]');
+    await page.waitForSelector("#view-tasks .refused");
+    const tasks = await text(page, "#view-tasks .refused");
+    assert.match(tasks, /not for tenant key spk_/);
+    assert.match(tasks, /lacks the scope 'tasks:read'/);
+    // Health: the admin token's.
+    await page.click('nav a[data-view="health"]');
+    await page.waitForSelector("#view-health .refused");
+    assert.match(await text(page, "#view-health .refused"), /403 permission_denied.*admin token/);
+    await page.waitForTimeout(2500);
+    assert.equal(asked.filter((p) => p === "/v1/orchestrations").length, 1, "the orchestrations asked for once");
+    assert.equal(asked.filter((p) => p === "/v1/stats").length, 1, "the stats asked for once, not every second");
+    assert.equal(await page.isVisible("#token-dialog[open]"), false, "a 403 does not ask for a token");
+    // Tenants by address: refused as well.
+    await go(page, "#/tenants");
+    await page.waitForSelector("#tenant-items .refused");
+    await absent(page, B_TEXTS);
+    // Sign out: the token is forgotten and asked for again.
+    await page.click("#sign-out");
+    await page.waitForSelector("#token-dialog[open]");
+    assert.equal(await page.evaluate(() => sessionStorage.getItem("spindle.token")), null);
+  });
+
+  let made = null; // the key made from the console
+  await scenario("tenants: the admin token lists and creates tenants, creates a key shown once and revokes it, and acts in a tenant", async (page) => {
+    await signIn(page, ADMIN);
+    // The page starts again as the admin token: first, a choice of tenant.
+    await page.waitForSelector(`#act-tenant option[value="${A.id}"]`, { state: "attached" });
+    assert.equal(await text(page, "#who-label"), "admin");
+    assert.ok(await page.isVisible('nav a[data-view="tenants"]'));
+    await page.click('nav a[data-view="tenants"]');
+    await page.waitForSelector(`#tenant-items li[data-tenant="${B.id}"]`);
+    assert.match(await text(page, `#tenant-items li[data-tenant="${A.id}"]`), /Acme/);
+    assert.match(await text(page, `#tenant-items li[data-tenant="${B.id}"]`), /Bravo Corp/);
+    assert.ok(await page.isVisible('#tenant-items li[data-tenant="default"]'));
+
+    // A tenant from the form.
+    await page.fill("#tenant-name", "Charlie");
+    await page.click("#create-tenant");
+    await page.waitForFunction(() => document.querySelector("#tenant-title")?.textContent === "Charlie");
+    const tenants = (await admin("GET", "/v1/tenants")).body.data;
+    const charlie = tenants.find((t) => t.name === "Charlie");
+    assert.ok(charlie, "Charlie was created");
+    await page.waitForSelector(`#tenant-items li[data-tenant="${charlie.id}"]`);
+    assert.equal(await page.evaluate(() => location.hash), "#/tenants/" + charlie.id);
+
+    // A's keys: the one made over the API, without its secret.
+    await page.click(`#tenant-items li[data-tenant="${A.id}"] a`);
+    await page.waitForSelector(`#key-rows tr[data-key="${keyA.id}"]`);
+    const row = await text(page, `#key-rows tr[data-key="${keyA.id}"]`);
+    assert.ok(row.includes(keyA.prefix + "…") && row.includes("console") && row.includes("events:read") && !row.includes("tasks:read"), row);
+    assert.ok(!(await page.content()).includes(keyA.key), "a listed key's secret is nowhere");
+
+    // A key from the form: named, threads:write left out, shown once.
+    await page.fill("#key-name", "from the console");
+    await page.uncheck('#key-form input[value="threads:write"]');
+    assert.equal(await page.isChecked('#key-form input[value="keys:admin"]'), false);
+    await page.click("#create-key");
+    await page.waitForSelector("#new-key-secret");
+    const secret = await page.inputValue("#new-key-secret");
+    assert.match(secret, /^spk_[A-Za-z0-9]{40}$/);
+    assert.match(await text(page, "#new-key"), /will not be shown again/);
+    await page.click("#copy-key");
+    await page.waitForFunction(() => /Copied|Ctrl\+C/.test(document.querySelector("#copy-status")?.textContent));
+    const listed = await call(base, "GET", "/v1/threads", undefined, secret);
+    assert.equal(listed.status, 200);
+    assert.deepEqual(listed.body.data.map((t) => t.thread_id), ["plans"]);
+    const write = await call(base, "POST", "/v1/threads", {}, secret);
+    assert.equal(write.status, 403, "left out: threads:write");
+    made = (await admin("GET", `/v1/tenants/${A.id}/keys`)).body.data.find((k) => k.name === "from the console");
+    assert.ok(made && secret.startsWith(made.prefix));
+    const madeRow = `#key-rows tr[data-key="${made.id}"]`;
+    await page.waitForSelector(madeRow);
+    assert.ok(!(await text(page, madeRow)).includes("threads:write"));
+    await screenshots(page, "tenants", "#new-key");
+    // Done: the secret leaves the page.
+    await page.click("#new-key-done");
+    assert.ok(!(await page.content()).includes(secret), "the secret is gone after Done");
+    assert.ok(!(await page.evaluate(() => JSON.stringify(sessionStorage))).includes(secret), "the secret is not kept");
+
+    // Revoked from the console, after a confirmation: then refused (401).
+    await page.click(`${madeRow} button`);
+    await page.click("#confirm-no");
+    assert.equal((await call(base, "GET", "/v1/threads", undefined, secret)).status, 200);
+    await page.click(`${madeRow} button`);
+    assert.match(await text(page, "#confirm-text"), new RegExp(made.prefix));
+    await page.click("#confirm-yes");
+    await page.waitForSelector(madeRow, { state: "detached" });
+    assert.equal((await call(base, "GET", "/v1/threads", undefined, secret)).status, 401);
+    assert.ok(await page.isVisible(`#key-rows tr[data-key="${keyA.id}"]`));
+
+    // Acting in B: the other views show B's data, and nothing of A's.
+    await page.click(`#tenant-items li[data-tenant="${B.id}"] a`);
+    await page.waitForFunction(() => document.querySelector("#tenant-title")?.textContent === "Bravo Corp");
+    await page.click("#act-in");
+    await page.waitForSelector('#thread-items li[data-thread="bravo-extra"]');
+    assert.equal(await text(page, "#who-label"), "admin in tenant Bravo Corp");
+    assert.equal(await page.evaluate(() => location.hash), "#/threads");
+    assert.equal(await page.locator("#thread-items li[data-thread]").count(), 2);
+    await page.click('#thread-items li[data-thread="plans"] a');
+    await page.waitForSelector("#turns .turn.role-user");
+    assert.match(await text(page, "#turns"), /BRAVO-ONLY merger memo/);
+    await page.waitForFunction(() => document.querySelector("#live")?.dataset.state === "live");
+    await absent(page, A_TEXTS);
+    await page.click('nav a[data-view="tasks"]');
+    await page.waitForFunction(() => /bravo-goal/.test(document.querySelector("#orchestrations")?.textContent));
+    await page.click('nav a[data-view="health"]');
+    await page.waitForFunction(() => /this node/.test(document.querySelector("#nodes")?.textContent));
+    // Leaving the tenant: the choice again.
+    await page.click("#leave-tenant");
+    await page.waitForSelector(`#tenant-items li[data-tenant="${B.id}"]`);
+    assert.equal(await text(page, "#who-label"), "admin");
+    assert.equal(await page.isVisible("#leave-tenant"), false);
+    await go(page, "#/threads");
+    await page.waitForSelector("#act-tenant");
+    await absent(page, ["BRAVO-ONLY", "ALPHA-ONLY"]);
+  });
+
+  await scenario("tenants: a key the server refuses (revoked) is said so and asked again; the next token starts the page afresh", async (page) => {
+    const k = (await admin("POST", `/v1/tenants/${B.id}/keys`, { name: "short-lived" })).body;
+    await signIn(page, k.key);
+    await page.waitForSelector('#thread-items li[data-thread="bravo-extra"]');
+    assert.equal((await admin("DELETE", `/v1/keys/${k.id}`)).status, 200);
+    await go(page, "#/threads/plans");
+    await page.waitForSelector("#token-dialog[open]");
+    assert.match(await text(page, "#token-error"), /refused/);
+    await page.fill("#token-input", keyA.key);
+    await page.click('#token-form button[type="submit"]');
+    await page.waitForFunction((p) => document.querySelector("#who-label")?.textContent.startsWith("tenant key " + p), keyA.key.slice(0, 12));
+    await page.waitForSelector('#thread-items li[data-thread="plans"]');
+    await page.waitForFunction(() => /ALPHA-ONLY/.test(document.querySelector("#turns")?.textContent));
+    await absent(page, B_TEXTS);
+  });
+
+  await scenario("tenants: what a token's payload says is shown as text, and a forged token is refused", async (page) => {
+    const hostile = '<img src=x onerror="window.__injected=1">';
+    const forged = signJwt({ iss: "<script>window.__injected=2</script>", aud: "spindle", sub: hostile, exp: Math.floor(Date.now() / 1000) + 60 }, "not the tenant's secret, 32 bytes");
+    await page.goto(base + "/");
+    await page.waitForSelector("#token-dialog[open]");
+    await page.evaluate((t) => sessionStorage.setItem("spindle.token", t), forged);
+    await page.reload();
+    await page.waitForSelector("#token-dialog[open]");
+    assert.equal(await text(page, "#who-label"), "end user " + hostile);
+    assert.match(await page.getAttribute("#who-label", "title"), /issuer <script>/);
+    assert.match(await text(page, "#token-error"), /refused/);
+    assert.equal(await page.locator("header img, header script").count(), 0);
+    assert.equal(await page.evaluate(() => window.__injected), undefined);
+  });
+
+  await scenario("tenants: an end user's token (a JWT of the tenant's issuer) shows that user's own threads only", async (page) => {
+    const hs256 = crypto.randomBytes(32).toString("hex");
+    const put = await admin("PUT", `/v1/tenants/${A.id}/auth`, { issuer: "https://issuer.example", audience: "spindle", hs256_secret: hs256 });
+    assert.ok(put.status === 200 || put.status === 204, `PUT /v1/tenants/{id}/auth answered ${put.status} ${JSON.stringify(put.body)}: this server does not take end users' tokens yet`);
+    const now = Math.floor(Date.now() / 1000);
+    const jwt = (sub) => signJwt({ iss: "https://issuer.example", aud: "spindle", sub, iat: now, exp: now + 3600 }, hs256);
+    const alice = jwt("alice");
+    const bob = jwt("bob");
+    for (const [who, thread, content] of [
+      [alice, "alice-notes", "ALICE-ONLY shopping list"],
+      [bob, "bob-notes", "BOB-ONLY travel plans"],
+    ]) {
+      const r = await call(base, "POST", `/v1/threads/${thread}/messages`, { content }, who);
+      assert.equal(r.status, 200, JSON.stringify(r.body));
+    }
+    await signIn(page, alice);
+    await page.waitForSelector('#thread-items li[data-thread="alice-notes"]');
+    assert.equal(await text(page, "#who-label"), "end user alice");
+    assert.match(await page.getAttribute("#who-label", "title"), /issuer https:\/\/issuer\.example/);
+    assert.equal(await page.locator("#thread-items li[data-thread]").count(), 1);
+    await page.click('#thread-items li[data-thread="alice-notes"] a');
+    await page.waitForFunction(() => /ALICE-ONLY shopping list/.test(document.querySelector("#turns")?.textContent));
+    // No event stream for an end user: said, not retried.
+    await page.waitForFunction(() => document.querySelector("#live")?.dataset.state === "off");
+    await absent(page, ["BOB-ONLY", "bob-notes", ...A_TEXTS, ...B_TEXTS]);
+    await screenshots(page, "end-user");
+    await page.click('nav a[data-view="tasks"]');
+    await page.waitForSelector("#view-tasks .refused");
+    assert.match(await text(page, "#view-tasks .refused"), /not for end user alice/);
+    await page.click('nav a[data-view="health"]');
+    await page.waitForSelector("#view-health .refused");
+    assert.equal(await page.isVisible("#token-dialog[open]"), false);
+  });
+} finally {
+  await browser.close();
+  server.stop();
+}
+console.log(`${checks} scenarios passed`);
