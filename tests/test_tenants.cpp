@@ -24,6 +24,7 @@
 #include "spindle/messages/ids.hpp"
 #include "spindle/runtime/runtime.hpp"
 #include "support.hpp"
+#include "tenant_client.hpp"
 #include "tenancy/tenant_store.hpp"
 
 using namespace spindle;
@@ -32,59 +33,11 @@ using json = nlohmann::json;
 
 namespace {
 
-const std::string admin_token = "admin-token-of-the-tenant-tests-0123456789";
-
-struct answer {
-  int status = 0;
-  std::string body;
-  json parsed() const {
-    return json::parse(body, nullptr, false);
-  }
-};
-
-// One client of a served runtime with a bearer token (a key or the admin
-// token) and, for the admin token, a tenant to act in.
-class client {
-public:
-  client(int port, std::string token, std::string tenant = {})
-    : cli_("127.0.0.1", port), token_(std::move(token)),
-      tenant_(std::move(tenant)) {
-    cli_.set_read_timeout(30, 0);
-  }
-
-  answer call(const std::string& method, const std::string& path,
-              const std::string& body = {},
-              httplib::Headers extra = {}) {
-    httplib::Headers h = std::move(extra);
-    if (!token_.empty())
-      h.emplace("Authorization", "Bearer " + token_);
-    if (!tenant_.empty())
-      h.emplace("Spindle-Tenant", tenant_);
-    auto send = [&]() -> httplib::Result {
-      if (method == "POST")
-        return cli_.Post(path.c_str(), h, body, "application/json");
-      if (method == "PATCH")
-        return cli_.Patch(path.c_str(), h, body, "application/json");
-      if (method == "DELETE")
-        return cli_.Delete(path.c_str(), h);
-      return cli_.Get(path.c_str(), h);
-    };
-    auto r = send();
-    REQUIRE(r);
-    return answer{r->status, r->body};
-  }
-  answer get(const std::string& path) {
-    return call("GET", path);
-  }
-  answer post(const std::string& path, const json& body) {
-    return call("POST", path, body.dump());
-  }
-
-private:
-  httplib::Client cli_;
-  std::string token_;
-  std::string tenant_;
-};
+using test::answer;
+using test::make_tenant;
+using test::tenant_keys;
+using client = test::tenant_client;
+const std::string& admin_token = test::tenants_admin_token;
 
 runtime_options durable(const test::test_store& store) {
   runtime_options opts;
@@ -98,20 +51,6 @@ server_options tenancy_on() {
   server_options so;
   so.admin_token = admin_token;
   return so;
-}
-
-struct tenant_keys {
-  std::string id;
-  std::string key; // every scope but keys:admin
-};
-
-tenant_keys make_tenant(client& admin, const std::string& name) {
-  auto t = admin.post("/v1/tenants", {{"name", name}});
-  REQUIRE(t.status == 201);
-  auto id = t.parsed().at("id").get<std::string>();
-  auto k = admin.post("/v1/tenants/" + id + "/keys", {{"name", "all"}});
-  REQUIRE(k.status == 201);
-  return {id, k.parsed().at("key").get<std::string>()};
 }
 
 std::string replace_all(std::string text, const std::string& from,

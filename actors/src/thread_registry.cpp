@@ -333,19 +333,23 @@ void resolve(pointer self, const std::string& id, bool create_missing,
   self->state.threads.resolve(id, create_missing, std::move(next));
 }
 
-// "new", or "TENANT~new": create a thread (of that tenant).
+// "new", "TENANT~new" or "TENANT~USER~new": create a thread (of that
+// tenant, of that end user).
 bool is_new(const std::string& id) {
-  return local_id(id) == "new";
+  auto sep = id.rfind(tenant_separator);
+  return std::string_view{id}.substr(sep == std::string::npos ? 0 : sep + 1)
+         == "new";
 }
 
-// A fresh ID in the tenant of `like` (a thread ID or "TENANT~new").
+// A fresh ID beside `like` (a thread ID or "new"): in its tenant and, for
+// an end user's thread, that end user's.
 std::string fresh_id(pointer self, const std::string& like) {
   auto& threads = self->state.threads;
-  auto tenant = tenant_of_id(like);
+  auto sep = like.rfind(tenant_separator);
+  auto prefix = sep == std::string::npos ? std::string{}
+                                         : like.substr(0, sep + 1);
   for (;;) {
-    auto id = tenant.empty()
-                ? make_uuid_v4()
-                : std::string{tenant} + tenant_separator + make_uuid_v4();
+    auto id = prefix + make_uuid_v4();
     if (!threads.find(id) && !threads.in_transit(id))
       return id;
   }

@@ -4,6 +4,7 @@
 
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/hybrid36.hpp"
+#include "spindle/messages/memory.hpp"
 #include "spindle/messages/task_id.hpp"
 
 namespace spindle {
@@ -108,6 +109,13 @@ caf::error validate_thread_id(std::string_view whole) {
     if (!valid_tenant_id(whole.substr(0, sep)))
       return bad("its tenant must have 1 to 32 characters of a-z 0-9");
     id = whole.substr(sep + 1);
+    // An end user's thread: TENANT~USER~ID.
+    if (auto user_sep = id.find(tenant_separator);
+        user_sep != std::string_view::npos) {
+      if (auto err = validate_client_user_id(id.substr(0, user_sep)))
+        return bad("its end user is invalid");
+      id = id.substr(user_sep + 1);
+    }
   }
   if (id.empty() || id.size() > 128)
     return bad("it must have 1 to 128 characters");

@@ -8,6 +8,7 @@
 
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/ids.hpp"
+#include "spindle/messages/memory.hpp"
 #include "spindle/messages/tools.hpp"
 
 namespace spindle {
@@ -350,12 +351,22 @@ caf::error validate_thread_list_request(const thread_list_request& x) {
                         "metadata filter value of '" + key
                           + "' is longer than any stored value");
   }
-  if (!x.tenant_prefix.empty()
-      && (!x.scoped || x.tenant_prefix.back() != tenant_separator
-          || !valid_tenant_id(std::string_view{x.tenant_prefix}.substr(
-            0, x.tenant_prefix.size() - 1))))
-    return make_error(errc::invalid_argument,
-                      "tenant_prefix must be a tenant ID followed by '~'");
+  if (!x.tenant_prefix.empty()) {
+    // TENANT~, or an end user's TENANT~USER~.
+    std::string_view prefix{x.tenant_prefix};
+    bool ok = x.scoped && prefix.back() == tenant_separator;
+    if (ok) {
+      prefix.remove_suffix(1);
+      auto sep = prefix.find(tenant_separator);
+      ok = valid_tenant_id(prefix.substr(0, sep))
+           && (sep == std::string_view::npos
+               || !validate_client_user_id(prefix.substr(sep + 1)));
+    }
+    if (!ok)
+      return make_error(errc::invalid_argument,
+                        "tenant_prefix must be a tenant ID followed by '~', "
+                        "or that and an end user's ID followed by '~'");
+  }
   // Milliseconds up to the year 9999: larger ones are no time.
   if (x.updated_after_ms < 0 || x.updated_after_ms > 253402300799999)
     return make_error(errc::invalid_argument,

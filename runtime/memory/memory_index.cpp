@@ -741,9 +741,16 @@ memory_writer::delete_entry(int64_t id, const std::string& tenant) {
     std::string user_id, thread_id, content;
     {
       resetting r{p.read_row};
+      // An end user's prefix holds the separator twice.
+      std::string user;
+      if (auto first = tenant.find(tenant_separator);
+          first != std::string::npos
+          && tenant.find(tenant_separator, first + 1) != std::string::npos)
+        user = tenant.substr(0, tenant.size() - 1);
       p.read_row.bind(1, id)
         .bind(2, std::string_view{tenant})
-        .bind(3, std::string_view{tenant + "%"});
+        .bind(3, std::string_view{tenant + "%"})
+        .bind(4, std::string_view{user});
       auto row = p.read_row.step();
       if (!row)
         return row.error();
@@ -898,14 +905,19 @@ memory_writer::open_on(database* lite, sql_connection* pg,
      {&p->highest_id, "SELECT max(h) FROM (SELECT max(id) AS h FROM "
                       "memories UNION ALL SELECT indexed_through AS h FROM "
                       "memory_index_state WHERE id = 0) AS highest;"},
-     // ?2: "*" any tenant, "" the default tenant (unqualified IDs), else
-     // a tenant's prefix "TENANT~", with ?3 its LIKE pattern.
+     // ?2: "*" any tenant, "" the default tenant (unqualified IDs), a
+     // tenant's prefix "TENANT~" with ?3 its LIKE pattern, or an end
+     // user's "TENANT~USER~" with ?4 its user ID "TENANT~USER" (compared
+     // whole, as a user ID may hold LIKE's wildcards).
      {&p->read_row, "SELECT user_id, thread_id, content FROM memories "
                     "WHERE id = ?1 AND (?2 = '*' "
                     "OR (?2 = '' AND user_id NOT LIKE '%~%' "
                     "    AND thread_id NOT LIKE '%~%') "
-                    "OR (?2 <> '' AND ?2 <> '*' AND (user_id LIKE ?3 "
-                    "    OR (user_id = '' AND thread_id LIKE ?3))));"},
+                    "OR (?4 = '' AND ?2 <> '' AND ?2 <> '*' "
+                    "    AND (user_id LIKE ?3 "
+                    "         OR (user_id = '' AND thread_id LIKE ?3))) "
+                    "OR (?4 <> '' AND (user_id = ?4 OR (user_id = '' "
+                    "    AND substr(thread_id, 1, length(?2)) = ?2))));"},
      {&p->delete_row, "DELETE FROM memories WHERE id = ?1;"},
      // The scopes of one tenant (?1: its prefix's LIKE pattern).
      {&p->tenant_scopes, "SELECT DISTINCT user_id, thread_id FROM memories "

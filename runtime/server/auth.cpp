@@ -6,6 +6,7 @@
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/ids.hpp"
 #include "spindle/messages/memory.hpp"
+#include "tenancy/jwt.hpp"
 #include "tenancy/tenant_store.hpp"
 
 namespace spindle::http {
@@ -26,13 +27,14 @@ const std::unordered_map<std::string, route_rule>& rules() {
     put({"GET /healthz", "GET /", "GET /console/{file}",
          "GET /v1/openapi.json"},
         access::open);
-    put({"POST /v1/tokens/count"}, access::any);
+    put({"POST /v1/tokens/count", "GET /v1/me"}, access::any);
     put({"GET /metrics", "GET /v1/stats", "GET /v1/cluster",
          "POST /v1/tenants", "GET /v1/tenants", "GET /v1/tenants/{id}",
          "PATCH /v1/tenants/{id}", "DELETE /v1/tenants/{id}"},
         access::admin);
     put({"POST /v1/tenants/{id}/keys", "GET /v1/tenants/{id}/keys",
-         "DELETE /v1/keys/{id}"},
+         "DELETE /v1/keys/{id}", "PUT /v1/tenants/{id}/auth",
+         "GET /v1/tenants/{id}/auth", "DELETE /v1/tenants/{id}/auth"},
         access::tenant_admin, scope::keys_admin);
     put({"GET /v1/threads", "GET /v1/threads/{id}",
          "GET /v1/threads/{id}/history", "GET /v1/threads/{id}/items",
@@ -104,6 +106,10 @@ std::optional<api_error> authorize(const principal& p, const route_rule& rule,
     case access::tenant_admin:
       if (p.who == principal::kind::admin)
         return std::nullopt;
+      if (p.is_end_user())
+        return forbidden("an end user's token reaches only its own threads "
+                         "and memories",
+                         "keys:admin");
       if (!p.may(scope::keys_admin))
         return forbidden("this key lacks the scope 'keys:admin'",
                          "keys:admin");
@@ -117,6 +123,11 @@ std::optional<api_error> authorize(const principal& p, const route_rule& rule,
         return forbidden("the admin token manages tenants and keys; name a "
                          "tenant with the Spindle-Tenant header to act in "
                          "it");
+      if (!p.may(rule.scope) && p.is_end_user())
+        return forbidden(std::string{"an end user's token reaches only its "
+                                     "own threads and memories (scope '"}
+                           + tenancy::name_of(rule.scope) + "')",
+                         tenancy::name_of(rule.scope));
       if (!p.may(rule.scope))
         return forbidden(std::string{"this key lacks the scope '"}
                            + tenancy::name_of(rule.scope) + "'",
@@ -189,8 +200,7 @@ auth_outcome authenticate(const request& req, const route_rule& rule,
                                    "no tenant '" + named + "'",
                                    "Spindle-Tenant"});
       }
-      p->tenant = named;
-      p->prefix = tenancy::prefix_of(named);
+      p->set_tenant(named);
     }
     if (auto no = authorize(*p, rule, req))
       return refused(std::move(*no));
@@ -209,6 +219,35 @@ auth_outcome authenticate(const request& req, const route_rule& rule,
       return refused(std::move(*no));
     auth_outcome out;
     out.who = std::move(p);
+    return out;
+  }
+  // An end user's token.
+  if (!tenancy::tenant_store::looks_like_key(token)
+      && tenancy::looks_like_jwt(token)) {
+    bool needs_store = false;
+    // Its errors say "the token is refused: ..." or name what is missing.
+    auto p = tenants.end_user(token, may_block, needs_store);
+    if (!p) {
+      if (classify(p.error()) == errc::invalid_argument)
+        return refused(unauthorized(to_api_error(p.error()).message));
+      return refused(api_error{503, "unavailable",
+                               "cannot read the tenants: "
+                                 + describe(p.error())});
+    }
+    if (needs_store) {
+      auth_outcome later;
+      later.needs_store = true;
+      return later;
+    }
+    if (!named.empty() && named != (*p)->tenant)
+      return refused(forbidden(
+        "Spindle-Tenant names a tenant for the admin token; an end user "
+        "acts in its own tenant only",
+        "Spindle-Tenant"));
+    if (auto no = authorize(**p, rule, req))
+      return refused(std::move(*no));
+    auth_outcome out;
+    out.who = std::move(*p);
     return out;
   }
   tenancy::key_record key;
@@ -240,8 +279,7 @@ auth_outcome authenticate(const request& req, const route_rule& rule,
       "Spindle-Tenant"));
   auto p = std::make_shared<principal>();
   p->who = principal::kind::key;
-  p->tenant = key.tenant;
-  p->prefix = tenancy::prefix_of(key.tenant);
+  p->set_tenant(key.tenant);
   p->scopes = key.scopes;
   p->key_id = key.id;
   if (auto no = authorize(*p, rule, req))
@@ -257,18 +295,49 @@ const principal& who(const request& req) {
   return *open_principal();
 }
 
+std::optional<std::string> try_scoped_thread(const request& req,
+                                             const std::string& id) {
+  auto& p = who(req);
+  // A tenant's own clients may name its end users' threads: USER~ID.
+  if (auto sep = id.find(tenant_separator);
+      sep != std::string::npos && !p.is_end_user() && !p.prefix.empty()) {
+    if (validate_client_user_id(std::string_view{id}.substr(0, sep))
+        || validate_client_thread_id(std::string_view{id}.substr(sep + 1)))
+      return std::nullopt;
+    return p.qualify(id);
+  }
+  if (validate_client_thread_id(id))
+    return std::nullopt;
+  return p.qualify(id);
+}
+
 std::string scoped_thread(const request& req, const std::string& id,
                           const char* field) {
-  if (auto err = validate_client_thread_id(id)) {
-    auto e = to_api_error(err);
-    e.param = field != nullptr ? field : "";
-    throw e;
-  }
-  return who(req).qualify(id);
+  if (auto scoped = try_scoped_thread(req, id))
+    return std::move(*scoped);
+  auto err = validate_client_thread_id(id);
+  if (!err) // USER~ID with a bad user part.
+    err = make_error(errc::invalid_id,
+                     "thread_id '" + id.substr(0, 64)
+                       + "' is invalid: an end user's thread is USER~ID "
+                         "with a valid user ID and thread ID");
+  auto e = to_api_error(err);
+  e.param = field != nullptr ? field : "";
+  throw e;
 }
 
 std::string scoped_user(const request& req, const std::string& id,
                         const char* field) {
+  auto& p = who(req);
+  if (p.is_end_user()) {
+    // An end user is its token's subject, whatever the body says.
+    if (!id.empty() && id != p.user)
+      throw api_error{403, "permission_denied",
+                      std::string{field} + " '" + id.substr(0, 64)
+                        + "' is not the end user of this token",
+                      field};
+    return p.prefix + p.user;
+  }
   if (id.empty())
     return id;
   if (auto err = validate_client_user_id(id)) {
@@ -276,20 +345,28 @@ std::string scoped_user(const request& req, const std::string& id,
     e.param = field;
     throw e;
   }
-  return who(req).qualify(id);
+  return p.prefix.empty() ? id : p.prefix + id;
 }
 
-std::string local(const std::string& id) {
+std::string local(const request& req, const std::string& id) {
+  auto& p = who(req);
+  if (!p.thread_prefix.empty()
+      && id.compare(0, p.thread_prefix.size(), p.thread_prefix) == 0)
+    return id.substr(p.thread_prefix.size());
+  if (!p.prefix.empty() && id.compare(0, p.prefix.size(), p.prefix) == 0)
+    return id.substr(p.prefix.size());
   return std::string{local_id(id)};
 }
 
 api_error scrubbed(api_error e, const request& req) {
-  auto& prefix = who(req).prefix;
-  if (prefix.empty())
-    return e;
-  for (auto at = e.message.find(prefix); at != std::string::npos;
-       at = e.message.find(prefix, at))
-    e.message.erase(at, prefix.size());
+  auto& p = who(req);
+  for (auto* prefix : {&p.thread_prefix, &p.prefix}) {
+    if (prefix->empty())
+      continue;
+    for (auto at = e.message.find(*prefix); at != std::string::npos;
+         at = e.message.find(*prefix, at))
+      e.message.erase(at, prefix->size());
+  }
   return e;
 }
 

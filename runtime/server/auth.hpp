@@ -41,11 +41,17 @@ const tenancy::principal& who(const request& req);
 /// the request's tenant. "new" is kept as the tenant's "new".
 std::string scoped_thread(const request& req, const std::string& id,
                           const char* field = "thread_id");
-/// The same for a user ID; "" stays "".
+/// The same without throwing: nullopt for an ID the request may not name.
+/// A tenant's key (or the admin token in a tenant) may name an end user's
+/// thread as USER~ID; an end user names its own threads only.
+std::optional<std::string> try_scoped_thread(const request& req,
+                                             const std::string& id);
+/// The same for a user ID; "" stays "". For an end user: its own ID
+/// whether given or not, and 403 `permission_denied` for another.
 std::string scoped_user(const request& req, const std::string& id,
                         const char* field = "user_id");
-/// An ID as its tenant's clients know it.
-std::string local(const std::string& id);
+/// A thread or user ID as the request's principal knows it.
+std::string local(const request& req, const std::string& id);
 
 /// `e` without the request's tenant prefix in its message.
 api_error scrubbed(api_error e, const request& req);

@@ -460,6 +460,11 @@ void router::patch(const std::string& pattern, const std::string& route,
   add("PATCH", pattern, route, std::move(h), {}, false);
 }
 
+void router::put(const std::string& pattern, const std::string& route,
+                 handler h) {
+  add("PUT", pattern, route, std::move(h), {}, false);
+}
+
 void router::get_async(const std::string& pattern, const std::string& route,
                        async_handler h, bool open) {
   add("GET", pattern, route, {}, std::move(h), open);
@@ -688,7 +693,8 @@ void router::dispatch_keyed(const route_entry* e, std::shared_ptr<request> req,
       res->send(replayed(r));
     };
     // Keys are per tenant: stored under the tenant's prefix.
-    auto stored_key = http::who(*req).prefix + key;
+    // Per tenant, and per end user.
+    auto stored_key = http::who(*req).thread_prefix + key;
     switch (idempotency_->claim(stored_key, fp, reply, answer)) {
       case idempotency_store::claim_result::mismatch:
         record(route, *req, 422, 0, json::object());
@@ -836,10 +842,10 @@ std::string router::thread_of(const route_entry& e, const request& req) {
       break;
     }
   }
-  if (id.empty() || id == "new" || validate_client_thread_id(id))
+  if (id.empty() || id == "new")
     return {};
   // The thread as stored: its owner is found by that ID.
-  return http::who(req).qualify(id);
+  return http::try_scoped_thread(req, id).value_or(std::string{});
 }
 
 bool router::for_scheduler(const route_entry& e, const request& req) {

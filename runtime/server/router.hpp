@@ -240,6 +240,7 @@ public:
   void del(const std::string& pattern, const std::string& route, handler h);
   void patch(const std::string& pattern, const std::string& route,
              handler h);
+  void put(const std::string& pattern, const std::string& route, handler h);
   void get_async(const std::string& pattern, const std::string& route,
                  async_handler h, bool open = false);
   void post_async(const std::string& pattern, const std::string& route,

@@ -89,13 +89,13 @@ event_filter filter_of(const request& req) {
   }
   out.thread = req.get_param_value("thread");
   if (req.has_param("thread")) {
-    if (auto err = validate_client_thread_id(out.thread);
-        err || out.thread == "new")
+    auto scoped = try_scoped_thread(req, out.thread);
+    if (!scoped || out.thread == "new")
       throw api_error{400, "invalid_id",
                       "thread: '" + out.thread.substr(0, 64)
                         + "' is not a thread ID",
                       "thread"};
-    out.thread = who(req).qualify(out.thread);
+    out.thread = std::move(*scoped);
   }
   out.tenant = std::string{tenant_of_id(who(req).prefix)};
   return out;

@@ -56,7 +56,7 @@ void add_item_routes(router& r) {
           json list = json::array();
           for (auto& item : *items)
             list.push_back(context_item_to_json(item));
-          reply(res, 200, {{"thread_id", local(id)}, {"items", list}});
+          reply(res, 200, {{"thread_id", local(req, id)}, {"items", list}});
         });
 
   r.get(R"(/v1/threads/([^/]+)/items/render)",

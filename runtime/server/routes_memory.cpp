@@ -19,11 +19,11 @@ std::optional<int64_t> positive_int(const std::string& text) {
   return value;
 }
 
-json record_json(const memory_record& m) {
+json record_json(const request& req, const memory_record& m) {
   json out{{"id", m.id}, {"content", m.content}, {"created", m.created_ms}};
-  out["user_id"] = m.user_id.empty() ? json(nullptr) : json(local(m.user_id));
+  out["user_id"] = m.user_id.empty() ? json(nullptr) : json(local(req, m.user_id));
   out["thread_id"]
-    = m.thread_id.empty() ? json(nullptr) : json(local(m.thread_id));
+    = m.thread_id.empty() ? json(nullptr) : json(local(req, m.thread_id));
   return out;
 }
 
@@ -35,20 +35,23 @@ void add_memory_routes(router& r) {
               request_context& ctx) {
            auto body = parse_body(req, {"content", "user_id", "thread_id"});
            auto content = required_string(body, "content");
-           auto user = optional_string(body, "user_id").value_or("");
+           // An end user's memory is its own, given or not.
+           auto user = scoped_user(
+             req, optional_string(body, "user_id").value_or(""));
            auto thread = optional_string(body, "thread_id").value_or("");
            if (user.empty() && thread.empty())
              throw api_error{400, "malformed",
                              "at least one of 'user_id' and 'thread_id' is "
                              "required: a memory belongs to a user or a "
                              "thread"};
+           if (!thread.empty())
+             thread = scoped_thread(req, thread);
            // Stored under the tenant's IDs; answered with the client's.
-           auto tags = memory_tags(user, thread);
-           auto stored = r.rt().store_memory(
-             content,
-             memory_tags(scoped_user(req, user),
-                         thread.empty() ? thread
-                                        : scoped_thread(req, thread)));
+           auto tags = memory_tags(user.empty() ? user : local(req, user),
+                                   thread.empty() ? thread
+                                                  : local(req, thread));
+           auto stored
+             = r.rt().store_memory(content, memory_tags(user, thread));
            if (!stored)
              fail(stored.error());
            ctx.log["memory_id"] = *stored;
@@ -115,7 +118,7 @@ void add_memory_routes(router& r) {
             fail(page.error());
           json entries = json::array();
           for (auto& m : page->entries)
-            entries.push_back(record_json(m));
+            entries.push_back(record_json(req, m));
           reply(res, 200,
                 {{"entries", std::move(entries)},
                  {"next_cursor", page->next_before > 0
@@ -127,8 +130,13 @@ void add_memory_routes(router& r) {
         [&r](const request& req, response& res, request_context& ctx) {
           only_params(req, {"user_id", "thread_id"});
           no_empty_params(req, {"user_id", "thread_id"});
-          auto user = scoped_user(req, req.get_param_value("user_id"));
           auto thread = req.get_param_value("thread_id");
+          // An end user naming only its thread: that thread's memories
+          // stored without a user.
+          auto user = who(req).is_end_user() && !thread.empty()
+                          && !req.has_param("user_id")
+                        ? std::string{}
+                        : scoped_user(req, req.get_param_value("user_id"));
           if (!thread.empty())
             thread = scoped_thread(req, thread);
           if (user.empty() == thread.empty())
@@ -155,7 +163,7 @@ void add_memory_routes(router& r) {
           auto id = *parsed;
           // Only an entry of the request's tenant: another's answers as a
           // missing one.
-          auto gone = r.rt().delete_memory(id, who(req).prefix);
+          auto gone = r.rt().delete_memory(id, who(req).thread_prefix);
           if (!gone)
             fail(gone.error());
           if (!*gone)

@@ -216,8 +216,9 @@ chat_request parse_chat(const request& req) {
   if (field || !header.empty()) {
     out.threaded = true;
     out.thread_id = field ? *field : header;
-    if (auto err = validate_client_thread_id(out.thread_id))
-      fail(err);
+    // Checked here, qualified once the thread is known (a new one's ID
+    // is drawn later).
+    (void)scoped_thread(req, out.thread_id);
     auto& last = out.messages.back();
     if (last.role == "tool") {
       // The results of the thread's last calls: the turns after the
@@ -244,12 +245,8 @@ chat_request parse_chat(const request& req) {
       out.system_prompt += m.content;
     }
   }
-  out.user_id = optional_string(body, "user_id").value_or("");
-  if (!out.user_id.empty()) {
-    if (auto err = validate_client_user_id(out.user_id))
-      fail(err);
-    out.user_id = who(req).qualify(out.user_id);
-  }
+  out.user_id
+    = scoped_user(req, optional_string(body, "user_id").value_or(""));
   if (auto policy = optional_string(body, "on_conflict")) {
     auto parsed = parse_conflict_policy(*policy);
     if (!parsed)
@@ -410,7 +407,7 @@ void threaded(router& r, std::shared_ptr<async_call> call, chat_request c,
       reply(out, 200,
             shared_head->whole(res.reply, res.interrupted || res.cancelled,
                                res.tool_calls));
-      out.set_header(thread_header, local(res.thread_id));
+      out.set_header(thread_header, local(call->req(), res.thread_id));
       call->send(std::move(out));
     };
     cb.done = [call](caf::expected<exchange_result> res) {
@@ -545,7 +542,7 @@ void add_openai_routes(router& r) {
       auto& principal = who(call->req());
       c.thread_id = principal.qualify(c.thread_id == "new" ? make_uuid_v4()
                                                            : c.thread_id);
-      head.thread_id = local(c.thread_id);
+      head.thread_id = local(call->req(), c.thread_id);
       call->ctx.log["thread_id"] = c.thread_id;
       threaded(r, std::move(call), std::move(c), std::move(head));
     });

@@ -3,6 +3,8 @@
 // manage that tenant's keys.
 
 #include <chrono>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -128,6 +130,50 @@ tenancy::scope_set scopes_of_body(const json& body) {
     set |= tenancy::bit(s);
   }
   return set;
+}
+
+// The end-user settings as shown: never the HS256 secret; the JWK Set's
+// public keys as given.
+json auth_json(const tenancy::auth_record& a) {
+  json out{{"object", "tenant_auth"},
+           {"tenant", a.tenant},
+           {"issuer", a.keys.issuer},
+           {"audience", a.keys.audience.empty() ? json(nullptr)
+                                                : json(a.keys.audience)},
+           {"hs256", !a.keys.hs256_secret.empty()},
+           {"updated_at", a.updated_ms}};
+  auto jwks = a.keys.jwks.empty() ? json(nullptr)
+                                  : json::parse(a.keys.jwks, nullptr, false);
+  out["jwks"] = jwks.is_discarded() ? json(nullptr) : jwks;
+  return out;
+}
+
+// The most a JWK Set file may hold.
+constexpr std::streamsize max_jwks_file = 64 * 1024;
+
+// A JWK Set given as a file path, read now (the admin token only: a
+// tenant's key may not make the server read its files).
+std::string read_jwks_file(const request& req, const std::string& path) {
+  if (who(req).who != tenancy::principal::kind::admin)
+    throw api_error{403, "permission_denied",
+                    "only the admin token may give jwks as a file path; "
+                    "give the JWK Set itself",
+                    "jwks"};
+  std::ifstream in{path, std::ios::binary};
+  if (!in)
+    throw api_error{400, "invalid_argument",
+                    "cannot read the JWK Set file '" + path.substr(0, 200)
+                      + "'",
+                    "jwks"};
+  std::string text(static_cast<size_t>(max_jwks_file) + 1, '\0');
+  in.read(text.data(), max_jwks_file + 1);
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (text.size() > static_cast<size_t>(max_jwks_file))
+    throw api_error{413, "too_large",
+                    "the JWK Set file has more than "
+                      + std::to_string(max_jwks_file) + " bytes",
+                    "jwks"};
+  return text;
 }
 
 // What the tenant holds: threads (any?) and memory scopes.
@@ -334,6 +380,115 @@ void add_tenant_routes(router& r) {
           for (auto& k : *keys)
             data.push_back(key_json(k));
           reply(res, 200, {{"object", "list"}, {"data", std::move(data)}});
+        });
+
+  // Who the request's token acts as: for a console or a client that holds
+  // a token and wants to show what it may do.
+  r.get(R"(/v1/me)", "GET /v1/me",
+        [&r](const request& req, response& res, request_context&) {
+          only_params(req, {});
+          auto& p = who(req);
+          using kind = tenancy::principal::kind;
+          const char* kinds[] = {"open", "admin", "key", "end_user"};
+          json out{{"object", "principal"},
+                   {"kind", kinds[static_cast<int>(p.who)]},
+                   {"tenant", p.in_tenant() ? json(p.tenant) : json(nullptr)},
+                   {"tenant_name", nullptr},
+                   {"user", p.is_end_user() ? json(p.user) : json(nullptr)},
+                   {"key_id", p.who == kind::key ? json(p.key_id)
+                                                 : json(nullptr)},
+                   {"scopes", tenancy::names_of(p.scopes)}};
+          if (p.in_tenant())
+            if (auto store = r.tenants()) {
+              auto found = store->find_tenant(p.tenant);
+              if (!found)
+                fail(found.error());
+              if (*found)
+                out["tenant_name"] = (*found)->name;
+            }
+          if (p.who == kind::open)
+            out["tenant_name"] = p.tenant;
+          reply(res, 200, out);
+        });
+
+  r.put(R"(/v1/tenants/([^/]+)/auth)", "PUT /v1/tenants/{id}/auth",
+        [&r](const request& req, response& res, request_context& ctx) {
+          auto& store = store_of(r);
+          auto& id = path_tenant(req);
+          auto body
+            = parse_body(req, {"issuer", "audience", "hs256_secret", "jwks"});
+          tenancy::issuer_keys keys;
+          keys.issuer = required_string(body, "issuer");
+          keys.audience = optional_string(body, "audience").value_or("");
+          keys.hs256_secret
+            = optional_string(body, "hs256_secret").value_or("");
+          if (auto jwks = body.find("jwks");
+              jwks != body.end() && !jwks->is_null()) {
+            if (jwks->is_object())
+              keys.jwks = dump(*jwks);
+            else if (jwks->is_string())
+              keys.jwks = read_jwks_file(req, jwks->get<std::string>());
+            else
+              throw api_error{400, "malformed",
+                              "field 'jwks' must be a JWK Set (an object "
+                              "with 'keys') or a file path",
+                              "jwks"};
+          }
+          if (keys.hs256_secret.empty() && keys.jwks.empty())
+            throw api_error{400, "invalid_argument",
+                            "give hs256_secret or jwks: how end users' "
+                            "tokens are signed",
+                            "hs256_secret"};
+          auto set = store.set_auth(id, std::move(keys));
+          if (!set) {
+            auto e = to_api_error(set.error());
+            if (e.status == 400 && e.param.empty())
+              e.param = e.message.find("jwk") != std::string::npos
+                          ? "jwks"
+                        : e.message.find("secret") != std::string::npos
+                          ? "hs256_secret"
+                        : e.message.rfind("audience", 0) == 0 ? "audience"
+                                                               : "issuer";
+            throw e;
+          }
+          ctx.log["tenant"] = id;
+          spdlog::info("tenant {}: end users' tokens of issuer '{}' accepted",
+                       id, set->keys.issuer);
+          reply(res, 200, auth_json(*set));
+        });
+
+  r.get(R"(/v1/tenants/([^/]+)/auth)", "GET /v1/tenants/{id}/auth",
+        [&r](const request& req, response& res, request_context&) {
+          auto& store = store_of(r);
+          only_params(req, {});
+          auto& id = path_tenant(req);
+          found_tenant(store, id);
+          auto got = store.get_auth(id);
+          if (!got)
+            fail(got.error());
+          if (!*got)
+            throw api_error{404, "not_found",
+                            "tenant '" + id + "' accepts no end users' "
+                              "tokens"};
+          reply(res, 200, auth_json(**got));
+        });
+
+  r.del(R"(/v1/tenants/([^/]+)/auth)", "DELETE /v1/tenants/{id}/auth",
+        [&r](const request& req, response& res, request_context& ctx) {
+          auto& store = store_of(r);
+          only_params(req, {});
+          auto& id = path_tenant(req);
+          found_tenant(store, id);
+          auto gone = store.clear_auth(id);
+          if (!gone)
+            fail(gone.error());
+          if (!*gone)
+            throw api_error{404, "not_found",
+                            "tenant '" + id + "' accepts no end users' "
+                              "tokens"};
+          ctx.log["tenant"] = id;
+          reply(res, 200,
+                {{"tenant", id}, {"object", "tenant_auth"}, {"deleted", true}});
         });
 
   r.del(R"(/v1/keys/([^/]+))", "DELETE /v1/keys/{id}",

@@ -18,11 +18,11 @@ namespace spindle::http {
 
 namespace {
 
-json thread_json(const thread_info& t) {
+json thread_json(const request& req, const thread_info& t) {
   json metadata = json::object();
   for (auto& [key, value] : t.metadata)
     metadata[key] = value;
-  return json{{"thread_id", local(t.thread_id)},
+  return json{{"thread_id", local(req, t.thread_id)},
               {"object", "thread"},
               {"created_at", t.created_ms},
               {"updated_at", t.updated_ms()},
@@ -80,7 +80,7 @@ std::string encode(const cursor& c) {
                   "cursor"};
 }
 
-cursor decode(const std::string& text) {
+cursor decode(const request& req, const std::string& text) {
   cursor c;
   uint64_t fields[4];
   size_t at = 0;
@@ -104,7 +104,7 @@ cursor decode(const std::string& text) {
   c.started_ms = fields[1];
   c.place = fields[2];
   c.thread_id = text.substr(at);
-  if (c.snapshot == 0 || validate_client_thread_id(c.thread_id)
+  if (c.snapshot == 0 || !try_scoped_thread(req, c.thread_id)
       || check_of(c) != fields[3] || c.place > c.snapshot)
     bad_cursor(text, "was not issued by this server");
   auto now = static_cast<uint64_t>(unix_time_ms());
@@ -162,12 +162,12 @@ void add_thread_resource_routes(router& r) {
            auto body = parse_body(req, {"metadata"}, /*allow_empty=*/true);
            auto patch = metadata_of(body, false);
            auto created = r.rt().create_thread(std::move(patch.set),
-                                               who(req).prefix);
+                                               who(req).thread_prefix);
            if (!created)
              fail(created.error());
            ctx.log["thread_id"] = created->thread_id;
            ctx.log["found_or_created"] = "created";
-           reply(res, 201, thread_json(*created));
+           reply(res, 201, thread_json(req, *created));
          });
 
   r.get(R"(/v1/threads)", "GET /v1/threads",
@@ -176,7 +176,7 @@ void add_thread_resource_routes(router& r) {
           // The request's tenant's threads only (with tenancy off, the
           // default tenant's: every thread a client could name).
           lr.scoped = true;
-          lr.tenant_prefix = who(req).prefix;
+          lr.tenant_prefix = who(req).thread_prefix;
           for (auto& [key, value] : req.params) {
             if (key.rfind("metadata.", 0) == 0) {
               auto name = key.substr(9);
@@ -218,7 +218,7 @@ void add_thread_resource_routes(router& r) {
           }
           auto started = static_cast<uint64_t>(unix_time_ms());
           if (req.has_param("cursor")) {
-            auto c = decode(req.get_param_value("cursor"));
+            auto c = decode(req, req.get_param_value("cursor"));
             lr.snapshot = c.snapshot;
             lr.after_version = c.place;
             lr.after_id = who(req).qualify(c.thread_id);
@@ -229,11 +229,11 @@ void add_thread_resource_routes(router& r) {
             fail(page.error());
           json data = json::array();
           for (auto& t : page->threads)
-            data.push_back(thread_json(t));
+            data.push_back(thread_json(req, t));
           json next = nullptr;
           if (page->more && !page->threads.empty())
             next = encode(cursor{page->snapshot, started, page->last_version,
-                                 local(page->threads.back().thread_id)});
+                                 local(req, page->threads.back().thread_id)});
           ctx.log["threads"] = page->threads.size();
           reply(res, 200,
                 {{"object", "list"},
@@ -249,7 +249,7 @@ void add_thread_resource_routes(router& r) {
           auto info = r.rt().thread_details(id);
           if (!info)
             fail(info.error());
-          reply(res, 200, thread_json(*info));
+          reply(res, 200, thread_json(req, *info));
         });
 
   r.patch(R"(/v1/threads/([^/]+))", "PATCH /v1/threads/{id}",
@@ -266,7 +266,7 @@ void add_thread_resource_routes(router& r) {
               id, metadata_of(body, true));
             if (!info)
               fail(info.error());
-            reply(res, 200, thread_json(*info));
+            reply(res, 200, thread_json(req, *info));
           });
 
   r.post(R"(/v1/threads/([^/]+)/copy)", "POST /v1/threads/{id}/copy",
@@ -289,8 +289,8 @@ void add_thread_resource_routes(router& r) {
              fail(copy.error());
            ctx.log["copy"] = copy->thread_id;
            ctx.log["turns"] = copy->turns;
-           auto out = thread_json(*copy);
-           out["copied_from"] = local(id);
+           auto out = thread_json(req, *copy);
+           out["copied_from"] = local(req, id);
            reply(res, 201, out);
          });
 

@@ -188,8 +188,8 @@ void log_exchange(request_context& ctx, const exchange_result& r) {
     ctx.log["forked_from"] = r.forked_from;
 }
 
-json result_json(const exchange_result& r) {
-  json out{{"thread_id", local(r.thread_id)},
+json result_json(const request& req, const exchange_result& r) {
+  json out{{"thread_id", local(req, r.thread_id)},
            {"reply", r.reply},
            {"turns", r.turns}};
   if (!r.tool_calls.empty())
@@ -197,7 +197,7 @@ json result_json(const exchange_result& r) {
   if (r.created)
     out["created"] = true;
   if (!r.forked_from.empty())
-    out["forked_from"] = local(r.forked_from);
+    out["forked_from"] = local(req, r.forked_from);
   if (r.interrupted)
     out["interrupted"] = true;
   if (r.cancelled)
@@ -222,7 +222,7 @@ void add_thread_routes(router& r) {
              throw api_error{409, "conflict",
                              "no message is running on thread '" + id
                                + "' (or its reply was cancelled already)"};
-           reply(res, 200, {{"thread_id", local(id)}, {"cancelled", true}});
+           reply(res, 200, {{"thread_id", local(req, id)}, {"cancelled", true}});
          });
 
   r.post_async(
@@ -237,7 +237,7 @@ void add_thread_routes(router& r) {
       cb.on_reply = [call, metrics](const exchange_result& result) {
         log_exchange(call->ctx, result);
         metrics->count("turns", 2);
-        call->reply(200, result_json(result));
+        call->reply(200, result_json(call->req(), result));
       };
       cb.done = [call](caf::expected<exchange_result> result) {
         if (!result)
@@ -252,7 +252,7 @@ void add_thread_routes(router& r) {
     [&r](std::shared_ptr<async_call> call) {
       auto x = message_request(call->req(), path_thread(call->req(), true));
       // A new thread gets its ID here, so the first event can carry it.
-      if (local(x.thread_id) == "new")
+      if (local(call->req(), x.thread_id) == "new")
         x.thread_id = who(call->req()).qualify(make_uuid_v4());
       call->ctx.log["thread_id"] = x.thread_id;
       auto requested = x.thread_id;
@@ -264,7 +264,7 @@ void add_thread_routes(router& r) {
         call->ctx.log["streamed"] = true;
         call->begin_stream(200, "text/event-stream",
                            {{"Cache-Control", "no-cache"}});
-        call->write(sse("thread", {{"thread_id", local(requested)}}));
+        call->write(sse("thread", {{"thread_id", local(call->req(), requested)}}));
       };
       cb.on_delta = [call](std::string_view delta) {
         // False stops the generation: nobody is listening.
@@ -288,7 +288,7 @@ void add_thread_routes(router& r) {
         line.log["interrupted"] = result.interrupted;
         metrics->count("turns", 2);
         spdlog::info(log_fields("stream_exchange", line.log));
-        auto done = result_json(result);
+        auto done = result_json(call->req(), result);
         done.erase("reply");
         // A cancelled reply ends with `cancelled` instead of `done`.
         call->write(sse(result.cancelled ? "cancelled" : "done", done));
@@ -330,7 +330,7 @@ void add_thread_routes(router& r) {
           ctx.log["found_or_created"] = "found";
           auto& sum = window->summary;
           reply(res, 200,
-                {{"thread_id", local(id)},
+                {{"thread_id", local(req, id)},
                  {"turns", turns_json(window->turns)},
                  {"total_turns", window->total_turns},
                  {"summary", sum.upto == 0
@@ -366,7 +366,7 @@ void add_thread_routes(router& r) {
            if (!count)
              fail(count.error());
            ctx.log["appended"] = appended;
-           reply(res, 200, {{"thread_id", local(id)},
+           reply(res, 200, {{"thread_id", local(req, id)},
                             {"appended", appended},
                             {"turns", *count}});
          });
@@ -379,7 +379,7 @@ void add_thread_routes(router& r) {
           auto cleared = r.rt().clear_thread(id);
           if (!cleared)
             fail(cleared.error());
-          reply(res, 200, {{"thread_id", local(id)}, {"cleared", *cleared}});
+          reply(res, 200, {{"thread_id", local(req, id)}, {"cleared", *cleared}});
         });
 
   r.post(R"(/v1/threads/([^/]+)/context)", "POST /v1/threads/{id}/context",
@@ -404,7 +404,7 @@ void add_thread_routes(router& r) {
            ctx.log["found_or_created"] = built->thread_found ? "found"
                                                              : "not_found";
            reply(res, 200,
-                 {{"thread_id", local(id)},
+                 {{"thread_id", local(req, id)},
                   {"messages", messages_json(built->messages)},
                   {"short_term_history", turns_json(built->short_term_history)},
                   {"memory_snippet", built->memory_snippet},

@@ -504,6 +504,20 @@ void server::add_connection_gauges() {
       return out;
     });
   impl_->metrics.add_gauge(
+    "spindle_end_user_authentications",
+    "Requests authenticated by an end user's token since the start: "
+    "signatures verified, and tokens found already verified in the cache",
+    [this] {
+      http_metrics::samples out;
+      if (auto tenants = impl_->routes.tenants()) {
+        out.push_back({{{"source", "verified"}},
+                       static_cast<double>(tenants->jwt_verifications())});
+        out.push_back({{{"source", "cache"}},
+                       static_cast<double>(tenants->jwt_cache_hits())});
+      }
+      return out;
+    });
+  impl_->metrics.add_gauge(
     "spindle_http_loop_connections",
     "HTTP connections open now on each event loop (a loop takes up to 16 "
     "before the next gets one)",

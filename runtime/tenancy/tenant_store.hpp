@@ -16,6 +16,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -29,6 +30,7 @@
 #include <caf/expected.hpp>
 
 #include "spindle/runtime/storage.hpp"
+#include "tenancy/jwt.hpp"
 #include "tenancy/principal.hpp"
 #include "tenancy/scopes.hpp"
 
@@ -64,6 +66,14 @@ struct key_record {
 struct created_key {
   key_record record;
   std::string secret;
+};
+
+/// How a tenant's end users are authenticated (docs/tenants.md, "End
+/// users"). `keys.hs256_secret` is never shown.
+struct auth_record {
+  std::string tenant;
+  issuer_keys keys;
+  int64_t updated_ms = 0;
 };
 
 /// What a presented secret came to.
@@ -149,6 +159,37 @@ public:
   caf::expected<key_check> authenticate(std::string_view secret,
                                         key_record& out);
 
+  // -- end users ----------------------------------------------------------------
+
+  /// Registers, or replaces, how `tenant`'s end users are authenticated:
+  /// at once here, within `refresh` elsewhere. Errors: invalid_argument
+  /// (the settings, naming what is wrong; the default tenant, whose IDs
+  /// are not qualified), not_found (no such tenant), conflict (another
+  /// tenant holds the issuer), storage_failure.
+  caf::expected<auth_record> set_auth(const std::string& tenant,
+                                      issuer_keys keys);
+  caf::expected<std::optional<auth_record>>
+  get_auth(const std::string& tenant);
+  /// Stops accepting `tenant`'s end users' tokens; false when it had no
+  /// settings.
+  caf::expected<bool> clear_auth(const std::string& tenant);
+
+  /// The principal of an end user's `token` (a JWT), made once per token
+  /// and kept until it expires. With `may_block` false it never reads the
+  /// database: when it would have to, it sets `needs_store` and returns
+  /// null. Errors: invalid_argument (the token is refused, with the
+  /// reason), storage_failure.
+  caf::expected<std::shared_ptr<const principal>>
+  end_user(std::string_view token, bool may_block, bool& needs_store);
+
+  /// Tokens verified (signature checked) and answered from the cache.
+  uint64_t jwt_verifications() const noexcept {
+    return jwt_verified_.load(std::memory_order_relaxed);
+  }
+  uint64_t jwt_cache_hits() const noexcept {
+    return jwt_hits_.load(std::memory_order_relaxed);
+  }
+
   /// Keys authenticated from the cache and from the database, for metrics.
   uint64_t cache_hits() const noexcept {
     return hits_.load(std::memory_order_relaxed);
@@ -166,6 +207,17 @@ private:
     int64_t stored_used_ms = 0;
   };
 
+  /// A tenant's end-user settings in use, and the tokens it verified.
+  struct issuer_entry {
+    std::string tenant;
+    std::shared_ptr<const jwt_verifier> verifier;
+    std::shared_mutex mx;
+    /// By the whole token: its principal and when it expires (s).
+    std::unordered_map<std::string,
+                       std::pair<std::shared_ptr<const principal>, int64_t>>
+      verified;
+  };
+
   explicit tenant_store(std::unique_ptr<sql_connection> db);
 
   caf::error create_schema();
@@ -175,9 +227,14 @@ private:
                                     bool with_tenant, bool& tenant_found);
   void refresher();
   void refresh_once();
-  /// Drops `key_id` from the cache.
+  /// Drops `key_id` from the cache ("auth:TENANT": that tenant's end-user
+  /// settings).
   void evict(const std::string& key_id);
   caf::error log_change(const std::string& key_id);
+  /// Runs `body` in a transaction (`db_mx_` held): committed when it
+  /// returns true, rolled back when it returns false or an error.
+  caf::expected<bool>
+  transact(const std::function<caf::expected<bool>()>& body);
   static std::string hash_of(std::string_view secret);
   static key_check check(const key_record& k);
 
@@ -191,6 +248,13 @@ private:
   /// Hashes found to be no key, with when.
   std::unordered_map<std::string, std::chrono::steady_clock::time_point>
     unknown_;
+  /// End users' issuers by `iss`.
+  std::unordered_map<std::string, std::shared_ptr<issuer_entry>> issuers_;
+  /// Issuers found to be no tenant's, with when.
+  std::unordered_map<std::string, std::chrono::steady_clock::time_point>
+    unknown_issuers_;
+  std::atomic<uint64_t> jwt_verified_{0};
+  std::atomic<uint64_t> jwt_hits_{0};
   /// When the refresher last read the log of changes.
   std::atomic<int64_t> refreshed_at_{0};
 

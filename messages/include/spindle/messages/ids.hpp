@@ -48,8 +48,9 @@ std::optional<uint64_t> parse_context_id(std::string_view text);
 /// Validates a conversation thread ID (D10): 1 to 128 characters of
 /// [A-Za-z0-9._:-], never "." or "..". ("new" is valid here; the HTTP API
 /// gives it the meaning "create one".) The ID may be qualified by a tenant
-/// (`TENANT~ID`, see `tenant_separator`); its own part follows the rule
-/// above. Errors: `invalid_id` naming the problem, with the offending value
+/// (`TENANT~ID`, see `tenant_separator`), or be an end user's thread in a
+/// tenant (`TENANT~USER~ID`, USER a valid user ID); its own part follows
+/// the rule above. Errors: `invalid_id` naming the problem, with the offending value
 /// shortened. This function is thread-safe.
 caf::error validate_thread_id(std::string_view id);
 

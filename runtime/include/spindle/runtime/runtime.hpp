@@ -427,8 +427,9 @@ public:
 
   /// Deletes one memory entry; false when there is none with `id`. With
   /// `tenant` only an entry of that tenant: "" the default tenant (whose
-  /// IDs are unqualified), else a tenant's ID prefix ("TENANT~",
-  /// docs/tenants.md); "*" any. Errors: storage_failure, timeout,
+  /// IDs are unqualified), a tenant's ID prefix ("TENANT~",
+  /// docs/tenants.md), an end user's ("TENANT~USER~": its own entries and
+  /// those of its threads); "*" any. Errors: storage_failure, timeout,
   /// unavailable.
   caf::expected<bool> delete_memory(int64_t id, const std::string& tenant = "*");
 
