@@ -5,7 +5,9 @@
 // admin routes, and end users' tokens signed as a tenant's backend would.
 
 #include <cstdint>
+#include <set>
 #include <string>
+#include <vector>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
@@ -69,5 +71,45 @@ nlohmann::json user_claims(const std::string& issuer,
 
 /// Seconds since the Unix epoch.
 int64_t unix_now_s();
+
+/// One tenant of `isolation_world`: its key, its marker (in every text it
+/// wrote), the thread IDs its key sees (its end users' as USER~ID) and its
+/// memory entries; and its end users likewise, each with its own token.
+struct isolated_tenant {
+  struct end_user {
+    std::string id;
+    std::string token;
+    std::string marker;
+    std::set<std::string> threads; // as the end user names them
+    std::vector<int64_t> memories;
+  };
+  tenant_keys keys;
+  std::string marker;
+  std::set<std::string> threads; // as the tenant's key names them
+  std::vector<int64_t> memories; // its own and its end users'
+  std::vector<end_user> users;
+};
+
+/// `tenants` tenants made through the admin token on `ports` (the nodes of
+/// one cluster, or one server), each with the same client-chosen thread ID,
+/// fresh ones, items and memories, and two end users (HS256 tokens of the
+/// tenant's own issuer) with threads and memories of theirs; every write
+/// through a node picked at random.
+std::vector<isolated_tenant> isolation_world(const std::vector<int>& ports,
+                                             int tenants);
+
+/// `requests` requests, each through a node picked at random, as a
+/// tenant's key or one of its end users, over every by-ID route with IDs of
+/// other tenants and of other end users (all are known here: listed,
+/// leaked or guessed), deletions of foreign memory entries, listings and
+/// searches. Fails the test on any foreign byte (another tenant's or end
+/// user's marker, a tenant prefix), a listing that shows what the
+/// principal does not own (with `exact_lists`, one that differs from what
+/// it owns), or a foreign ID answered otherwise than a missing one.
+/// Returns how many foreign probes were compared with a missing ID's
+/// answer.
+size_t isolation_requests(const std::vector<int>& ports,
+                          std::vector<isolated_tenant>& world, int requests,
+                          uint32_t seed, bool exact_lists = true);
 
 } // namespace spindle::test

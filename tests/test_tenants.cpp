@@ -336,167 +336,21 @@ TEST_CASE("tenants: a revocation in one process reaches another process's "
   CHECK(took < 2 * tenancy::tenant_store::refresh + 500ms);
 }
 
-TEST_CASE("tenants: randomized isolation: 50 tenants, the same client IDs, "
-          "10,000 requests with IDs of other tenants: no foreign byte in any "
-          "answer, and a foreign ID answers as a missing one",
+TEST_CASE("tenants: randomized isolation: 50 tenants with two end users "
+          "each, the same client IDs, 10,000 requests with IDs of other "
+          "tenants and end users: no foreign byte in any answer, and a "
+          "foreign ID answers as a missing one",
           "[tenants]") {
   test::test_store store;
   auto ro = durable(store);
   test::served_runtime s{ro, tenancy_on()};
-  client admin{s.port(), admin_token};
-  constexpr int tenants = 50;
+  auto all = test::isolation_world({s.port()}, 50);
   constexpr int requests = 10000;
-
-  struct held {
-    tenant_keys keys;
-    std::string marker;
-    std::set<std::string> threads; // IDs that exist in this tenant
-    std::vector<int64_t> memories;
-  };
-  std::vector<held> all(tenants);
-  auto marker_of = [](int i) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "<<T%03d>>", i);
-    return std::string{buf};
-  };
-  for (int i = 0; i < tenants; ++i) {
-    auto& h = all[static_cast<size_t>(i)];
-    h.keys = make_tenant(admin, "tenant " + std::to_string(i));
-    h.marker = marker_of(i);
-    client c{s.port(), h.keys.key};
-    // The same client-chosen ID in every tenant.
-    REQUIRE(c.post("/v1/threads/support-1/messages",
-                   {{"content", h.marker + " shared id"},
-                    {"user_id", "alice"}})
-              .status
-            == 200);
-    h.threads.insert("support-1");
-    auto fresh = c.post("/v1/threads/new/messages",
-                        {{"content", h.marker + " fresh"}});
-    REQUIRE(fresh.status == 200);
-    h.threads.insert(fresh.parsed()["thread_id"].get<std::string>());
-    auto made = c.post("/v1/threads", {{"metadata", {{"m", h.marker}}}});
-    REQUIRE(made.status == 201);
-    h.threads.insert(made.parsed()["thread_id"].get<std::string>());
-    auto mem = c.post("/v1/memories", {{"content", h.marker + " likes tea"},
-                                       {"user_id", "alice"}});
-    REQUIRE(mem.status == 201);
-    h.memories.push_back(mem.parsed()["id"].get<int64_t>());
-    REQUIRE(c.post("/v1/threads/support-1/items",
-                   {{"type", "text"}, {"content", h.marker + " item"}})
-              .status
-            == 201);
-  }
-
-  std::mt19937 rng{20261128};
-  auto pick = [&rng](size_t n) {
-    return static_cast<size_t>(rng() % n);
-  };
+  auto compared = test::isolation_requests({s.port()}, all, requests, 20261128);
+  CHECK(compared > requests / 3);
   std::vector<std::unique_ptr<client>> clients;
   for (auto& h : all)
     clients.push_back(std::make_unique<client>(s.port(), h.keys.key));
-
-  // Routes that take a thread ID; {ID} is replaced.
-  struct route {
-    const char* method;
-    const char* path;
-    const char* body;
-  };
-  const route by_thread[] = {
-    {"GET", "/v1/threads/{ID}", ""},
-    {"GET", "/v1/threads/{ID}/history", ""},
-    {"GET", "/v1/threads/{ID}/items", ""},
-    {"GET", "/v1/threads/{ID}/items/render", ""},
-    {"PATCH", "/v1/threads/{ID}", R"({"metadata":{"probe":"1"}})"},
-    {"POST", "/v1/threads/{ID}/copy", "{}"},
-    {"POST", "/v1/threads/{ID}/context", R"({"content":"what"})"},
-    {"POST", "/v1/threads/{ID}/cancel", "{}"},
-    {"GET", "/v1/memories?thread_id={ID}&q=tea", ""},
-    {"GET", "/v1/memories/entries?thread_id={ID}", ""},
-  };
-  size_t foreign_probes = 0;
-  size_t missing_compared = 0;
-  for (int n = 0; n < requests; ++n) {
-    auto me = pick(tenants);
-    auto& mine = all[me];
-    auto& c = *clients[me];
-    auto other = pick(tenants);
-    if (other == me)
-      other = (other + 1) % tenants;
-    auto& theirs = all[other];
-    answer got;
-    auto kind = pick(8);
-    if (kind < 5) {
-      // A by-ID route with another tenant's thread ID (listed, leaked or
-      // guessed: all of theirs are known here).
-      auto& r = by_thread[pick(std::size(by_thread))];
-      auto ids = std::vector<std::string>(theirs.threads.begin(),
-                                          theirs.threads.end());
-      auto id = ids[pick(ids.size())];
-      auto path = replace_all(r.path, "{ID}", id);
-      got = c.call(r.method, path, r.body);
-      if (!mine.threads.count(id)) {
-        ++foreign_probes;
-        // Byte-identical in form to the answer for an ID that exists
-        // nowhere.
-        auto missing = "missing-" + std::to_string(n);
-        auto control = c.call(r.method, replace_all(r.path, "{ID}", missing),
-                              r.body);
-        INFO(r.method << " " << r.path << " as tenant " << me);
-        CHECK(got.status == control.status);
-        CHECK(replace_all(got.body, id, "{ID}")
-              == replace_all(control.body, missing, "{ID}"));
-        ++missing_compared;
-        // A copy of a missing thread made nothing; a PATCH changed
-        // nothing.
-      } else if (std::string{r.method} == "POST"
-                 && std::string{r.path}.find("/copy") != std::string::npos
-                 && got.status == 201) {
-        mine.threads.insert(got.parsed()["thread_id"].get<std::string>());
-      }
-    } else if (kind == 5) {
-      // Another tenant's memory entry by its ID.
-      auto id = std::to_string(theirs.memories[pick(theirs.memories.size())]);
-      got = c.call("DELETE", "/v1/memories/" + id);
-      auto control = c.call("DELETE", "/v1/memories/99999999");
-      CHECK(got.status == 404);
-      CHECK(replace_all(got.body, id, "{ID}")
-            == replace_all(control.body, "99999999", "{ID}"));
-      ++foreign_probes;
-    } else if (kind == 6) {
-      // Lists and searches show only the tenant's own.
-      got = c.get("/v1/threads?limit=100");
-      REQUIRE(got.status == 200);
-      std::set<std::string> listed;
-      auto page = got.parsed();
-      for (auto& t : page["data"])
-        listed.insert(t["thread_id"].get<std::string>());
-      INFO("request " << n << ": " << got.body);
-      CHECK(listed == mine.threads);
-    } else {
-      got = pick(2) == 0
-              ? c.get("/v1/memories/entries?user_id=alice")
-              : c.get("/v1/memories?user_id=alice&thread_id=support-1&q=tea");
-      REQUIRE(got.status == 200);
-      CHECK(got.body.find(mine.marker) != std::string::npos);
-    }
-    // No byte of another tenant: its markers, its ID, its key.
-    for (size_t o = 0; o < all.size(); ++o) {
-      if (o == me)
-        continue;
-      auto& x = all[o];
-      if (got.body.find(x.marker) != std::string::npos
-          || got.body.find(x.keys.id + "~") != std::string::npos
-          || got.body.find(x.keys.key) != std::string::npos) {
-        FAIL("tenant " << me << " saw bytes of tenant " << o << ": "
-                       << got.body.substr(0, 300));
-      }
-    }
-    // Nor its own prefix: IDs are shown as the client knows them.
-    CHECK(got.body.find(mine.keys.id + "~") == std::string::npos);
-  }
-  CHECK(foreign_probes > requests / 2);
-  CHECK(missing_compared > 0);
 
   // Idempotency keys are per tenant: the same key with different bodies
   // in two tenants runs twice instead of refusing the second.
