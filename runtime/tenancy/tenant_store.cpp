@@ -144,8 +144,8 @@ std::string auth_change(const std::string& tenant) {
   return std::string{auth_marker} + tenant;
 }
 
-// Most tokens an issuer keeps verified; past it, the cache starts again.
-constexpr size_t max_verified_tokens = 16384;
+// Most tokens kept verified; past it, the cache starts again.
+constexpr size_t max_verified_tokens = 65536;
 // The longest a JWK Set or an issuer may be.
 constexpr size_t max_jwks_bytes = 64 * 1024;
 constexpr size_t max_issuer_bytes = 512;
@@ -542,8 +542,14 @@ void tenant_store::evict(const std::string& key_id) {
   evictions_.fetch_add(1);
   if (key_id.compare(0, auth_marker.size(), auth_marker) == 0) {
     auto tenant = key_id.substr(auth_marker.size());
-    for (auto i = issuers_.begin(); i != issuers_.end();)
-      i = i->second->tenant == tenant ? issuers_.erase(i) : std::next(i);
+    for (auto i = issuers_.begin(); i != issuers_.end();) {
+      if (i->second->tenant != tenant) {
+        ++i;
+        continue;
+      }
+      i->second->dropped.store(true);
+      i = issuers_.erase(i);
+    }
     // An issuer registered now is no longer unknown.
     unknown_issuers_.clear();
     return;
@@ -776,14 +782,25 @@ tenant_store::end_user(std::string_view token, bool may_block,
   if (token.size() > max_jwt_bytes)
     return refused("the token is refused: it has more than "
                    + std::to_string(max_jwt_bytes) + " bytes");
+  bool fresh = steady_ms() - refreshed_at_.load(std::memory_order_relaxed)
+               <= stale_after_ms;
+  auto now = now_ms();
+  // The common case: a token verified before, by settings still in use.
+  if (fresh) {
+    std::shared_lock<std::shared_mutex> guard{verified_mx_};
+    if (auto i = verified_.find(std::string{token});
+        i != verified_.end() && !i->second.issuer->dropped.load()
+        && now / 1000 < i->second.expires + jwt_leeway_s) {
+      jwt_hits_.fetch_add(1, std::memory_order_relaxed);
+      return i->second.who;
+    }
+  }
   auto issuer = jwt_issuer(token);
   if (!issuer)
     return refused("the token is refused: it is no key, and no JWT with "
                    "an issuer (iss)");
   auto shown = issuer->substr(0, 64);
   std::shared_ptr<issuer_entry> entry;
-  bool fresh = steady_ms() - refreshed_at_.load(std::memory_order_relaxed)
-               <= stale_after_ms;
   if (fresh) {
     std::shared_lock<std::shared_mutex> guard{cache_mx_};
     if (auto i = issuers_.find(*issuer); i != issuers_.end())
@@ -832,16 +849,6 @@ tenant_store::end_user(std::string_view token, bool may_block,
     if (evictions == evictions_.load())
       issuers_[*issuer] = entry;
   }
-  auto now = now_ms();
-  {
-    std::shared_lock<std::shared_mutex> guard{entry->mx};
-    if (auto i = entry->verified.find(std::string{token});
-        i != entry->verified.end()
-        && now / 1000 < i->second.second + jwt_leeway_s) {
-      jwt_hits_.fetch_add(1, std::memory_order_relaxed);
-      return i->second.first;
-    }
-  }
   jwt_verified_.fetch_add(1, std::memory_order_relaxed);
   auto claims = entry->verifier->verify(token, now / 1000);
   if (!claims)
@@ -854,11 +861,10 @@ tenant_store::end_user(std::string_view token, bool may_block,
   who->scopes = bit(scope::threads_read) | bit(scope::threads_write)
                 | bit(scope::memories_read) | bit(scope::memories_write);
   std::shared_ptr<const principal> out = std::move(who);
-  std::unique_lock<std::shared_mutex> guard{entry->mx};
-  if (entry->verified.size() >= max_verified_tokens)
-    entry->verified.clear();
-  entry->verified.emplace(std::string{token},
-                          std::make_pair(out, claims->expires));
+  std::unique_lock<std::shared_mutex> guard{verified_mx_};
+  if (verified_.size() >= max_verified_tokens)
+    verified_.clear();
+  verified_[std::string{token}] = verified_token{out, claims->expires, entry};
   return out;
 }
 

@@ -207,15 +207,20 @@ private:
     int64_t stored_used_ms = 0;
   };
 
-  /// A tenant's end-user settings in use, and the tokens it verified.
+  /// A tenant's end-user settings in use.
   struct issuer_entry {
     std::string tenant;
     std::shared_ptr<const jwt_verifier> verifier;
-    std::shared_mutex mx;
-    /// By the whole token: its principal and when it expires (s).
-    std::unordered_map<std::string,
-                       std::pair<std::shared_ptr<const principal>, int64_t>>
-      verified;
+    /// Set when the settings changed or went: tokens it verified no
+    /// longer count.
+    std::atomic<bool> dropped{false};
+  };
+  /// A token verified: its principal, when it expires (s), and by whose
+  /// settings.
+  struct verified_token {
+    std::shared_ptr<const principal> who;
+    int64_t expires = 0;
+    std::shared_ptr<const issuer_entry> issuer;
   };
 
   explicit tenant_store(std::unique_ptr<sql_connection> db);
@@ -253,6 +258,9 @@ private:
   /// Issuers found to be no tenant's, with when.
   std::unordered_map<std::string, std::chrono::steady_clock::time_point>
     unknown_issuers_;
+  /// Tokens verified, by the whole token.
+  mutable std::shared_mutex verified_mx_;
+  std::unordered_map<std::string, verified_token> verified_;
   std::atomic<uint64_t> jwt_verified_{0};
   std::atomic<uint64_t> jwt_hits_{0};
   /// When the refresher last read the log of changes.
