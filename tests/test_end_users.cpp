@@ -327,6 +327,12 @@ TEST_CASE("end users: a wrong signature, issuer or audience, an expired "
                                     {"exp", test::unix_now_s() + 60}}),
      "sub"},
   };
+  // A header member of the wrong type: refused, and the server goes on.
+  auto typed = tenancy::base64url_encode(R"({"alg":5})") + "."
+               + tenancy::base64url_encode(claims.dump());
+  typed += "." + tenancy::base64url_encode("signature");
+  for (int i = 0; i < 3; ++i)
+    CHECK(client{s.port(), typed}.get("/v1/threads").status == 401);
   for (auto& b : tokens) {
     INFO(b.what);
     client c{s.port(), b.token};

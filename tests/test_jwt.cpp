@@ -204,6 +204,16 @@ TEST_CASE("jwt: alg none, unknown algorithms and an algorithm the issuer "
   }
   CHECK_FALSE((*v)->verify(hs256(claims(), {{"alg", "HS256"}, {"crit", {"x"}}}),
                            now));
+  // Members of the wrong type are refused, never thrown.
+  for (json alg : {json(5), json(nullptr), json::array({"HS256"}),
+                   json::object()}) {
+    INFO(alg.dump());
+    CHECK_FALSE((*v)->verify(hs256(claims(), {{"alg", alg}}), now));
+  }
+  auto with_nbf = claims();
+  with_nbf["nbf"] = "yesterday";
+  CHECK(why((*v)->verify(hs256(with_nbf), now)).find("nbf")
+        != std::string::npos);
   for (std::string junk : std::vector<std::string>{
          "", "a.b", "a.b.c.d", "...", "a b.c.d",
          std::string(9000, 'a') + ".b.c"})
@@ -276,7 +286,10 @@ TEST_CASE("jwt: malformed key settings are refused with what is wrong",
         R"({"keys":[{"kty":"RSA","n":"AQAB","e":"AQAB"}]})",
         R"({"keys":[{"kty":"EC","crv":"P-384","x":"AA","y":"AA"}]})",
         R"({"keys":[{"kty":"EC","crv":"P-256","x":"AAAA","y":"AAAA"}]})",
-        R"({"keys":[{"kty":"RSA","use":"enc","n":"AQAB","e":"AQAB"}]})"}) {
+        R"({"keys":[{"kty":"RSA","use":"enc","n":"AQAB","e":"AQAB"}]})",
+        R"({"keys":[{"kty":5,"n":"AQAB","e":"AQAB"}]})",
+        R"({"keys":[{"kty":"EC","crv":["P-256"],"x":"AA","y":"AA"}]})",
+        R"({"keys":[{"kty":"RSA","use":1,"n":"AQAB","e":"AQAB"}]})"}) {
     INFO(jwks);
     CHECK_FALSE(jwt_verifier::make({"i", "", "", jwks}));
   }

@@ -72,6 +72,13 @@ bn_ptr bignum_of(const std::string& bytes) {
                           static_cast<int>(bytes.size()), nullptr)};
 }
 
+// A member that must be a string: "" when it is missing or not one.
+std::string string_member(const json& object, const char* name) {
+  auto it = object.find(name);
+  return it != object.end() && it->is_string() ? it->get<std::string>()
+                                                : std::string{};
+}
+
 std::optional<std::string> member_bytes(const json& jwk, const char* name) {
   auto it = jwk.find(name);
   if (it == jwk.end() || !it->is_string())
@@ -103,7 +110,7 @@ caf::expected<public_key> key_of(const json& jwk, size_t index) {
   auto where = "jwks.keys[" + std::to_string(index) + "]";
   if (!jwk.is_object())
     return bad_keys(where + " must be an object");
-  auto kty = jwk.value("kty", std::string{});
+  auto kty = string_member(jwk, "kty");
   public_key out;
   out.kid = jwk.contains("kid") && jwk["kid"].is_string()
               ? jwk["kid"].get<std::string>()
@@ -129,7 +136,7 @@ caf::expected<public_key> key_of(const json& jwk, size_t index) {
     });
   } else if (kty == "EC") {
     out.alg = "ES256";
-    if (jwk.value("crv", std::string{}) != "P-256")
+    if (string_member(jwk, "crv") != "P-256")
       return bad_keys(where + ": an EC key must be on P-256 (crv)");
     auto x = member_bytes(jwk, "x");
     auto y = member_bytes(jwk, "y");
@@ -356,7 +363,7 @@ caf::expected<jwt_claims> jwt_verifier::verify(std::string_view token,
   auto signature = base64url_decode(parts[2]);
   if (!header || !claims || !signature)
     return refused("its header or payload is not a base64url JSON object");
-  auto alg = header->value("alg", std::string{});
+  auto alg = string_member(*header, "alg");
   if (header->contains("crit"))
     return refused("it names extensions (crit) this server does not know");
   std::string signing_input{token.substr(0, parts[0].size() + 1
@@ -431,8 +438,13 @@ caf::expected<jwt_claims> jwt_verifier::verify(std::string_view token,
     return refused("it has no expiry (exp)");
   if (now_s >= *exp + jwt_leeway_s)
     return refused("it has expired");
-  if (auto nbf = seconds_of(*claims, "nbf"); nbf && now_s + jwt_leeway_s < *nbf)
-    return refused("it is not valid yet (nbf)");
+  if (claims->contains("nbf")) {
+    auto nbf = seconds_of(*claims, "nbf");
+    if (!nbf)
+      return refused("its nbf is not a number of seconds");
+    if (now_s + jwt_leeway_s < *nbf)
+      return refused("it is not valid yet (nbf)");
+  }
   out.expires = *exp;
   if (!claims->contains("sub") || !(*claims)["sub"].is_string())
     return refused("it names no end user (sub)");

@@ -775,6 +775,22 @@ caf::expected<bool> tenant_store::clear_auth(const std::string& tenant) {
 caf::expected<std::shared_ptr<const principal>>
 tenant_store::end_user(std::string_view token, bool may_block,
                        bool& needs_store) {
+  // Called on the HTTP layer's loops: nothing a token holds may throw out
+  // of here.
+  try {
+    return end_user_of(token, may_block, needs_store);
+  } catch (const std::exception& e) {
+    needs_store = false;
+    return make_error(errc::invalid_argument,
+                      std::string{"the token is refused: it cannot be read "
+                                  "("}
+                        + e.what() + ")");
+  }
+}
+
+caf::expected<std::shared_ptr<const principal>>
+tenant_store::end_user_of(std::string_view token, bool may_block,
+                          bool& needs_store) {
   needs_store = false;
   auto refused = [](std::string why) {
     return make_error(errc::invalid_argument, std::move(why));

@@ -225,6 +225,9 @@ private:
 
   explicit tenant_store(std::unique_ptr<sql_connection> db);
 
+  caf::expected<std::shared_ptr<const principal>>
+  end_user_of(std::string_view token, bool may_block, bool& needs_store);
+
   caf::error create_schema();
   /// Revokes every key of `tenant` and, `with_tenant`, removes the tenant
   /// in the same transaction (`tenant_found` says whether it was there).
