@@ -40,6 +40,7 @@ Usage: schema_fuzz.py --binary build/spindle [--requests 10000] [--seed 1]
 """
 
 import argparse
+import base64
 import collections
 import copy
 import ctypes
@@ -158,6 +159,31 @@ INVALID_KINDS = [
 PRINCIPAL_WEIGHTS = (("admin", 0.7), ("key", 0.2), ("admin@key", 0.1))
 MAX_LIVE_TENANTS = 300         # tenants the fuzzer made and did not delete (the server takes 100000)
 
+# Thread IDs (components.parameters.ThreadId): a tenant's own clients may name an
+# end user's thread USER~ID; in the tenant `default` (the admin token's `default`)
+# there are no end users, so its thread IDs are drawn without `USER~`.
+THREAD_PATTERN = r"^(?:(?!\.\.?~)[A-Za-z0-9._:@+-]{1,128}~)?(?!\.\.?$)[A-Za-z0-9._:-]{1,128}$"
+PLAIN_THREAD_PATTERN = r"^(?!\.\.?$)[A-Za-z0-9._:-]{1,128}$"
+
+# Public keys of a JWK Set for PUT /v1/tenants/{id}/auth (RSA 2048 and P-256;
+# their private halves were thrown away: no token is signed with them).
+FUZZ_JWKS = {"keys": [
+    {"kty": "RSA", "kid": "fuzz-rsa", "alg": "RS256", "use": "sig", "e": "AQAB",
+     "n": "xjEY3iuaz36RSpDILoIUtRv7Kq6lBSsfdLnyh4gC2NW3xUun5eQcp7W5oxxOByvXVftrBUw8dE9mhDx4HGUhZQQGnVEJhRibBsuk"
+          "wpsBUgc_7KaGfu3BqviltNyMLuA4HOXKsTw9INhBauo9v9HaW_nACffLFa2UnXZzDzdrptqWwqYMmSUhIpoyQAQzDTeyY8s10i2y"
+          "Q0rOmCwTWJJ_mTuwOu2CJRbsJqVA0omFfMj3QXmjuBpWz3ZMLUq3gbPjm0BcmKijUe6Xhr9RMn3y2HPs39H2XUViUdxZUW_BTZTJ"
+          "KaIlh52E21nxaWBmxKeV6QCbMb7OZ44INdZZHf5jMQ"},
+    {"kty": "EC", "kid": "fuzz-ec", "crv": "P-256", "alg": "ES256",
+     "x": "SIvSC84pyVcZzNeyuImbCu-dC7KM-bzpmMF_xgUZqq4", "y": "XYWMnqUiZcKlX-KIaHbCktWciir9Q1NiKnspda4LE6E"},
+]}
+
+# A JSON Web Token whose issuer no tenant accepts (its signature is made up):
+# an end user's token refused with 401.
+UNKNOWN_ISSUER_JWT = (
+    base64.urlsafe_b64encode(b'{"alg":"HS256","typ":"JWT"}').rstrip(b"=").decode() + "." +
+    base64.urlsafe_b64encode(b'{"iss":"https://no-such-issuer.fuzz.example","sub":"u1","exp":4102444800}')
+    .rstrip(b"=").decode() + ".c2lnbmF0dXJlLW9mLW5vLWtleS1hdC1hbGwtMDEyMzQ1Njc4OWFiY2RlZg")
+
 
 class GenError(Exception):
     """The generator could not draw a value for a schema."""
@@ -206,9 +232,9 @@ class Operation:
             self.access = "open"
         elif self.tenant_data:
             self.access = "tenant"
-        elif path.startswith("/v1/keys/") or path.endswith("/keys"):
+        elif path.startswith("/v1/keys/") or path.endswith("/keys") or path.endswith("/auth"):
             self.access = "tenant_admin"   # the admin token, or a key with keys:admin
-        elif path == "/v1/tokens/count":
+        elif path in ("/v1/tokens/count", "/v1/me"):
             self.access = "any"            # any valid key
         else:
             self.access = "admin"          # the admin token only
@@ -319,6 +345,7 @@ class RegexGen:
 
     def __init__(self):
         self._cache = {}
+        self.substitute = {}   # pattern -> the pattern drawn from instead
 
     def parse(self, pattern):
         p = self._cache.get(pattern)
@@ -328,7 +355,7 @@ class RegexGen:
         return p
 
     def generate(self, rng, pattern, min_len=0, max_len=None):
-        tree, compiled = self.parse(pattern)
+        tree, compiled = self.parse(self.substitute.get(pattern, pattern))
         for _ in range(200):
             s = self._seq(rng, tree)
             if compiled.search(s) and len(s) >= min_len and (max_len is None or len(s) <= max_len):
@@ -1262,6 +1289,7 @@ class Tenancy:
         self.key_secret = None
         self.key_id = None
         self.names = 0                               # makes tenant names unique
+        self.issuers = {}                            # tenant id -> the issuer of its end users' tokens
 
     def add_key(self, kid, tenant, secret):
         if kid == self.key_id:
@@ -1278,6 +1306,7 @@ class Tenancy:
 
     def drop_tenant(self, tid):
         self.live.pop(tid, None)
+        self.issuers.pop(tid, None)
         self.gone.append(tid)
         for kid in [k for k, (t, _) in self.keys.items() if t == tid]:
             self.revoke_key(kid)   # deleting a tenant revokes its keys
@@ -1326,6 +1355,7 @@ class Fuzzer:
         self.current_i = -1
         self.trace = None
         self.contract = load_contract(spec.path)
+        self.jwks_file = None
 
     # -- plumbing
     def connect(self):
@@ -1339,6 +1369,8 @@ class Fuzzer:
             principal = "admin"   # the setup could not make the key: the admin token only
         self.principal = principal
         self.pools = self.pools_of["default" if principal == "admin" else "key"]
+        # The tenant `default` has no end users: no USER~ID thread IDs there.
+        self.gen.regex.substitute = {THREAD_PATTERN: PLAIN_THREAD_PATTERN} if principal == "admin" else {}
         return principal
 
     def auth(self, op=None, principal=None):
@@ -1468,6 +1500,10 @@ class Fuzzer:
             self.ten.add_key(body["id"], body.get("tenant"), body.get("key"))
         elif opid == "revokeKey" and isinstance(body, dict) and body.get("id"):
             self.ten.revoke_key(body["id"])
+        elif opid == "setTenantAuth" and isinstance(body, dict) and body.get("tenant"):
+            self.ten.issuers[body["tenant"]] = body.get("issuer")
+        elif opid == "deleteTenantAuth" and isinstance(body, dict) and body.get("tenant"):
+            self.ten.issuers.pop(body["tenant"], None)
         elif opid in ("getConsole", "getConsoleFile"):
             et = resp.header("etag")
             if et:
@@ -1708,9 +1744,13 @@ class Fuzzer:
                       "buildContext", "listContextItems", "cancelMessage")
         if op in thread_ops and "thread_id" in b and b["thread_id"] != pid:
             out.append("thread_id %r in the answer for thread %r" % (b["thread_id"], pid))
-        if op in ("sendMessage",) and pid != "new" and "forked_from" not in b and b.get("thread_id") != pid:
+        fresh = pid == "new" or str(pid).endswith("~new")   # `new`, or an end user's `USER~new`
+        if op in ("sendMessage",) and not fresh and "forked_from" not in b and b.get("thread_id") != pid:
             out.append("a reply on thread %r names thread %r" % (pid, b.get("thread_id")))
-        if op == "sendMessage" and pid != "new" and b.get("created") and "forked_from" not in b:
+        if op == "sendMessage" and str(pid).endswith("~new") and \
+                not str(b.get("thread_id", "")).startswith(pid[:-3]):
+            out.append("a new thread of end user %r is %r" % (pid[:-4], b.get("thread_id")))
+        if op == "sendMessage" and not fresh and b.get("created") and "forked_from" not in b:
             if pid in self.pools.threads:
                 out.append("`created: true` for a message to the existing thread %r" % pid)
         if op == "copyThread" and b.get("copied_from") != pid:
@@ -1810,6 +1850,26 @@ class Fuzzer:
                 out.append("expires_at %r for expires_in_s %r" % (b.get("expires_at"), rb.get("expires_in_s")))
         if op == "listKeys" and any(k.get("tenant") != pid for k in b.get("data", [])):
             out.append("tenant %r lists keys of another tenant" % pid)
+        if op in ("setTenantAuth", "getTenantAuth", "deleteTenantAuth") and b.get("tenant") != pid:
+            out.append("%s answered tenant %r for %r" % (op, b.get("tenant"), pid))
+        if op == "setTenantAuth":
+            if b.get("issuer") != rb.get("issuer"):
+                out.append("end users' issuer %r, asked for %r" % (b.get("issuer"), rb.get("issuer")))
+            if b.get("audience") != (rb.get("audience") or None):
+                out.append("end users' audience %r, asked for %r" % (b.get("audience"), rb.get("audience")))
+            if b.get("hs256") != bool(rb.get("hs256_secret")):
+                out.append("hs256 %r for hs256_secret %r" % (b.get("hs256"), (rb.get("hs256_secret") or "")[:20]))
+            if (b.get("jwks") is None) != (rb.get("jwks") is None):
+                out.append("jwks %r for jwks %r" % (str(b.get("jwks"))[:40], str(rb.get("jwks"))[:40]))
+            if rb.get("hs256_secret") and rb["hs256_secret"] in b.values():
+                out.append("the HS256 secret is shown")
+        if op == "getMe":
+            want = {"admin": ("admin", None), "key": ("key", self.ten.key_tenant),
+                    "admin@key": ("admin", None)}.get(req.principal)
+            if want and (b.get("kind"), b.get("tenant")) != want:
+                out.append("%s is %r in tenant %r, expected %r" % (req.principal, b.get("kind"), b.get("tenant"), want))
+            if req.principal == "key" and b.get("key_id") != self.ten.key_id:
+                out.append("the key %r says it is %r" % (self.ten.key_id, b.get("key_id")))
         return out
 
     # -- running one request
@@ -1978,6 +2038,8 @@ class Fuzzer:
         live = None
         if name == "ThreadIdOrNew":
             if r < 0.4:
+                if self.principal != "admin" and rng.random() < 0.25:
+                    return "fu%d~new" % rng.randrange(3), False   # a new thread of an end user
                 return "new", False
             live = list(pools.threads)
         elif name in ("ThreadId", "ThreadIdItems"):
@@ -2364,6 +2426,49 @@ class Fuzzer:
         if not b:
             b["weight"] = rng.choice([None, 1, rng.randint(1, 1000), 1000])
 
+    def fix_setTenantAuth(self, rng, req):
+        """An issuer no other tenant has (sometimes a taken one: 409), exactly one
+        of hs256_secret and jwks, byte lengths in bounds, a real JWK Set (or the
+        admin token's file of one), a tenant other than `default`."""
+        ten = self.ten
+        tid = req.ids.get("id")
+        if tid == "default":   # no end users there (kind default_tenant)
+            tid = rng.choice(list(ten.live) or [ten.key_tenant or "nosuchtenant0"])
+            req.ids["id"] = tid
+            req.path = self.ops_by_id["setTenantAuth"].path.replace("{id}", tid)
+        b = req.json_body
+
+        def cut(text, limit):
+            return text.encode("utf-8")[:limit].decode("utf-8", "ignore")
+
+        ten.names += 1
+        taken = [i for t, i in ten.issuers.items() if t != tid]
+        if taken and rng.random() < 0.04:
+            b["issuer"] = rng.choice(taken)          # another tenant's: 409 conflict, declared
+        else:
+            b["issuer"] = cut(b.get("issuer") or "iss", 480) + "#%d" % ten.names
+        if isinstance(b.get("audience"), str):
+            b["audience"] = cut(b["audience"], 512)
+        if rng.random() < 0.5:
+            secret = b.get("hs256_secret")
+            if not isinstance(secret, str) or len(secret.encode("utf-8")) < 32:
+                secret = self.gen.string(rng, {"pattern": "^[A-Za-z0-9_-]{32,64}$"})
+            b["hs256_secret"] = cut(secret, 1024)
+            if rng.random() < 0.5:
+                b.pop("jwks", None)
+            else:
+                b["jwks"] = None
+        else:
+            if rng.random() < 0.5:
+                b.pop("hs256_secret", None)
+            else:
+                b["hs256_secret"] = None
+            if self.jwks_file and rng.random() < 0.2:
+                b["jwks"] = self.jwks_file           # the admin token's file
+            else:
+                keys = [k for k in FUZZ_JWKS["keys"] if rng.random() < 0.7] or FUZZ_JWKS["keys"][:1]
+                b["jwks"] = {"keys": copy.deepcopy(keys)}
+
     # -- invalid requests
     def build_invalid(self, rng, op, kind):
         """An invalid request of `kind`, or None when the kind does not apply to `op`."""
@@ -2496,7 +2601,7 @@ class Fuzzer:
             else:
                 wrong = ["Bearer wrong", "Bearer " + self.server.token + "x", "Basic " + self.server.token,
                          "bearer", "Bearer", "Token " + self.server.token, "Bearer  " + self.server.token[:-1],
-                         "Bearer spk_" + "A" * 40]
+                         "Bearer spk_" + "A" * 40, "Bearer " + UNKNOWN_ISSUER_JWT]
                 if self.ten.key_secret:
                     wrong += ["Bearer " + self.ten.key_secret[:-1], "Basic " + self.ten.key_secret]
                 if self.ten.revoked_secrets:   # revoked, or its tenant deleted
@@ -2563,6 +2668,8 @@ class Fuzzer:
                 req.json_body["name"] = self.tenant_name(rng)
                 self.set_body(req, req.json_body)
                 req.note = "a new name for the tenant default"
+            elif op.id == "setTenantAuth":
+                req.note = "end users' tokens for the tenant default"
             else:
                 return None
             req.path = op.path.replace("{id}", "default")
@@ -2819,6 +2926,10 @@ class Fuzzer:
             except ValueError:
                 return None
 
+        # A JWK Set file the admin token may name in PUT /v1/tenants/{id}/auth.
+        self.jwks_file = os.path.join(os.path.abspath(self.server.workdir), "jwks.json")
+        with open(self.jwks_file, "w", encoding="utf-8") as f:
+            json.dump(FUZZ_JWKS, f)
         # Tenancy (the server runs with --admin-token): the fuzzer's own tenant and
         # its key (every scope but keys:admin), a few more tenants with keys.
         ten = self.ten

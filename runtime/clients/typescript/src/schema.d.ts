@@ -792,6 +792,34 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/tenants/{id}/auth": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Get how a tenant's end users are authenticated
+         * @description The tenant's end-user settings (docs/tenants.md, "End users"), without the HS256 secret. For the admin token, or a key of that tenant with the scope `keys:admin`.
+         */
+        get: operations["getTenantAuth"];
+        /**
+         * Accept a tenant's end users' tokens
+         * @description Registers, or replaces, how the tenant's end users' tokens are checked (docs/tenants.md, "End users"): a JSON Web Token signed with HS256 by `hs256_secret`, or with RS256 or ES256 (P-256) by a key of `jwks`, whose `iss` is `issuer`, whose `aud` is or holds `audience` when it is set, with an `exp` and a `sub` (a user ID), acts as the end user `sub` in the tenant: its own threads and memories only. Exactly one of `hs256_secret` and `jwks`. A change applies at once on this node and within half a second on the other nodes of a cluster; tokens of the former settings are refused from then on. The tenant `default` cannot have end users (its IDs are not qualified). For the admin token, or a key of that tenant with the scope `keys:admin`; only the admin token may give `jwks` as a file path.
+         */
+        put: operations["setTenantAuth"];
+        post?: never;
+        /**
+         * Stop accepting a tenant's end users' tokens
+         * @description Removes the tenant's end-user settings: its end users' tokens are refused (401) at once on this node and within half a second on the other nodes of a cluster. Their threads and memories stay the tenant's (its keys name them `USER~ID`). For the admin token, or a key of that tenant with the scope `keys:admin`.
+         */
+        delete: operations["deleteTenantAuth"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/keys/{id}": {
         parameters: {
             query?: never;
@@ -807,6 +835,26 @@ export interface paths {
          * @description Revokes the key: this node refuses it at once, the other nodes of a cluster within half a second. For the admin token, or a key of the key's tenant with the scope `keys:admin`.
          */
         delete: operations["revokeKey"];
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/me": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Who the token acts as
+         * @description The principal of the request's token (docs/tenants.md, "Who a request acts for"): its kind, the tenant it acts in, the end user, the key and the scopes, for a client or a console to show what it may do. Any valid token: the admin token (in the tenant its `Spindle-Tenant` names, if any), a tenant's key, an end user's token; while tenancy is off, `open` in the tenant `default`.
+         */
+        get: operations["getMe"];
+        put?: never;
+        post?: never;
+        delete?: never;
         options?: never;
         head?: never;
         patch?: never;
@@ -882,7 +930,7 @@ export interface components {
         };
         /** @description A thread: one conversation. */
         Thread: {
-            /** @description The thread's ID (a UUIDv4 for threads spindle creates). */
+            /** @description The thread's ID (a UUIDv4 for threads spindle creates); to a tenant's key, an end user's thread is `USER~ID`. */
             thread_id: string;
             /** @constant */
             object: "thread";
@@ -905,7 +953,7 @@ export interface components {
         };
         /** @description The new thread a copy made. */
         ThreadCopy: {
-            /** @description The thread's ID (a UUIDv4 for threads spindle creates). */
+            /** @description The thread's ID (a UUIDv4 for threads spindle creates); to a tenant's key, an end user's thread is `USER~ID`. */
             thread_id: string;
             /** @constant */
             object: "thread";
@@ -1792,7 +1840,7 @@ export interface components {
             keys: number;
         };
         /**
-         * @description What a key may do, route by route: `threads:read` (listing and reading threads, their history and context items, building a context), `threads:write` (creating, changing, copying and deleting threads, messages, cancelling, turns, adding context items, chat completions), `memories:read` (`GET /v1/memories`, `GET /v1/memories/entries`), `memories:write` (storing and deleting memories), `tasks:read` (reading orchestrations and tasks), `tasks:write` (creating orchestrations, claiming and settling tasks, subtasks, `POST /v1/ids`), `events:read` (`GET /v1/events`), `usage:read` (no route asks for it yet), `keys:admin` (its own tenant's keys). `POST /v1/tokens/count` needs none. A key created without `scopes` has all but `keys:admin`.
+         * @description What a key may do, route by route: `threads:read` (listing and reading threads, their history and context items, building a context), `threads:write` (creating, changing, copying and deleting threads, messages, cancelling, turns, adding context items, chat completions), `memories:read` (`GET /v1/memories`, `GET /v1/memories/entries`), `memories:write` (storing and deleting memories), `tasks:read` (reading orchestrations and tasks), `tasks:write` (creating orchestrations, claiming and settling tasks, subtasks, `POST /v1/ids`), `events:read` (`GET /v1/events`), `usage:read` (no route asks for it yet), `keys:admin` (its own tenant's keys and how its end users' tokens are checked). `POST /v1/tokens/count` and `GET /v1/me` need none. A key created without `scopes` has all but `keys:admin`; an end user's token has `threads:read`, `threads:write`, `memories:read` and `memories:write`.
          * @enum {string}
          */
         Scope: "threads:read" | "threads:write" | "memories:read" | "memories:write" | "tasks:read" | "tasks:write" | "events:read" | "usage:read" | "keys:admin";
@@ -1885,9 +1933,105 @@ export interface components {
             /** @constant */
             revoked: true;
         };
+        /** @description How the tenant's end users' tokens are checked: `issuer`, and exactly one of `hs256_secret` and `jwks` (400 `invalid_argument` for neither or both). Replaces the settings the tenant had. */
+        TenantAuthSettings: {
+            /**
+             * @description The `iss` every token must carry, 1 to 512 bytes (400 `invalid_argument` otherwise); one tenant's only (409 `conflict` when another tenant has it).
+             * @example https://id.example.com
+             */
+            issuer: string;
+            /** @description When set, a token's `aud` must be it or an array holding it; at most 512 bytes (400 `invalid_argument`). Absent, null or empty: `aud` is not checked. */
+            audience?: string | null;
+            /** @description HS256's shared secret, 32 to 1024 bytes (400 `invalid_argument` otherwise); never shown again. Absent or null: none. */
+            hs256_secret?: string | null;
+            /** @description The public keys of RS256 and ES256 tokens: a JWK Set (at most 64 keys and 64 KiB), or, for the admin token only (403 `permission_denied` for a key), the path of a file on the server that holds one, read now (400 `invalid_argument` when it cannot be read, 413 `too_large` over 64 KiB). Absent or null: none. */
+            jwks?: components["schemas"]["JwkSet"] | string | null;
+        };
+        /** @description How a tenant's end users' tokens are checked, without the HS256 secret. */
+        TenantAuth: {
+            /** @constant */
+            object: "tenant_auth";
+            /** @description The tenant. */
+            tenant: string;
+            /** @description The `iss` its end users' tokens carry. */
+            issuer: string;
+            /** @description The `aud` a token must have or hold; null: not checked. */
+            audience: string | null;
+            /** @description Whether HS256 tokens are accepted (a secret is set; it is never shown). */
+            hs256: boolean;
+            /** @description The JWK Set of RS256 and ES256 tokens, as given (the file's content when it was given as a path); null: none. */
+            jwks: components["schemas"]["JwkSet"] | null;
+            /**
+             * Format: int64
+             * @description Milliseconds since the Unix epoch when the settings were set.
+             */
+            updated_at: number;
+        };
+        TenantAuthDeleted: {
+            /** @description The tenant whose end users' tokens are no longer accepted. */
+            tenant: string;
+            /** @constant */
+            object: "tenant_auth";
+            /** @constant */
+            deleted: true;
+        };
+        /** @description A JSON Web Key Set (RFC 7517): public keys of RS256 (`kty` `RSA`, at least 2048 bits) and ES256 (`kty` `EC`, `crv` `P-256`). A token's `kid`, when it has one, picks the keys with that `kid`; its `alg` must be the key's. Other members are ignored. */
+        JwkSet: {
+            keys: components["schemas"]["Jwk"][];
+        };
+        /** @description A public key of a JWK Set; members other than those named are ignored. */
+        Jwk: {
+            /** @constant */
+            kty: "RSA";
+            /** @description Its key ID, a string (matched with a token's `kid`). */
+            kid?: unknown;
+            /** @constant */
+            use?: "sig";
+            /** @constant */
+            alg?: "RS256";
+            /** @description The modulus in base64url without padding, 2048 to 8192 bits. */
+            n: string;
+            /** @description The exponent in base64url without padding (`AQAB`). */
+            e: string;
+        } | {
+            /** @constant */
+            kty: "EC";
+            /** @description Its key ID, a string (matched with a token's `kid`). */
+            kid?: unknown;
+            /** @constant */
+            use?: "sig";
+            /** @constant */
+            alg?: "ES256";
+            /** @constant */
+            crv: "P-256";
+            /** @description The point's x coordinate, 32 bytes in base64url without padding. */
+            x: string;
+            /** @description The point's y coordinate, 32 bytes in base64url without padding. */
+            y: string;
+        };
+        /** @description Who a request acts as (docs/tenants.md, "Who a request acts for"). */
+        Principal: {
+            /** @constant */
+            object: "principal";
+            /**
+             * @description `open`: tenancy is off (every scope, the tenant `default`); `admin`: the admin token; `key`: a tenant's key; `end_user`: an end user's token (a JWT its tenant's issuer signed).
+             * @enum {string}
+             */
+            kind: "open" | "admin" | "key" | "end_user";
+            /** @description The tenant it acts in; null: the admin token naming none (`Spindle-Tenant`). */
+            tenant: string | null;
+            /** @description That tenant's name; null when it acts in none. */
+            tenant_name: string | null;
+            /** @description The end user (its token's `sub`) for `end_user`; else null. */
+            user: string | null;
+            /** @description The key's ID for `key`; else null. */
+            key_id: string | null;
+            /** @description What it may do: every scope for `open` and `admin`, the key's for `key`, `threads:read`, `threads:write`, `memories:read` and `memories:write` for `end_user`. */
+            scopes: components["schemas"]["Scope"][];
+        };
     };
     responses: {
-        /** @description `unauthorized`: a token is configured (`--token`) and the request lacks `Authorization: Bearer <token>` or names another token; with tenancy on (`--admin-token`), also a request without a bearer token or whose token is neither the admin token nor a valid key: a missing, unknown, revoked or expired key. */
+        /** @description `unauthorized`: a token is configured (`--token`) and the request lacks `Authorization: Bearer <token>` or names another token; with tenancy on (`--admin-token`), also a request without a bearer token or whose token is neither the admin token nor a valid key nor a valid end user's token: a missing, unknown, revoked or expired key, or a JSON Web Token refused (`the token is refused: ...`: an issuer no tenant accepts, a bad signature, an algorithm other than the tenant's HS256, RS256 or ES256, another audience, expired or not yet valid, no `sub` or one that is no user ID). */
         Unauthorized: {
             headers: {
                 [name: string]: unknown;
@@ -1896,7 +2040,7 @@ export interface components {
                 "application/json": components["schemas"]["Error"];
             };
         };
-        /** @description `permission_denied`: with tenancy on (`--admin-token`), the key lacks the route's scope (named in `param` and the message), the route is for the admin token, the admin token names no tenant with `Spindle-Tenant` on a route of a tenant's data, or a key names another tenant (`param` `Spindle-Tenant`). */
+        /** @description `permission_denied`: with tenancy on (`--admin-token`), the key lacks the route's scope (named in `param` and the message), the route is for the admin token, the admin token names no tenant with `Spindle-Tenant` on a route of a tenant's data, or a key or an end user's token names another tenant (`param` `Spindle-Tenant`); for an end user's token, also a route other than its threads and memories (the scope it lacks in `param`), or a `user_id` that is not its own (`param` `user_id`). */
         Forbidden: {
             headers: {
                 [name: string]: unknown;
@@ -1964,11 +2108,11 @@ export interface components {
         };
     };
     parameters: {
-        /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. */
+        /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. A tenant's key, or the admin token acting in a tenant other than `default`, names an end user's thread `USER~ID`: the end user's ID, `~`, and the thread's ID as the end user knows it; an end user's token names its own threads only, without `~` (docs/tenants.md, "End users"). */
         ThreadId: string;
-        /** @description A thread ID (1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..`), or `new` for a thread created with a UUIDv4 ID. */
+        /** @description A thread ID (1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..`), or `new` for a thread created with a UUIDv4 ID. A tenant's key, or the admin token acting in a tenant other than `default`, names an end user's thread `USER~ID` (`USER~new`: a new thread of that end user); an end user's token names its own threads only, without `~` (docs/tenants.md, "End users"). */
         ThreadIdOrNew: string;
-        /** @description The thread whose context window is meant (1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..`). */
+        /** @description The thread whose context window is meant (1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..`; `USER~ID` for an end user's thread, as for `ThreadId`). */
         ThreadIdItems: string;
         /** @description A task ID (`0001_t1`, `0001_t1.2`) or an orchestration's ID (its root task); off the grammar is 400 `invalid_id`. The grammar (docs/ids.md) is an orchestration ID in hybrid base36 (`0001`-`9999`, `A000`-`Z999`, `AA00`-`ZZ99`, `AAA0`-`ZZZ9`, `AAAA`-`ZZZZ`), then up to 32 levels of sequence numbers of 1 to 736335. */
         TaskId: string;
@@ -1980,7 +2124,7 @@ export interface components {
         ConsoleFile: string;
         /** @description Makes a retry safe: a request with the key of an earlier one (same method, path and body) is answered as the first was, without the work being done twice; while the first runs, the retry waits for its answer. 1 to 255 printable ASCII characters without spaces (else 400 `invalid_argument`, `param` `Idempotency-Key`); the same key with another request is 422 `idempotency_mismatch`. Successes are kept for `--idempotency-retention` seconds (a day by default). */
         IdempotencyKey: string;
-        /** @description The thread spindle keeps the conversation in (`new`: a fresh one); the same as the body's `thread_id` when both are given (else 400 `invalid_argument`). */
+        /** @description The thread spindle keeps the conversation in (`new`: a fresh one; `USER~ID` for an end user's thread, as for `ThreadId`); the same as the body's `thread_id` when both are given (else 400 `invalid_argument`). */
         SpindleThreadIdRequest: string;
         /** @description Resume after this event (`EPOCH-SEQ`, as sent in `id:`); a malformed ID is 400 `invalid_argument`. */
         LastEventId: string;
@@ -1990,7 +2134,7 @@ export interface components {
         TenantId: string;
         /** @description A key's ID (`key_` and 16 characters of `[a-z0-9]`); any other value names no key (404 `not_found`). */
         KeyId: string;
-        /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+        /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
         SpindleTenant: string;
     };
     requestBodies: never;
@@ -2430,7 +2574,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path?: never;
@@ -2507,7 +2651,7 @@ export interface operations {
                 updated_after?: number;
             };
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path?: never;
@@ -2564,7 +2708,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path?: never;
@@ -2634,11 +2778,11 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
-                /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. */
+                /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. A tenant's key, or the admin token acting in a tenant other than `default`, names an end user's thread `USER~ID`: the end user's ID, `~`, and the thread's ID as the end user knows it; an end user's token names its own threads only, without `~` (docs/tenants.md, "End users"). */
                 id: components["parameters"]["ThreadId"];
             };
             cookie?: never;
@@ -2694,11 +2838,11 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
-                /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. */
+                /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. A tenant's key, or the admin token acting in a tenant other than `default`, names an end user's thread `USER~ID`: the end user's ID, `~`, and the thread's ID as the end user knows it; an end user's token names its own threads only, without `~` (docs/tenants.md, "End users"). */
                 id: components["parameters"]["ThreadId"];
             };
             cookie?: never;
@@ -2753,11 +2897,11 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
-                /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. */
+                /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. A tenant's key, or the admin token acting in a tenant other than `default`, names an end user's thread `USER~ID`: the end user's ID, `~`, and the thread's ID as the end user knows it; an end user's token names its own threads only, without `~` (docs/tenants.md, "End users"). */
                 id: components["parameters"]["ThreadId"];
             };
             cookie?: never;
@@ -2826,11 +2970,11 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
-                /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. */
+                /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. A tenant's key, or the admin token acting in a tenant other than `default`, names an end user's thread `USER~ID`: the end user's ID, `~`, and the thread's ID as the end user knows it; an end user's token names its own threads only, without `~` (docs/tenants.md, "End users"). */
                 id: components["parameters"]["ThreadId"];
             };
             cookie?: never;
@@ -2893,11 +3037,11 @@ export interface operations {
             header?: {
                 /** @description Makes a retry safe: a request with the key of an earlier one (same method, path and body) is answered as the first was, without the work being done twice; while the first runs, the retry waits for its answer. 1 to 255 printable ASCII characters without spaces (else 400 `invalid_argument`, `param` `Idempotency-Key`); the same key with another request is 422 `idempotency_mismatch`. Successes are kept for `--idempotency-retention` seconds (a day by default). */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
-                /** @description A thread ID (1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..`), or `new` for a thread created with a UUIDv4 ID. */
+                /** @description A thread ID (1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..`), or `new` for a thread created with a UUIDv4 ID. A tenant's key, or the admin token acting in a tenant other than `default`, names an end user's thread `USER~ID` (`USER~new`: a new thread of that end user); an end user's token names its own threads only, without `~` (docs/tenants.md, "End users"). */
                 id: components["parameters"]["ThreadIdOrNew"];
             };
             cookie?: never;
@@ -3004,11 +3148,11 @@ export interface operations {
             header?: {
                 /** @description Makes a retry safe: a request with the key of an earlier one (same method, path and body) is answered as the first was, without the work being done twice; while the first runs, the retry waits for its answer. 1 to 255 printable ASCII characters without spaces (else 400 `invalid_argument`, `param` `Idempotency-Key`); the same key with another request is 422 `idempotency_mismatch`. Successes are kept for `--idempotency-retention` seconds (a day by default). */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
-                /** @description A thread ID (1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..`), or `new` for a thread created with a UUIDv4 ID. */
+                /** @description A thread ID (1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..`), or `new` for a thread created with a UUIDv4 ID. A tenant's key, or the admin token acting in a tenant other than `default`, names an end user's thread `USER~ID` (`USER~new`: a new thread of that end user); an end user's token names its own threads only, without `~` (docs/tenants.md, "End users"). */
                 id: components["parameters"]["ThreadIdOrNew"];
             };
             cookie?: never;
@@ -3114,11 +3258,11 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
-                /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. */
+                /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. A tenant's key, or the admin token acting in a tenant other than `default`, names an end user's thread `USER~ID`: the end user's ID, `~`, and the thread's ID as the end user knows it; an end user's token names its own threads only, without `~` (docs/tenants.md, "End users"). */
                 id: components["parameters"]["ThreadId"];
             };
             cookie?: never;
@@ -3184,11 +3328,11 @@ export interface operations {
                 max_turns?: number;
             };
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
-                /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. */
+                /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. A tenant's key, or the admin token acting in a tenant other than `default`, names an end user's thread `USER~ID`: the end user's ID, `~`, and the thread's ID as the end user knows it; an end user's token names its own threads only, without `~` (docs/tenants.md, "End users"). */
                 id: components["parameters"]["ThreadId"];
             };
             cookie?: never;
@@ -3244,11 +3388,11 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
-                /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. */
+                /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. A tenant's key, or the admin token acting in a tenant other than `default`, names an end user's thread `USER~ID`: the end user's ID, `~`, and the thread's ID as the end user knows it; an end user's token names its own threads only, without `~` (docs/tenants.md, "End users"). */
                 id: components["parameters"]["ThreadId"];
             };
             cookie?: never;
@@ -3317,11 +3461,11 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
-                /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. */
+                /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. A tenant's key, or the admin token acting in a tenant other than `default`, names an end user's thread `USER~ID`: the end user's ID, `~`, and the thread's ID as the end user knows it; an end user's token names its own threads only, without `~` (docs/tenants.md, "End users"). */
                 id: components["parameters"]["ThreadId"];
             };
             cookie?: never;
@@ -3378,11 +3522,11 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
-                /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. */
+                /** @description A thread ID: 1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..` (400 `invalid_id`); `new` names no thread here. A tenant's key, or the admin token acting in a tenant other than `default`, names an end user's thread `USER~ID`: the end user's ID, `~`, and the thread's ID as the end user knows it; an end user's token names its own threads only, without `~` (docs/tenants.md, "End users"). */
                 id: components["parameters"]["ThreadId"];
             };
             cookie?: never;
@@ -3453,11 +3597,11 @@ export interface operations {
                 limit?: number;
             };
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
-                /** @description The thread whose context window is meant (1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..`). */
+                /** @description The thread whose context window is meant (1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..`; `USER~ID` for an end user's thread, as for `ThreadId`). */
                 id: components["parameters"]["ThreadIdItems"];
             };
             cookie?: never;
@@ -3515,11 +3659,11 @@ export interface operations {
             header?: {
                 /** @description Makes a retry safe: a request with the key of an earlier one (same method, path and body) is answered as the first was, without the work being done twice; while the first runs, the retry waits for its answer. 1 to 255 printable ASCII characters without spaces (else 400 `invalid_argument`, `param` `Idempotency-Key`); the same key with another request is 422 `idempotency_mismatch`. Successes are kept for `--idempotency-retention` seconds (a day by default). */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
-                /** @description The thread whose context window is meant (1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..`). */
+                /** @description The thread whose context window is meant (1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..`; `USER~ID` for an end user's thread, as for `ThreadId`). */
                 id: components["parameters"]["ThreadIdItems"];
             };
             cookie?: never;
@@ -3593,11 +3737,11 @@ export interface operations {
                 limit?: number;
             };
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
-                /** @description The thread whose context window is meant (1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..`). */
+                /** @description The thread whose context window is meant (1 to 128 characters of `[A-Za-z0-9._:-]`, never `.` or `..`; `USER~ID` for an end user's thread, as for `ThreadId`). */
                 id: components["parameters"]["ThreadIdItems"];
             };
             cookie?: never;
@@ -3660,7 +3804,7 @@ export interface operations {
                 max_chars?: number;
             };
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path?: never;
@@ -3719,7 +3863,7 @@ export interface operations {
             header?: {
                 /** @description Makes a retry safe: a request with the key of an earlier one (same method, path and body) is answered as the first was, without the work being done twice; while the first runs, the retry waits for its answer. 1 to 255 printable ASCII characters without spaces (else 400 `invalid_argument`, `param` `Idempotency-Key`); the same key with another request is 422 `idempotency_mismatch`. Successes are kept for `--idempotency-retention` seconds (a day by default). */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path?: never;
@@ -3802,7 +3946,7 @@ export interface operations {
                 thread_id?: string;
             };
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path?: never;
@@ -3866,7 +4010,7 @@ export interface operations {
                 cursor?: string;
             };
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path?: never;
@@ -3923,7 +4067,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
@@ -3984,7 +4128,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path?: never;
@@ -4044,7 +4188,7 @@ export interface operations {
             header?: {
                 /** @description Makes a retry safe: a request with the key of an earlier one (same method, path and body) is answered as the first was, without the work being done twice; while the first runs, the retry waits for its answer. 1 to 255 printable ASCII characters without spaces (else 400 `invalid_argument`, `param` `Idempotency-Key`); the same key with another request is 422 `idempotency_mismatch`. Successes are kept for `--idempotency-retention` seconds (a day by default). */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path?: never;
@@ -4126,7 +4270,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
@@ -4187,7 +4331,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path?: never;
@@ -4257,7 +4401,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
@@ -4318,7 +4462,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
@@ -4393,7 +4537,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
@@ -4467,7 +4611,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
@@ -4542,7 +4686,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
@@ -4617,7 +4761,7 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path: {
@@ -4703,7 +4847,7 @@ export interface operations {
             header?: {
                 /** @description Resume after this event (`EPOCH-SEQ`, as sent in `id:`); a malformed ID is 400 `invalid_argument`. */
                 "Last-Event-ID"?: components["parameters"]["LastEventId"];
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path?: never;
@@ -4762,11 +4906,11 @@ export interface operations {
         parameters: {
             query?: never;
             header?: {
-                /** @description The thread spindle keeps the conversation in (`new`: a fresh one); the same as the body's `thread_id` when both are given (else 400 `invalid_argument`). */
+                /** @description The thread spindle keeps the conversation in (`new`: a fresh one; `USER~ID` for an end user's thread, as for `ThreadId`); the same as the body's `thread_id` when both are given (else 400 `invalid_argument`). */
                 "Spindle-Thread-Id"?: components["parameters"]["SpindleThreadIdRequest"];
                 /** @description Makes a retry safe: a request with the key of an earlier one (same method, path and body) is answered as the first was, without the work being done twice; while the first runs, the retry waits for its answer. 1 to 255 printable ASCII characters without spaces (else 400 `invalid_argument`, `param` `Idempotency-Key`); the same key with another request is 422 `idempotency_mismatch`. Successes are kept for `--idempotency-retention` seconds (a day by default). */
                 "Idempotency-Key"?: components["parameters"]["IdempotencyKey"];
-                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
                 "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
             };
             path?: never;
@@ -4956,7 +5100,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
-            /** @description `permission_denied`: tenancy is off (no `--admin-token`), or the request has a tenant's key: this route is for the admin token. */
+            /** @description `permission_denied`: tenancy is off (no `--admin-token`), or the request has a tenant's key or an end user's token: this route is for the admin token. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5021,7 +5165,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
-            /** @description `permission_denied`: tenancy is off (no `--admin-token`), or the request has a tenant's key: this route is for the admin token. */
+            /** @description `permission_denied`: tenancy is off (no `--admin-token`), or the request has a tenant's key or an end user's token: this route is for the admin token. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5103,7 +5247,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
-            /** @description `permission_denied`: tenancy is off (no `--admin-token`), or the request has a tenant's key: this route is for the admin token. */
+            /** @description `permission_denied`: tenancy is off (no `--admin-token`), or the request has a tenant's key or an end user's token: this route is for the admin token. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5170,7 +5314,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
-            /** @description `permission_denied`: tenancy is off (no `--admin-token`), or the request has a tenant's key: this route is for the admin token. */
+            /** @description `permission_denied`: tenancy is off (no `--admin-token`), or the request has a tenant's key or an end user's token: this route is for the admin token. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5249,7 +5393,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
-            /** @description `permission_denied`: tenancy is off (no `--admin-token`), or the request has a tenant's key: this route is for the admin token. */
+            /** @description `permission_denied`: tenancy is off (no `--admin-token`), or the request has a tenant's key or an end user's token: this route is for the admin token. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5323,7 +5467,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
-            /** @description `permission_denied`: tenancy is off (no `--admin-token`); a key without the scope `keys:admin` (`param` `keys:admin`), a key of another tenant, or a key whose `Spindle-Tenant` names another tenant. */
+            /** @description `permission_denied`: tenancy is off (no `--admin-token`); an end user's token or a key without the scope `keys:admin` (`param` `keys:admin`), a key of another tenant, or a key whose `Spindle-Tenant` names another tenant. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5391,7 +5535,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
-            /** @description `permission_denied`: tenancy is off (no `--admin-token`); a key without the scope `keys:admin` (`param` `keys:admin`), a key of another tenant, or a key whose `Spindle-Tenant` names another tenant, or a key asking for a scope it lacks (`param` `scopes`). */
+            /** @description `permission_denied`: tenancy is off (no `--admin-token`); an end user's token or a key without the scope `keys:admin` (`param` `keys:admin`), a key of another tenant, or a key whose `Spindle-Tenant` names another tenant, or a key asking for a scope it lacks (`param` `scopes`). */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5418,6 +5562,221 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            414: components["responses"]["UriTooLong"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["InternalError"];
+            /** @description `unavailable`: the server has `--max-connections` open (the connection is then closed), its runtime is stopping, or the tenants and keys cannot be read now; `storage_unavailable`: the PostgreSQL store cannot be reached now; nothing was stored. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            507: components["responses"]["StorageFull"];
+        };
+    };
+    getTenantAuth: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A tenant ID: `default`, or `t` and 11 characters of `[a-z0-9]` for a tenant created; a value that is no tenant ID (1 to 32 characters of `[a-z0-9]`) names no tenant (404 `not_found`). */
+                id: components["parameters"]["TenantId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The settings in use. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantAuth"];
+                };
+            };
+            /** @description `malformed`: the request could not be parsed as HTTP; `unknown_field`: a query parameter (the route takes none). */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            /** @description `permission_denied`: tenancy is off (no `--admin-token`); an end user's token or a key without the scope `keys:admin` (`param` `keys:admin`), a key of another tenant, or a key whose `Spindle-Tenant` names another tenant. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `not_found`: no such tenant (an ID off its grammar names none), the tenant accepts no end users' tokens (it has no settings), or the admin token's `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            413: components["responses"]["ContentTooLarge"];
+            414: components["responses"]["UriTooLong"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["InternalError"];
+            /** @description `unavailable`: the server has `--max-connections` open (the connection is then closed), its runtime is stopping, or the tenants and keys cannot be read now; `storage_unavailable`: the PostgreSQL store cannot be reached now; nothing was stored. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
+    setTenantAuth: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A tenant ID: `default`, or `t` and 11 characters of `[a-z0-9]` for a tenant created; a value that is no tenant ID (1 to 32 characters of `[a-z0-9]`) names no tenant (404 `not_found`). */
+                id: components["parameters"]["TenantId"];
+            };
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["TenantAuthSettings"];
+            };
+        };
+        responses: {
+            /** @description The settings now in use, without the HS256 secret. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantAuth"];
+                };
+            };
+            /** @description `malformed`: the request could not be parsed as HTTP; `malformed`: not a JSON object, `issuer` missing or not a string, `audience` or `hs256_secret` not a string, `jwks` neither an object nor a string; `unknown_field`; `invalid_argument`: an `issuer` empty or over 512 bytes, an `audience` over 512 bytes, neither or both of `hs256_secret` and `jwks`, an `hs256_secret` of fewer than 32 or more than 1024 bytes, a `jwks` that is no JWK Set of usable keys (no `keys`, an empty one, more than 64 keys, a key of another kind or curve, an RSA key under 2048 bits, a key for another `use` or `alg`), a `jwks` over 64 KiB, a file that cannot be read, or the tenant `default`. Named in `param`; nothing was changed. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            /** @description `permission_denied`: tenancy is off (no `--admin-token`); an end user's token or a key without the scope `keys:admin` (`param` `keys:admin`), a key of another tenant, a key whose `Spindle-Tenant` names another tenant, or a key giving `jwks` as a file path (`param` `jwks`). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `not_found`: no such tenant (an ID off its grammar names none), or the admin token's `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `conflict`: another tenant's end users have this `issuer`; nothing was changed. */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `too_large`: the body is over `--body-limit`, or the JWK Set file has more than 64 KiB (`param` `jwks`). */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            414: components["responses"]["UriTooLong"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["InternalError"];
+            /** @description `unavailable`: the server has `--max-connections` open (the connection is then closed), its runtime is stopping, or the tenants and keys cannot be read now; `storage_unavailable`: the PostgreSQL store cannot be reached now; nothing was stored. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            507: components["responses"]["StorageFull"];
+        };
+    };
+    deleteTenantAuth: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description A tenant ID: `default`, or `t` and 11 characters of `[a-z0-9]` for a tenant created; a value that is no tenant ID (1 to 32 characters of `[a-z0-9]`) names no tenant (404 `not_found`). */
+                id: components["parameters"]["TenantId"];
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The settings are removed. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["TenantAuthDeleted"];
+                };
+            };
+            /** @description `malformed`: the request could not be parsed as HTTP; `unknown_field`: a query parameter (the route takes none). */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            /** @description `permission_denied`: tenancy is off (no `--admin-token`); an end user's token or a key without the scope `keys:admin` (`param` `keys:admin`), a key of another tenant, or a key whose `Spindle-Tenant` names another tenant. */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `not_found`: no such tenant (an ID off its grammar names none), the tenant has no end-user settings, or the admin token's `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            413: components["responses"]["ContentTooLarge"];
             414: components["responses"]["UriTooLong"];
             431: components["responses"]["HeadersTooLarge"];
             500: components["responses"]["InternalError"];
@@ -5464,7 +5823,7 @@ export interface operations {
                 };
             };
             401: components["responses"]["Unauthorized"];
-            /** @description `permission_denied`: tenancy is off (no `--admin-token`); a key without the scope `keys:admin` (`param` `keys:admin`), or a key whose `Spindle-Tenant` names another tenant. */
+            /** @description `permission_denied`: tenancy is off (no `--admin-token`); an end user's token or a key without the scope `keys:admin` (`param` `keys:admin`), or a key whose `Spindle-Tenant` names another tenant. */
             403: {
                 headers: {
                     [name: string]: unknown;
@@ -5496,6 +5855,67 @@ export interface operations {
                 };
             };
             507: components["responses"]["StorageFull"];
+        };
+    };
+    getMe: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Who the request acts as. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Principal"];
+                };
+            };
+            /** @description `malformed`: the request could not be parsed as HTTP; `unknown_field`: a query parameter (the route takes none). */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            /** @description `permission_denied`: a key or an end user's token whose `Spindle-Tenant` names another tenant than its own (`param` `Spindle-Tenant`). */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            /** @description `not_found`: with tenancy on, the admin token's `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            413: components["responses"]["ContentTooLarge"];
+            414: components["responses"]["UriTooLong"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["InternalError"];
+            /** @description `unavailable`: the server has `--max-connections` open (the connection is then closed), its runtime is stopping, or the tenants and keys cannot be read now; `storage_unavailable`: the PostgreSQL store cannot be reached now. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
         };
     };
 }
