@@ -76,22 +76,22 @@ export function signOut() {
   actIn("");
 }
 
-// The routes of a tenant's data, where the admin token names its tenant.
-const TENANT_ROUTES = /^\/v1\/(threads|memories|orchestrations|tasks|events|ids|chat)(\/|\?|$)/;
+// The routes of a tenant's data, where the admin token names its tenant,
+// and GET /v1/me, which then names that tenant too.
+const TENANT_ROUTES = /^\/v1\/(threads|memories|orchestrations|tasks|events|ids|chat|me)(\/|\?|$)/;
 
 /**
- * How a call is sent: `tenant: false` leaves Spindle-Tenant out (to ask
- * the server who the token is); `ask: false` answers a 401 as an error
- * instead of asking for a token.
- * @typedef {{ tenant?: boolean, ask?: boolean }} CallOptions
+ * How a call is sent: `ask: false` answers a 401 as an error instead of
+ * asking for a token (to ask the server who the token is).
+ * @typedef {{ ask?: boolean }} CallOptions
  */
 
-function headers(path, extra, opts) {
+function headers(path, extra) {
   const out = { ...extra };
   const t = token();
   if (t) out.Authorization = "Bearer " + t;
   const tenant = actingTenant();
-  if (tenant && opts.tenant !== false && TENANT_ROUTES.test(path)) out["Spindle-Tenant"] = tenant;
+  if (tenant && TENANT_ROUTES.test(path)) out["Spindle-Tenant"] = tenant;
   return out;
 }
 
@@ -101,7 +101,7 @@ function headers(path, extra, opts) {
 async function send(path, init, opts = {}) {
   for (;;) {
     const sent = token();
-    const res = await fetch(path, { ...init, headers: headers(path, init.headers, opts) });
+    const res = await fetch(path, { ...init, headers: headers(path, init.headers) });
     if (res.status !== 401) {
       accepted = sent;
       return res;

@@ -4,7 +4,7 @@
 
 import { actingTenant, onTokenChange, onTokenNeeded, signOut, token, wasAccepted } from "./api.js";
 import { $ } from "./dom.js";
-import { learn, principal } from "./session.js";
+import { keyAdmin, learn, principal } from "./session.js";
 import * as threads from "./threads.js";
 import * as tasks from "./tasks.js";
 import * as health from "./health.js";
@@ -78,17 +78,20 @@ function restart() {
 }
 
 // The header: who the token is, Sign out, and the Tenants section for the
-// admin token only.
+// admin token (Keys, its own tenant's, for a key with keys:admin).
 function showPrincipal() {
   const p = principal();
   const label = $("#who-label");
   label.textContent = p.label;
   label.title = p.title;
   label.dataset.kind = p.kind;
-  $("#who").hidden = p.kind === "none" && !token();
+  $("#who").hidden = !p.label && !token();
   $("#leave-tenant").hidden = !(p.kind === "admin" && actingTenant());
   $("#sign-out").hidden = !token();
-  /** @type {HTMLElement} */ ($('nav a[data-view="tenants"]')).hidden = p.kind !== "admin";
+  const nav = /** @type {HTMLElement} */ ($('nav a[data-view="tenants"]'));
+  nav.hidden = !(p.kind === "admin" || keyAdmin());
+  nav.textContent = p.kind === "key" ? "Keys" : "Tenants";
+  if (p.note) notify(p.note, "info");
 }
 
 $("#sign-out").addEventListener("click", () => {

@@ -1,32 +1,49 @@
-// Who the console acts as: learned once per token, shown in the header,
-// and asked by the views (the admin token sees a tenant's data only when
-// it acts in one; a view the server refuses to this token says so
-// inline, docs/console.md "Tokens and tenants").
+// Who the console acts as: asked of the server once per token (GET
+// /v1/me), shown in the header, and asked by the views (the admin token
+// sees a tenant's data only when it acts in one; a key with keys:admin
+// manages its own tenant's keys; a view the server refuses to this token
+// says so inline, docs/console.md "Tokens and tenants").
 //
-// The kinds of token:
-// - none:  no token held (a server without --token or --admin-token).
-// - token: the one token of a server without tenancy (`--token`).
-// - admin: the admin token (`--admin-token`): tenants and keys, and a
-//          tenant's data when it acts in one (Spindle-Tenant).
-// - key:   a tenant's key (`spk_...`): its tenant's data, within its scopes.
-// - user:  an end user's token (a JWT from the tenant's issuer): the
-//          threads and memories of that user only.
-// The server is the judge of every token: the kind only picks what the
-// page shows, and what it learns from a JWT's payload is for display.
+// The kinds, as GET /v1/me names them:
+// - open:     a server without tenancy (no token, or its `--token`).
+// - admin:    the admin token (`--admin-token`): tenants and keys, and a
+//             tenant's data when it acts in one (Spindle-Tenant, which
+//             GET /v1/me is sent too, so that it names that tenant).
+// - key:      a tenant's key (`spk_...`): its tenant's data, within its
+//             scopes; its tenant's keys with keys:admin.
+// - end_user: an end user's token (a JWT from the tenant's issuer): the
+//             threads and memories of that user only.
+// and the page's own:
+// - none:     no token held, and the server wants one.
+// - unknown:  a token the server refused (401), or no answer.
+// The server names the principal; what the page reads from a JWT's
+// payload (its expiry and issuer) is for the tooltip only, and only once
+// the server took the token as an end user's.
 
-import { actingTenant, actingTenantName, api, ApiError, token } from "./api.js";
+import { actIn, actingTenant, actingTenantName, api, ApiError, token } from "./api.js";
 import { h } from "./dom.js";
+/** @typedef {import("./api.js").Schemas} Schemas */
+
+/** GET /v1/me's answer. @typedef {Schemas["Principal"]} Me */
 
 /**
  * @typedef {{
- *   kind: "none" | "token" | "admin" | "key" | "user" | "unknown",
+ *   kind: "none" | "unknown" | Me["kind"],
  *   label: string,
  *   title: string,
+ *   tenant: string | null,
+ *   tenantName: string | null,
+ *   keyId: string | null,
+ *   scopes: Schemas["Scope"][],
+ *   note?: string,
  * }} Principal
  */
 
+/** @param {Principal["kind"]} kind @returns {Principal} */
+const nobody = (kind) => ({ kind, label: "", title: "", tenant: null, tenantName: null, keyId: null, scopes: [] });
+
 /** @type {Principal} */
-let current = { kind: "none", label: "", title: "" };
+let current = nobody("none");
 
 /** Who the token held is (as last learned). */
 export const principal = () => current;
@@ -34,7 +51,8 @@ export const principal = () => current;
 /** The admin token acting in no tenant: a tenant's views offer a choice. */
 export const needsTenant = () => current.kind === "admin" && !actingTenant();
 
-const KEY = /^spk_[A-Za-z0-9]{40}$/;
+/** A key that may manage its own tenant's keys (scope keys:admin). */
+export const keyAdmin = () => current.kind === "key" && current.scopes.includes("keys:admin");
 
 /** A JWT's payload, or null for a token that is not one (display only). */
 export function jwtPayload(t) {
@@ -61,54 +79,51 @@ const short = (v, n = 64) => {
 };
 
 /**
- * Learns who the token held is: a key and a JWT by their form (the server
- * judges them with the first call), another token by asking the server:
- * GET /v1/threads answers it without tenancy, and 403 to the admin token,
- * which GET /v1/tenants then answers. No call asks for a token.
+ * Learns who the token held is from GET /v1/me (with Spindle-Tenant when
+ * the admin token acts in a tenant). It never asks for a token: a 401
+ * leaves the kind "none" (no token) or "unknown" (a refused one), and the
+ * first view's call asks. An acted-in tenant that is gone (404) is left.
  * @returns {Promise<Principal>}
  */
 export async function learn() {
   const t = token();
-  if (!t) return (current = { kind: "none", label: "", title: "" });
-  if (t.startsWith("spk_")) {
-    const prefix = t.slice(0, 12);
-    return (current = {
-      kind: "key",
-      label: `tenant key ${prefix}…`,
-      title: KEY.test(t) ? `A tenant's key (its prefix ${prefix}): that tenant's data, within the key's scopes.` : "Not the form of a key (spk_ and 40 letters and digits).",
-    });
-  }
-  const jwt = jwtPayload(t);
-  if (jwt) {
-    const sub = typeof jwt.sub === "string" ? jwt.sub : "?";
-    const facts = [];
-    if (typeof jwt.iss === "string") facts.push("issuer " + short(jwt.iss, 200));
-    if (typeof jwt.aud === "string") facts.push("audience " + short(jwt.aud));
-    if (typeof jwt.exp === "number") facts.push("expires " + new Date(jwt.exp * 1000).toLocaleString());
-    return (current = {
-      kind: "user",
-      label: `end user ${short(sub)}`,
-      title: `An end user's token: ${short(sub)}'s own conversations and memories only.` + (facts.length ? ` (${facts.join("; ")})` : ""),
-    });
-  }
+  /** @type {Me} */
+  let me;
   try {
-    await api("GET", "/v1/threads?limit=1", undefined, { tenant: false, ask: false });
-    return (current = { kind: "token", label: "token", title: "This server's token (spindle serve --token): everything, no tenants." });
+    me = await api("GET", "/v1/me", undefined, { ask: false });
   } catch (err) {
-    if (!(err instanceof ApiError) || err.status !== 403) return (current = { kind: "unknown", label: "", title: "" });
+    if (err instanceof ApiError && err.status === 404 && err.param === "Spindle-Tenant" && actingTenant()) {
+      const note = `Tenant ${actingTenantName() || actingTenant()} is gone: the console acts in no tenant.`;
+      actIn("");
+      return learn().then((p) => ((p.note = note), p));
+    }
+    return (current = nobody(t ? "unknown" : "none"));
   }
-  try {
-    await api("GET", "/v1/tenants", undefined, { ask: false });
-  } catch {
-    return (current = { kind: "unknown", label: "", title: "" });
+  const p = nobody(me.kind);
+  Object.assign(p, { tenant: me.tenant, tenantName: me.tenant_name, keyId: me.key_id, scopes: me.scopes });
+  const tenant = short(me.tenant_name || me.tenant, 40);
+  const scopes = "Scopes: " + me.scopes.join(", ") + ".";
+  if (me.kind === "open") {
+    p.label = "no tenancy";
+    p.title = (t ? "This server's token (spindle serve --token)" : "A server without a token") + ": everything, no tenants.";
+  } else if (me.kind === "admin") {
+    p.label = me.tenant ? `admin in tenant ${tenant}` : "admin";
+    p.title = me.tenant
+      ? `The admin token acting in tenant ${me.tenant_name} (${me.tenant}): every request to that tenant's data sends Spindle-Tenant: ${me.tenant}.`
+      : "The admin token: tenants and keys; a tenant's data when acting in it.";
+  } else if (me.kind === "key") {
+    const prefix = t.startsWith("spk_") ? t.slice(0, 12) + "…" : me.key_id;
+    p.label = `tenant ${tenant} (key ${prefix})`;
+    p.title = `A key of tenant ${me.tenant_name} (${me.tenant}), ID ${me.key_id}: that tenant's data, within its scopes${me.scopes.includes("keys:admin") ? ", and its keys" : ""}. ${scopes}`;
+  } else {
+    p.label = `end user ${short(me.user)} of ${tenant}`;
+    const facts = [];
+    const jwt = jwtPayload(t);
+    if (jwt && typeof jwt.iss === "string") facts.push("issuer " + short(jwt.iss, 200));
+    if (jwt && typeof jwt.exp === "number") facts.push("expires " + new Date(jwt.exp * 1000).toLocaleString());
+    p.title = `An end user's token of tenant ${me.tenant_name} (${me.tenant}): ${me.user}'s own conversations and memories only.` + (facts.length ? ` (${facts.join("; ")})` : "");
   }
-  current = { kind: "admin", label: "admin", title: "The admin token: tenants and keys; a tenant's data when acting in it." };
-  if (actingTenant()) {
-    const name = actingTenantName();
-    current.label = `admin in tenant ${short(name || actingTenant(), 40)}`;
-    current.title = `The admin token acting in tenant ${name} (${actingTenant()}): every request to that tenant's data sends Spindle-Tenant: ${actingTenant()}.`;
-  }
-  return current;
+  return (current = p);
 }
 
 /**

@@ -3,12 +3,20 @@
 // created with its scopes and its secret shown once, a key revoked after a
 // confirmation; and "act in this tenant", after which the other views show
 // that tenant's data (api.js sends Spindle-Tenant).
+// Keys (a key with keys:admin): the keys of the key's own tenant only, as
+// above but for the tenant list and acting; it grants only the scopes it
+// holds (the server refuses others).
 
 import { actIn, actingTenant, api, seg } from "./api.js";
 import { $, h, replace, timeEl } from "./dom.js";
 import { confirmDialog, notify } from "./main.js";
-import { refusal } from "./session.js";
+import { principal, refusal } from "./session.js";
 /** @typedef {import("./api.js").Schemas} Schemas */
+/**
+ * A tenant as the page knows it: the admin token reads all of it, a key
+ * only its tenant's ID and name (GET /v1/me).
+ * @typedef {Pick<Schemas["Tenant"], "id" | "name"> & Partial<Schemas["Tenant"]>} TenantRef
+ */
 
 /** Every scope a key may hold (docs/tenants.md, "Scopes"), and what it opens. */
 /** @type {[Schemas["Scope"], string][]} */
@@ -47,9 +55,43 @@ const state = {
 };
 
 export function show(root, args, first) {
+  const p = principal();
+  if (p.kind === "key") {
+    // Its own tenant's keys, whatever the address names.
+    if (first || !state.root) buildOwn(root);
+    state.selected = p.tenant;
+    showTenant({ id: p.tenant, name: p.tenantName || p.tenant }, true);
+    return;
+  }
   if (first || !state.root) build(root);
   state.selected = args[0] || null;
   loadTenants();
+}
+
+// A key's view: no tenant list (the admin token's), its tenant's keys.
+function buildOwn(root) {
+  state.root = root;
+  const p = principal();
+  replace(
+    root,
+    h(
+      "header",
+      { class: "view-head" },
+      h("h2", { id: "tenants-title", text: "Keys" }),
+      h(
+        "p",
+        { class: "sub", id: "acting" },
+        "The keys of tenant ",
+        h("strong", { text: p.tenantName || p.tenant }),
+        " (",
+        h("code", { text: p.tenant }),
+        p.scopes.includes("keys:admin") ? "), managed with this key (scope " : "): managing them takes a key with the scope ",
+        h("code", { text: "keys:admin" }),
+        p.scopes.includes("keys:admin") ? "): it grants only the scopes it holds." : ".",
+      ),
+    ),
+    h("article", { id: "tenant-pane", class: "pane", "aria-live": "off" }),
+  );
 }
 
 function build(root) {
@@ -161,19 +203,25 @@ async function createTenant(name, weight) {
 
 // -- one tenant: its keys ------------------------------------------------------
 
-/** @param {Schemas["Tenant"]} t */
-function showTenant(t) {
+/**
+ * A tenant's keys and the form for a new one; `own` for a key's own
+ * tenant: no acting in it, and only the scopes the key holds to grant.
+ * @param {TenantRef} t @param {boolean} [own]
+ */
+function showTenant(t, own = false) {
   const pane = $("#tenant-pane", state.root);
   const acting = t.id === actingTenant();
-  const scopes = SCOPES.map(([s, what]) =>
-    h(
+  const held = own ? principal().scopes : SCOPES.map(([s]) => s);
+  const scopes = SCOPES.map(([s, what]) => {
+    const may = held.includes(s);
+    return h(
       "label",
-      { class: "check" },
-      h("input", { type: "checkbox", name: "scope", value: s, checked: s !== "keys:admin" }),
+      { class: "check", title: may ? null : "This key lacks it: a key grants only the scopes it holds." },
+      h("input", { type: "checkbox", name: "scope", value: s, checked: may && s !== "keys:admin", disabled: !may }),
       h("code", { text: s }),
-      h("span", { class: "sub", text: what }),
-    ),
-  );
+      h("span", { class: "sub", text: may ? what : what + " (this key lacks it)" }),
+    );
+  });
   const keyName = h("input", { id: "key-name", maxLength: 64, autocomplete: "off", placeholder: "optional" });
   const expires = h("select", { id: "key-expires" }, EXPIRIES.map(([v, label]) => h("option", { value: v, text: label })));
   const form = h(
@@ -192,14 +240,16 @@ function showTenant(t) {
       "header",
       { class: "thread-head" },
       h("h2", null, h("span", { id: "tenant-title", text: t.name }), " ", h("code", { class: "sub", text: t.id })),
-      h("div", { class: "sub" }, `weight ${t.weight} · created `, timeEl(t.created_at)),
-      h(
-        "div",
-        { class: "actions" },
-        acting
-          ? [h("button", { type: "button", id: "act-in", disabled: true, text: "Acting in this tenant" }), h("button", { type: "button", id: "leave-acting", onclick: () => switchTo("", ""), text: "Act in no tenant" })]
-          : h("button", { type: "button", id: "act-in", class: "primary", onclick: () => switchTo(t.id, t.name), text: "Act in this tenant" }),
-      ),
+      own ? null : h("div", { class: "sub" }, `weight ${t.weight} · created `, timeEl(t.created_at)),
+      own
+        ? null
+        : h(
+            "div",
+            { class: "actions" },
+            acting
+              ? [h("button", { type: "button", id: "act-in", disabled: true, text: "Acting in this tenant" }), h("button", { type: "button", id: "leave-acting", onclick: () => switchTo("", ""), text: "Act in no tenant" })]
+              : h("button", { type: "button", id: "act-in", class: "primary", onclick: () => switchTo(t.id, t.name), text: "Act in this tenant" }),
+          ),
     ),
     h("div", { id: "new-key" }),
     h("h3", { text: "Keys" }),
@@ -213,7 +263,7 @@ function showTenant(t) {
         h("tbody", { id: "key-rows" }),
       ),
     ),
-    form,
+    own && !held.includes("keys:admin") ? null : form,
   );
   loadKeys(t);
 }
@@ -231,13 +281,13 @@ async function loadKeys(t) {
   }
 }
 
-/** @param {Schemas["Tenant"]} t @param {Schemas["Key"]} k */
+/** @param {TenantRef} t @param {Schemas["Key"]} k */
 function keyRow(t, k) {
   const expired = k.expires_at !== null && k.expires_at <= Date.now();
   return h(
     "tr",
     { "data-key": k.id },
-    h("td", null, h("code", { class: "key-prefix", text: k.prefix + "…" })),
+    h("td", null, h("code", { class: "key-prefix", text: k.prefix + "…" }), k.id === principal().keyId ? [" ", h("span", { class: "badge", text: "this key" })] : null),
     h("td", { class: "key-name", text: k.name || "–" }),
     h("td", null, h("span", { class: "chips" }, k.scopes.map((s) => h("span", { class: "chip", text: s })))),
     h("td", null, timeEl(k.created_at)),
@@ -301,10 +351,11 @@ function showSecret(k) {
   secret.select();
 }
 
-/** @param {Schemas["Tenant"]} t @param {Schemas["Key"]} k */
+/** @param {TenantRef} t @param {Schemas["Key"]} k */
 async function revoke(t, k) {
   const what = `${k.prefix}…${k.name ? ` (${k.name})` : ""}`;
-  if (!(await confirmDialog("Revoke this key?", `${what} of tenant ${t.name} is refused from its next request on, on every node within a second. This cannot be undone.`))) return;
+  const self = k.id === principal().keyId ? " It is the key this console uses: the console will then ask for another token." : "";
+  if (!(await confirmDialog("Revoke this key?", `${what} of tenant ${t.name} is refused from its next request on, on every node within a second. This cannot be undone.${self}`))) return;
   try {
     await api("DELETE", `/v1/keys/${seg(k.id)}`);
     notify(`Revoked ${what}.`, "info");

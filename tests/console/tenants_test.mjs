@@ -1,7 +1,9 @@
 // The console with tenancy on (docs/console.md, "Tokens and tenants") in
-// Debian's Chromium, driven by playwright-core: a tenant's key, the admin
-// token and an end user's token each given to the page as a user would,
-// the API only to set the scene and to check what the page did. Run by
+// Debian's Chromium, driven by playwright-core: a tenant's key, a key with
+// keys:admin, the admin token, an end user's token and the token of a
+// server without tenancy each given to the page as a user would, the
+// header checked to say who each is (GET /v1/me), the API only to set the
+// scene and to check what the page did. Run by
 // run.sh after console_test.mjs:
 //   node tenants_test.mjs SPINDLE_BINARY SCREENSHOT_DIR
 // Exits 0 when every check passed; a failed check throws and exits 1.
@@ -94,6 +96,9 @@ assert.equal((await admin("POST", "/v1/orchestrations", { payload: { goal: "brav
 // A's key for the console: conversations, memories and events, no tasks.
 const keyA = (await admin("POST", `/v1/tenants/${A.id}/keys`, { name: "console", scopes: ["threads:read", "threads:write", "memories:read", "events:read"] })).body;
 assert.match(keyA.key, /^spk_[A-Za-z0-9]{40}$/);
+// A's key that manages A's keys: conversations read and keys:admin only.
+const keyAdminA = (await admin("POST", `/v1/tenants/${A.id}/keys`, { name: "key admin", scopes: ["threads:read", "keys:admin"] })).body;
+assert.match(keyAdminA.key, /^spk_[A-Za-z0-9]{40}$/);
 const B_TEXTS = ["BRAVO-ONLY", "bravo-4410", "bravo-extra", "Bravo Corp", B.id];
 const A_TEXTS = ["ALPHA-ONLY", "alpha-7731", A.id];
 
@@ -103,8 +108,9 @@ try {
     page.on("request", (r) => asked.push(new URL(r.url()).pathname));
     await signIn(page, keyA.key);
     await page.waitForSelector('#thread-items li[data-thread="plans"]');
-    assert.equal(await text(page, "#who-label"), `tenant key ${keyA.key.slice(0, 12)}…`);
-    assert.equal(await page.isVisible('nav a[data-view="tenants"]'), false);
+    assert.equal(await text(page, "#who-label"), `tenant Acme (key ${keyA.key.slice(0, 12)}…)`);
+    assert.match(await page.getAttribute("#who-label", "title"), new RegExp(`${A.id}.*${keyA.id}`));
+    assert.equal(await page.isVisible('nav a[data-view="tenants"]'), false, "no Keys for a key without keys:admin");
     assert.equal(await page.locator("#thread-items li[data-thread]").count(), 1);
     assert.match(await text(page, '#thread-items li[data-thread="plans"]'), /alpha-7731/);
     await page.click('#thread-items li[data-thread="plans"] a');
@@ -118,7 +124,7 @@ try {
     await page.click('nav a[data-view="tasks"]');
     await page.waitForSelector("#view-tasks .refused");
     const tasks = await text(page, "#view-tasks .refused");
-    assert.match(tasks, /not for tenant key spk_/);
+    assert.match(tasks, /not for tenant Acme \(key spk_/);
     assert.match(tasks, /lacks the scope 'tasks:read'/);
     // Health: the admin token's.
     await page.click('nav a[data-view="health"]');
@@ -128,9 +134,11 @@ try {
     assert.equal(asked.filter((p) => p === "/v1/orchestrations").length, 1, "the orchestrations asked for once");
     assert.equal(asked.filter((p) => p === "/v1/stats").length, 1, "the stats asked for once, not every second");
     assert.equal(await page.isVisible("#token-dialog[open]"), false, "a 403 does not ask for a token");
-    // Tenants by address: refused as well.
+    // Tenants by address: its own tenant's keys, refused (no keys:admin).
     await go(page, "#/tenants");
-    await page.waitForSelector("#tenant-items .refused");
+    await page.waitForSelector("#view-tenants .refused");
+    assert.match(await text(page, "#view-tenants .refused"), /lacks the scope 'keys:admin'/);
+    assert.equal(await page.locator("#tenant-items, #key-form").count(), 0);
     await absent(page, B_TEXTS);
     // Sign out: the token is forgotten and asked for again.
     await page.click("#sign-out");
@@ -212,6 +220,12 @@ try {
     await page.click("#act-in");
     await page.waitForSelector('#thread-items li[data-thread="bravo-extra"]');
     assert.equal(await text(page, "#who-label"), "admin in tenant Bravo Corp");
+    // The tenant's name is the server's (GET /v1/me with Spindle-Tenant),
+    // not the one the page kept.
+    await page.evaluate(() => sessionStorage.setItem("spindle.tenant_name", "stale name"));
+    await page.reload();
+    await page.waitForSelector('#thread-items li[data-thread="bravo-extra"]');
+    assert.equal(await text(page, "#who-label"), "admin in tenant Bravo Corp");
     assert.equal(await page.evaluate(() => location.hash), "#/threads");
     assert.equal(await page.locator("#thread-items li[data-thread]").count(), 2);
     await page.click('#thread-items li[data-thread="plans"] a');
@@ -233,6 +247,109 @@ try {
     await absent(page, ["BRAVO-ONLY", "ALPHA-ONLY"]);
   });
 
+  await scenario("tenants: a key with keys:admin manages its own tenant's keys only: it grants the scopes it holds, creates a key and revokes it", async (page) => {
+    const asked = [];
+    page.on("request", (r) => asked.push(new URL(r.url()).pathname));
+    await signIn(page, keyAdminA.key);
+    await page.waitForSelector('#thread-items li[data-thread="plans"]');
+    assert.equal(await text(page, "#who-label"), `tenant Acme (key ${keyAdminA.key.slice(0, 12)}…)`);
+    const nav = page.locator('nav a[data-view="tenants"]');
+    assert.ok(await nav.isVisible(), "Keys in the menu for keys:admin");
+    assert.equal(await nav.textContent(), "Keys");
+    await nav.click();
+    await page.waitForSelector(`#key-rows tr[data-key="${keyA.id}"]`);
+    assert.equal(await text(page, "#tenants-title"), "Keys");
+    assert.equal(await text(page, "#tenant-title"), "Acme");
+    assert.equal(await page.locator("#tenant-items, #tenant-form, #act-in").count(), 0, "no tenant list, no acting: the admin token's");
+    assert.ok(!asked.includes("/v1/tenants"), "the tenant list is not asked for");
+    const self = `#key-rows tr[data-key="${keyAdminA.id}"]`;
+    assert.match(await text(page, self), /this key/);
+    await page.click(`${self} button`);
+    assert.match(await text(page, "#confirm-text"), /the key this console uses/);
+    await page.click("#confirm-no");
+
+    // Only the scopes it holds may be granted; keys:admin is not by default.
+    for (const sc of ["threads:write", "memories:read", "tasks:read", "events:read"]) assert.ok(await page.isDisabled(`#key-form input[value="${sc}"]`), sc);
+    assert.ok(await page.isChecked('#key-form input[value="threads:read"]'));
+    assert.ok(await page.isEnabled('#key-form input[value="keys:admin"]'));
+    assert.equal(await page.isChecked('#key-form input[value="keys:admin"]'), false);
+
+    // A key from the form: shown once, of tenant A, with threads:read.
+    await page.fill("#key-name", "by the key admin");
+    await page.click("#create-key");
+    await page.waitForSelector("#new-key-secret");
+    const secret = await page.inputValue("#new-key-secret");
+    assert.match(secret, /^spk_[A-Za-z0-9]{40}$/);
+    const made = (await admin("GET", `/v1/tenants/${A.id}/keys`)).body.data.find((k) => k.name === "by the key admin");
+    assert.ok(made && secret.startsWith(made.prefix), "the key is tenant A's");
+    assert.deepEqual(made.scopes, ["threads:read"]);
+    const listed = await call(base, "GET", "/v1/threads", undefined, secret);
+    assert.equal(listed.status, 200);
+    assert.deepEqual(listed.body.data.map((t) => t.thread_id), ["plans"]);
+    await screenshots(page, "key-admin", "#new-key");
+    await page.click("#new-key-done");
+    assert.ok(!(await page.content()).includes(secret), "the secret is gone after Done");
+
+    // A scope it lacks, forced past the form: the server's 403, said.
+    const keysOfA = async () => (await admin("GET", `/v1/tenants/${A.id}/keys`)).body.data.length;
+    const before = await keysOfA();
+    await page.evaluate(() => {
+      const el = /** @type {HTMLInputElement} */ (document.querySelector('#key-form input[value="tasks:read"]'));
+      el.disabled = false;
+      el.checked = true;
+    });
+    await page.click("#create-key");
+    await page.waitForFunction(() => /403 permission_denied: a key cannot create a key with scopes it lacks/.test(document.querySelector("#notice")?.textContent));
+    assert.equal(await page.locator("#new-key-secret").count(), 0);
+    assert.equal(await keysOfA(), before, "no key made");
+    await page.uncheck('#key-form input[value="tasks:read"]');
+
+    // Revoked from the console: then refused (401); the key in use stays.
+    const row = `#key-rows tr[data-key="${made.id}"]`;
+    await page.waitForSelector(row);
+    await page.click(`${row} button`);
+    assert.doesNotMatch(await text(page, "#confirm-text"), /the key this console uses/);
+    await page.click("#confirm-yes");
+    await page.waitForSelector(row, { state: "detached" });
+    assert.equal((await call(base, "GET", "/v1/threads", undefined, secret)).status, 401);
+    assert.ok(await page.isVisible(self));
+    assert.equal((await call(base, "GET", "/v1/threads", undefined, keyAdminA.key)).status, 200);
+
+    // Another tenant by address: still its own tenant's keys.
+    await go(page, "#/tenants/" + B.id);
+    await page.waitForSelector(`#key-rows tr[data-key="${keyA.id}"]`);
+    assert.equal(await text(page, "#tenant-title"), "Acme");
+    await absent(page, B_TEXTS);
+    assert.ok(!asked.some((p) => p.includes(B.id)), "tenant B is never asked for");
+    assert.equal(await page.isVisible("#token-dialog[open]"), false);
+  });
+
+  await scenario("tenants: on a server without tenancy the header says no tenancy, with its token and without one", async (page) => {
+    const guarded = await startServer(binary, ["--token", "plain-token"]);
+    const open = await startServer(binary);
+    try {
+      await page.goto(guarded.base + "/");
+      await page.waitForSelector("#token-dialog[open]");
+      await page.fill("#token-input", "plain-token");
+      await page.click('#token-form button[type="submit"]');
+      await page.waitForFunction(() => document.querySelector("#who-label")?.textContent === "no tenancy");
+      assert.match(await page.getAttribute("#who-label", "title"), /--token/);
+      assert.ok(await page.isVisible("#sign-out"));
+      assert.equal(await page.isVisible('nav a[data-view="tenants"]'), false);
+      assert.equal(await page.isVisible("#leave-tenant"), false);
+      await page.goto(open.base + "/");
+      await page.waitForFunction(() => document.documentElement.dataset.ready === "true");
+      assert.equal(await text(page, "#who-label"), "no tenancy");
+      assert.ok(await page.isVisible("#who"));
+      assert.equal(await page.isVisible("#sign-out"), false, "no token: nothing to sign out of");
+      assert.equal(await page.isVisible('nav a[data-view="tenants"]'), false);
+      assert.equal(await page.isVisible("#token-dialog[open]"), false);
+    } finally {
+      guarded.stop();
+      open.stop();
+    }
+  });
+
   await scenario("tenants: a key the server refuses (revoked) is said so and asked again; the next token starts the page afresh", async (page) => {
     const k = (await admin("POST", `/v1/tenants/${B.id}/keys`, { name: "short-lived" })).body;
     await signIn(page, k.key);
@@ -243,13 +360,13 @@ try {
     assert.match(await text(page, "#token-error"), /refused/);
     await page.fill("#token-input", keyA.key);
     await page.click('#token-form button[type="submit"]');
-    await page.waitForFunction((p) => document.querySelector("#who-label")?.textContent.startsWith("tenant key " + p), keyA.key.slice(0, 12));
+    await page.waitForFunction((p) => document.querySelector("#who-label")?.textContent === `tenant Acme (key ${p}…)`, keyA.key.slice(0, 12));
     await page.waitForSelector('#thread-items li[data-thread="plans"]');
     await page.waitForFunction(() => /ALPHA-ONLY/.test(document.querySelector("#turns")?.textContent));
     await absent(page, B_TEXTS);
   });
 
-  await scenario("tenants: what a token's payload says is shown as text, and a forged token is refused", async (page) => {
+  await scenario("tenants: a forged token is refused, and nothing its payload claims is shown", async (page) => {
     const hostile = '<img src=x onerror="window.__injected=1">';
     const forged = signJwt({ iss: "<script>window.__injected=2</script>", aud: "spindle", sub: hostile, exp: Math.floor(Date.now() / 1000) + 60 }, "not the tenant's secret, 32 bytes");
     await page.goto(base + "/");
@@ -257,9 +374,12 @@ try {
     await page.evaluate((t) => sessionStorage.setItem("spindle.token", t), forged);
     await page.reload();
     await page.waitForSelector("#token-dialog[open]");
-    assert.equal(await text(page, "#who-label"), "end user " + hostile);
-    assert.match(await page.getAttribute("#who-label", "title"), /issuer <script>/);
     assert.match(await text(page, "#token-error"), /refused/);
+    // The server did not take it (GET /v1/me answered 401): no label.
+    assert.equal(await text(page, "#who-label"), "");
+    assert.equal(await page.getAttribute("#who-label", "title"), "");
+    assert.equal(await page.isVisible("#sign-out"), true);
+    await absent(page, ["onerror", "<script>", "window.__injected"]);
     assert.equal(await page.locator("header img, header script").count(), 0);
     assert.equal(await page.evaluate(() => window.__injected), undefined);
   });
@@ -281,18 +401,22 @@ try {
     }
     await signIn(page, alice);
     await page.waitForSelector('#thread-items li[data-thread="alice-notes"]');
-    assert.equal(await text(page, "#who-label"), "end user alice");
-    assert.match(await page.getAttribute("#who-label", "title"), /issuer https:\/\/issuer\.example/);
+    assert.equal(await text(page, "#who-label"), "end user alice of Acme");
+    const title = await page.getAttribute("#who-label", "title");
+    assert.match(title, new RegExp(A.id));
+    assert.match(title, /issuer https:\/\/issuer\.example; expires /);
     assert.equal(await page.locator("#thread-items li[data-thread]").count(), 1);
     await page.click('#thread-items li[data-thread="alice-notes"] a');
     await page.waitForFunction(() => /ALICE-ONLY shopping list/.test(document.querySelector("#turns")?.textContent));
     // No event stream for an end user: said, not retried.
     await page.waitForFunction(() => document.querySelector("#live")?.dataset.state === "off");
-    await absent(page, ["BOB-ONLY", "bob-notes", ...A_TEXTS, ...B_TEXTS]);
+    // Nothing of bob's or of the tenant's other data (its ID is in the
+    // header's tooltip: the user's own tenant).
+    await absent(page, ["BOB-ONLY", "bob-notes", ...A_TEXTS.filter((t) => t !== A.id), ...B_TEXTS]);
     await screenshots(page, "end-user");
     await page.click('nav a[data-view="tasks"]');
     await page.waitForSelector("#view-tasks .refused");
-    assert.match(await text(page, "#view-tasks .refused"), /not for end user alice/);
+    assert.match(await text(page, "#view-tasks .refused"), /not for end user alice of Acme/);
     await page.click('nav a[data-view="health"]');
     await page.waitForSelector("#view-health .refused");
     assert.equal(await page.isVisible("#token-dialog[open]"), false);
