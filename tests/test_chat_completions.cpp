@@ -233,7 +233,7 @@ TEST_CASE("chat completions: bad input gets OpenAI's error shape naming the "
      "messages"},
     {{{"model", "m"}, {"messages", msgs}, {"thread_id", "../t1"}},
      "invalid_id",
-     ""},
+     "thread_id"},
     {{{"model", "m"}, {"messages", msgs}, {"thread_id", "t1"},
       {"max_turns", 1}},
      "invalid_argument",
