@@ -457,7 +457,8 @@ tenant_store::create_key(const std::string& tenant, const std::string& name,
                  "scopes, created_ms, expires_ms) "
                  "VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8);",
                  {sql_value::of(k.id), sql_value::of(k.tenant),
-                  sql_value::of(hash_of(out.secret)), sql_value::of(k.prefix),
+                  sql_value::of(hex_of(hash_of(out.secret))),
+                  sql_value::of(k.prefix),
                   sql_value::of(k.name), sql_value::of(scopes_text(k.scopes)),
                   sql_value::of(k.created_ms), sql_value::of(k.expires_ms)});
   if (err)
@@ -572,8 +573,8 @@ bool tenant_store::looks_like_key(std::string_view secret) noexcept {
   return true;
 }
 
-std::string tenant_store::hash_of(std::string_view secret) {
-  return sha256_hex(secret);
+sha256_digest tenant_store::hash_of(std::string_view secret) {
+  return sha256(secret);
 }
 
 key_check tenant_store::check(const key_record& k) {
@@ -639,7 +640,7 @@ caf::expected<key_check> tenant_store::authenticate(std::string_view secret,
     rows = query(*db_,
                  std::string{"SELECT "} + key_columns
                    + " FROM tenant_keys WHERE hash = ?1;",
-                 {sql_value::of(hash)});
+                 {sql_value::of(hex_of(hash))});
   }
   if (!rows)
     return rows.error();

@@ -29,6 +29,7 @@
 
 #include <caf/expected.hpp>
 
+#include "core/digest.hpp"
 #include "spindle/runtime/storage.hpp"
 #include "tenancy/jwt.hpp"
 #include "tenancy/principal.hpp"
@@ -243,7 +244,9 @@ private:
   /// returns true, rolled back when it returns false or an error.
   caf::expected<bool>
   transact(const std::function<caf::expected<bool>()>& body);
-  static std::string hash_of(std::string_view secret);
+  /// A secret's SHA-256: the key of the caches, and in hexadecimal the
+  /// stored `hash`.
+  static sha256_digest hash_of(std::string_view secret);
   static key_check check(const key_record& k);
 
   std::mutex db_mx_;
@@ -252,9 +255,12 @@ private:
 
   mutable std::shared_mutex cache_mx_;
   /// By the secret's hash.
-  std::unordered_map<std::string, std::shared_ptr<cached_key>> cache_;
+  std::unordered_map<sha256_digest, std::shared_ptr<cached_key>,
+                     sha256_digest_hash>
+    cache_;
   /// Hashes found to be no key, with when.
-  std::unordered_map<std::string, std::chrono::steady_clock::time_point>
+  std::unordered_map<sha256_digest, std::chrono::steady_clock::time_point,
+                     sha256_digest_hash>
     unknown_;
   /// End users' issuers by `iss`.
   std::unordered_map<std::string, std::shared_ptr<issuer_entry>> issuers_;
