@@ -77,11 +77,12 @@ api_error forbidden(std::string message, std::string param = {}) {
                    std::move(param)};
 }
 
-// The bearer token of the request, or "" without one.
-std::string bearer_of(const request& req) {
-  auto header = req.get_header_value("Authorization");
-  static const std::string bearer = "Bearer ";
-  if (header.compare(0, bearer.size(), bearer) != 0)
+// The bearer token of the request, or "" without one: a view into the
+// request's header.
+std::string_view bearer_of(const request& req) {
+  auto header = req.header_view("Authorization");
+  static constexpr std::string_view bearer = "Bearer ";
+  if (header.substr(0, bearer.size()) != bearer)
     return {};
   return header.substr(bearer.size());
 }
@@ -174,7 +175,7 @@ auth_outcome authenticate(const request& req, const route_rule& rule,
   if (token.empty())
     return refused(
       unauthorized("this route requires 'Authorization: Bearer <key>'"));
-  auto named = req.get_header_value("Spindle-Tenant");
+  auto named = std::string{req.header_view("Spindle-Tenant")};
   if (same_secret(token, admin_token)) {
     auto p = std::make_shared<principal>();
     p->who = principal::kind::admin;

@@ -48,6 +48,8 @@ struct request {
   std::string get_param_value(const std::string& name) const;
   /// The first header named `name` (case-insensitive), or "".
   std::string get_header_value(std::string_view name) const;
+  /// The same without a copy: empty when there is none.
+  std::string_view header_view(std::string_view name) const;
   /// True if a header named `name` is present (case-insensitive).
   bool has_header(std::string_view name) const;
 };

@@ -67,6 +67,13 @@ std::string request::get_header_value(std::string_view name) const {
   return {};
 }
 
+std::string_view request::header_view(std::string_view name) const {
+  for (auto& [key, value] : headers)
+    if (iequals(key, name))
+      return value;
+  return {};
+}
+
 bool request::has_header(std::string_view name) const {
   for (auto& h : headers)
     if (iequals(h.first, name))
