@@ -295,7 +295,11 @@ caf::expected<sql_query*> bound(state_store_state& st, const sql_statement& x) {
                       sql_value::of(static_cast<int64_t>(st.write_version)));
         break;
       case sql_value::kind::pin:
-        st.pin = std::max(st.pin, st.last_version);
+        // A new walk sees every version up to now (versions are the
+        // clock's microseconds, next_thread_version), not only up to this
+        // node's last write: what other nodes of a cluster changed since
+        // is in it. This node's later writes get versions above it.
+        st.pin = std::max({st.pin, st.last_version, next_thread_version(0)});
         [[fallthrough]];
       case sql_value::kind::pinned:
         (*stmt)->bind(index, sql_value::of(static_cast<int64_t>(st.pin)));
@@ -313,7 +317,7 @@ void assign_version(state_store_state& st, const sql_write& write) {
     for (auto& p : x.params)
       if (p.type == sql_value::kind::version) {
         st.write_version = st.last_version
-          = next_thread_version(st.last_version);
+          = next_thread_version(std::max(st.last_version, st.pin));
         return;
       }
 }
