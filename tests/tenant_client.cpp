@@ -68,6 +68,16 @@ std::string hs256_token(const std::string& secret,
            std::string{reinterpret_cast<const char*>(mac), len});
 }
 
+std::string replace_all(std::string text, const std::string& from,
+                        const std::string& to) {
+  if (from.empty())
+    return text;
+  for (auto at = text.find(from); at != std::string::npos;
+       at = text.find(from, at + to.size()))
+    text.replace(at, from.size(), to);
+  return text;
+}
+
 int64_t unix_now_s() {
   return std::chrono::duration_cast<std::chrono::seconds>(
            std::chrono::system_clock::now().time_since_epoch())
@@ -90,16 +100,6 @@ namespace spindle::test {
 namespace {
 
 using json = nlohmann::json;
-
-std::string replaced(std::string text, const std::string& from,
-                     const std::string& to) {
-  if (from.empty())
-    return text;
-  for (auto at = text.find(from); at != std::string::npos;
-       at = text.find(from, at + to.size()))
-    text.replace(at, from.size(), to);
-  return text;
-}
 
 std::string tenant_marker(size_t i) {
   char buf[32];
@@ -269,20 +269,20 @@ size_t isolation_requests(const std::vector<int>& ports,
                   ? *std::next(visible.begin(),
                                static_cast<long>(pick(visible.size())))
                   : foreign[pick(foreign.size())];
-      auto path = replaced(r.path, "{ID}", id);
+      auto path = replace_all(r.path, "{ID}", id);
       what = std::string{r.method} + " " + path;
       got = c.call(r.method, path, r.body);
       if (!visible.count(id)) {
         // Byte-identical in form to the answer for an ID that exists
         // nowhere.
         auto missing = "missing-" + std::to_string(n);
-        auto control = c.call(r.method, replaced(r.path, "{ID}", missing),
+        auto control = c.call(r.method, replace_all(r.path, "{ID}", missing),
                               r.body);
         INFO(what << " as " << (user ? user->id : "the key") << " of tenant "
                   << me);
         CHECK(got.status == control.status);
-        CHECK(replaced(got.body, id, "{ID}")
-              == replaced(control.body, missing, "{ID}"));
+        CHECK(replace_all(got.body, id, "{ID}")
+              == replace_all(control.body, missing, "{ID}"));
         ++compared;
       } else if (std::string{r.path}.find("/copy") != std::string::npos
                  && got.status == 201) {
@@ -305,8 +305,8 @@ size_t isolation_requests(const std::vector<int>& ports,
       auto control = c.call("DELETE", "/v1/memories/99999999");
       INFO(what << " as " << (user ? user->id : "the key"));
       CHECK(got.status == 404);
-      CHECK(replaced(got.body, id, "{ID}")
-            == replaced(control.body, "99999999", "{ID}"));
+      CHECK(replace_all(got.body, id, "{ID}")
+            == replace_all(control.body, "99999999", "{ID}"));
       ++compared;
     } else if (kind == 6) {
       what = "GET /v1/threads";

@@ -72,6 +72,10 @@ nlohmann::json user_claims(const std::string& issuer,
 /// Seconds since the Unix epoch.
 int64_t unix_now_s();
 
+/// `text` with every `from` replaced by `to`.
+std::string replace_all(std::string text, const std::string& from,
+                        const std::string& to);
+
 /// One tenant of `isolation_world`: its key, its marker (in every text it
 /// wrote), the thread IDs its key sees (its end users' as USER~ID) and its
 /// memory entries; and its end users likewise, each with its own token.

@@ -28,6 +28,7 @@ using namespace std::chrono_literals;
 using json = nlohmann::json;
 using client = test::tenant_client;
 using test::answer;
+using test::replace_all;
 
 namespace {
 
@@ -74,14 +75,6 @@ std::set<std::string> listed(client& c) {
   for (auto& t : page["data"])
     out.insert(t["thread_id"].get<std::string>());
   return out;
-}
-
-std::string replace_all(std::string text, const std::string& from,
-                        const std::string& to) {
-  for (auto at = text.find(from); at != std::string::npos;
-       at = text.find(from, at + to.size()))
-    text.replace(at, from.size(), to);
-  return text;
 }
 
 // An RS256 token signed by `key`.

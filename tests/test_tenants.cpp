@@ -34,6 +34,7 @@ using json = nlohmann::json;
 namespace {
 
 using test::answer;
+using test::replace_all;
 using test::make_tenant;
 using test::tenant_keys;
 using client = test::tenant_client;
@@ -51,16 +52,6 @@ server_options tenancy_on() {
   server_options so;
   so.admin_token = admin_token;
   return so;
-}
-
-std::string replace_all(std::string text, const std::string& from,
-                        const std::string& to) {
-  if (from.empty())
-    return text;
-  for (auto at = text.find(from); at != std::string::npos;
-       at = text.find(from, at + to.size()))
-    text.replace(at, from.size(), to);
-  return text;
 }
 
 // Every file under `dir`, read whole.
