@@ -10,6 +10,8 @@
 #include <set>
 #include <thread>
 
+#include <sys/stat.h>
+
 #include <catch2/catch.hpp>
 #include <nlohmann/json.hpp>
 #include <openssl/core_names.h>
@@ -451,6 +453,18 @@ TEST_CASE("end users: settings are checked, the secret is never shown, a "
   CHECK(admin.put(path, {{"issuer", issuer}, {"jwks", "/no/such/file.json"}})
           .status
         == 400);
+  // What is not a regular file is refused at once, not read: a FIFO no
+  // one writes would otherwise hold the worker forever.
+  auto fifo = (dir.path() / "jwks.fifo").string();
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  for (const auto& odd : {fifo, dir.path().string()}) {
+    auto refused = admin.put(path, {{"issuer", issuer}, {"jwks", odd}});
+    CHECK(refused.status == 400);
+    CHECK(refused.parsed()["error"]["param"] == "jwks");
+    CHECK(refused.parsed()["error"]["message"].get<std::string>().find(
+            "not a regular file")
+          != std::string::npos);
+  }
   auto set = admin.put(path, {{"issuer", issuer}, {"jwks", jwks_file}});
   REQUIRE(set.status == 200);
   CHECK(set.parsed()["hs256"] == false);

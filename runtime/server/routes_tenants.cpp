@@ -2,10 +2,15 @@
 // admin token manages tenants; it and a tenant's keys with `keys:admin`
 // manage that tenant's keys.
 
+#include <cerrno>
 #include <chrono>
-#include <fstream>
+#include <cstring>
 #include <sstream>
 #include <thread>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <spdlog/spdlog.h>
 
@@ -159,15 +164,44 @@ std::string read_jwks_file(const request& req, const std::string& path) {
                     "only the admin token may give jwks as a file path; "
                     "give the JWK Set itself",
                     "jwks"};
-  std::ifstream in{path, std::ios::binary};
-  if (!in)
-    throw api_error{400, "invalid_argument",
-                    "cannot read the JWK Set file '" + path.substr(0, 200)
-                      + "'",
+  auto unreadable = [&](const std::string& why) {
+    return api_error{400, "invalid_argument",
+                     "cannot read the JWK Set file '" + path.substr(0, 200)
+                       + "': " + why,
+                     "jwks"};
+  };
+  // Opened without blocking and read only when it is a regular file: a
+  // FIFO, a terminal or a device would hold this worker (or never end).
+  int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0)
+    throw unreadable(std::strerror(errno));
+  struct closer {
+    int fd;
+    ~closer() { ::close(fd); }
+  } close_it{fd};
+  struct stat st{};
+  if (::fstat(fd, &st) != 0)
+    throw unreadable(std::strerror(errno));
+  if (!S_ISREG(st.st_mode))
+    throw unreadable("not a regular file");
+  if (st.st_size > max_jwks_file)
+    throw api_error{413, "too_large",
+                    "the JWK Set file has more than "
+                      + std::to_string(max_jwks_file) + " bytes",
                     "jwks"};
   std::string text(static_cast<size_t>(max_jwks_file) + 1, '\0');
-  in.read(text.data(), max_jwks_file + 1);
-  text.resize(static_cast<size_t>(in.gcount()));
+  size_t have = 0;
+  while (have < text.size()) {
+    auto n = ::read(fd, text.data() + have, text.size() - have);
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      throw unreadable(std::strerror(errno));
+    if (n == 0)
+      break;
+    have += static_cast<size_t>(n);
+  }
+  text.resize(have);
   if (text.size() > static_cast<size_t>(max_jwks_file))
     throw api_error{413, "too_large",
                     "the JWK Set file has more than "

@@ -17,6 +17,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -74,11 +75,28 @@ int port() {
   return s->port;
 }
 
+// libFuzzer's timer (SIGALRM, every timeout / 2 + 1 seconds) interrupts
+// whatever call it lands in, without SA_RESTART: an interrupted connect()
+// goes on in the background and is waited for here; send() and recv()
+// are called again.
+int settle(int fd, int error) {
+  if (error != EINTR)
+    return error;
+  pollfd p{fd, POLLOUT, 0};
+  int n;
+  while ((n = ::poll(&p, 1, 5000)) < 0 && errno == EINTR) {
+  }
+  if (n == 0)
+    return ETIMEDOUT;
+  socklen_t size = sizeof(error);
+  if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) != 0)
+    return errno;
+  return error;
+}
+
 // Sends `input`, half-closes, and reads the replies until the server
 // closes (or 5 s pass: a stream the client never ends).
 std::string exchange(std::string_view input) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  check(fd >= 0, "a socket");
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port()));
@@ -88,24 +106,43 @@ std::string exchange(std::string_view input) {
   // address would run its ephemeral ports out wherever the kernel does not
   // reuse them early (connect() then fails with EADDRNOTAVAIL: a finding
   // about the harness, not the server). Each exchange leaves from the next
-  // of 250 loopback addresses, each with ports of its own.
+  // of 250 loopback addresses, each with ports of its own, and one whose
+  // ports are spent is passed over for the next. Any other failure to
+  // connect is the server's.
   static unsigned next_source = 0;
-  sockaddr_in source{};
-  source.sin_family = AF_INET;
-  source.sin_addr.s_addr = htonl(INADDR_LOOPBACK + 1 + next_source++ % 250);
-  check(::bind(fd, reinterpret_cast<sockaddr*>(&source), sizeof(source)) == 0,
-        "a loopback source address");
-  timeval tv{5, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    std::fprintf(stderr, "connect: %s\n", std::strerror(errno));
-    check(false, "the server accepts");
+  int fd = -1;
+  for (int attempt = 0; fd < 0; ++attempt) {
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    check(fd >= 0, "a socket");
+    sockaddr_in source{};
+    source.sin_family = AF_INET;
+    source.sin_addr.s_addr = htonl(INADDR_LOOPBACK + 1 + next_source++ % 250);
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    int error = 0;
+    if (::bind(fd, reinterpret_cast<sockaddr*>(&source), sizeof(source)) != 0)
+      error = errno;
+    else if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr))
+             != 0)
+      error = settle(fd, errno);
+    if (error == 0)
+      break;
+    ::close(fd);
+    fd = -1;
+    bool ports_spent = error == EADDRNOTAVAIL || error == EADDRINUSE;
+    if (!ports_spent || attempt == 250) {
+      std::fprintf(stderr, "connect (attempt %d): %s\n", attempt + 1,
+                   std::strerror(error));
+      check(false, "the server accepts");
+    }
   }
   size_t sent = 0;
   while (sent < input.size()) {
     auto n = ::send(fd, input.data() + sent, input.size() - sent,
                     MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR)
+      continue;
     if (n <= 0)
       break; // the server refused and closed: its reply is still read
     sent += static_cast<size_t>(n);
@@ -114,8 +151,10 @@ std::string exchange(std::string_view input) {
   std::string reply;
   char buf[4096];
   ssize_t n;
-  while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0)
-    reply.append(buf, static_cast<size_t>(n));
+  while ((n = ::recv(fd, buf, sizeof(buf), 0)) > 0
+         || (n < 0 && errno == EINTR))
+    if (n > 0)
+      reply.append(buf, static_cast<size_t>(n));
   ::close(fd);
   return reply;
 }

@@ -5,7 +5,8 @@
 // Invariants: every accepted ID prints back as the same text; hybrid
 // values increment to their successor and compare antisymmetrically; a
 // task ID is its parent's child; an accepted name never leaves a
-// directory ("/", "." and ".." refused) and keeps its length limit.
+// directory ("/", "." and ".." refused) and keeps its length limit; a
+// qualified one is at most TENANT~USER~ID, each part such a name.
 
 #include <string>
 
@@ -31,6 +32,22 @@ bool path_safe(std::string_view name, size_t max) {
   return !name.empty() && name.size() <= max && name != "." && name != ".."
          && name.find('/') == std::string_view::npos
          && name.find('\0') == std::string_view::npos;
+}
+
+// A qualified ID (docs/tenants.md, "Inside spindle"): at most `parts`
+// parts joined by '~', the first (when there are several) a tenant ID of
+// at most 32 characters, each a path-safe name of at most 128.
+bool qualified_safe(std::string_view id, size_t parts) {
+  size_t n = 0;
+  for (;;) {
+    auto sep = id.find('~');
+    auto part = id.substr(0, sep);
+    if (++n > parts || !path_safe(part, n == 1 && sep != id.npos ? 32 : 128))
+      return false;
+    if (sep == id.npos)
+      return true;
+    id.remove_prefix(sep + 1);
+  }
 }
 
 void hybrid(std::string_view input) {
@@ -82,10 +99,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     check(format_context_id(*n) == input, "a context ID prints as parsed");
   if (auto kind = classify_counter_key(input))
     check(static_cast<bool>(render_id(input, 1)), "a counter key renders its first ID");
+  if (!validate_client_thread_id(input))
+    check(path_safe(input, 128) && input.find('~') == std::string_view::npos,
+          "a client's thread ID is one path component");
   if (!validate_thread_id(input))
-    check(path_safe(input, 128), "a thread ID is one path component");
+    check(qualified_safe(input, 3), "a thread ID is TENANT~USER~ID at most");
+  if (!validate_client_user_id(input))
+    check(path_safe(input, 128) && input.find('~') == std::string_view::npos,
+          "a client's user ID is one path component");
   if (!validate_user_id(input))
-    check(path_safe(input, 128), "a user ID is one path component");
+    check(qualified_safe(input, 2), "a user ID is TENANT~ID at most");
   if (!validate_agent_name(input))
     check(path_safe(input, 64) && input[0] != '.' && input[0] != '-',
           "an agent name is one path component");
