@@ -35,7 +35,7 @@ would make the on server passivate and reload threads as the measurement
 moves between keys and end users, and the idle timeout would passivate
 the off server's unused threads in the middle of a point).
 
-Three configurations, each request of each picking its choices at random
+Four configurations, each request of each picking its choices at random
 with the same seed in each wrk thread, so the same sequence of choices:
 
 - on, keys: one of the 10,000 keys and one of its tenant's 4 threads, the
@@ -44,9 +44,13 @@ with the same seed in each wrk thread, so the same sequence of choices:
   the key, so a user of the same tenant) and that user's thread, the token
   sent as `Authorization: Bearer`, the path /v1/threads/bench-0;
 - off: the same choices as the keys, as the path /v1/threads/tN-bench-J,
-  with no header. Off is the denominator of both ratios (the end users'
-  requests spread over 10,000 threads, off's and the keys' over 4,000: a
-  thread of an end user grows more slowly under POST).
+  with no header: the denominator of on / off;
+- off, end users' threads: the same choices as the end users, as the path
+  /v1/threads/tN-uK-bench-0, with no header: the denominator of end users
+  / off. The end users' requests spread over 10,000 threads, the keys'
+  over 4,000, so each is compared with the off server reading the same
+  threads, spread over memory alike (a thread of an end user also grows
+  more slowly under POST).
 
 Two routes:
 
@@ -55,9 +59,10 @@ Two routes:
    an exchange, both turns stored.
 
 At 8 and 64 connections, each route is measured in five rounds (one in a
-quick run), the three configurations one right after the other (keys and
-end users against the same on server), the order changing from round to
-round (off, keys, end users in the first); on / off and end users / off
+quick run), the four configurations one right after the other (keys and
+end users against the same on server), each pair compared back to back,
+the order changing from round to round (off, keys, off with the end
+users' threads, end users in the first); on / off and end users / off
 are the medians of the rounds' requests per second ratios, the other
 columns each configuration's median round. Target (the tenancy issue):
 on / off and end users / off at least 0.97x for both routes at 8 and 64
@@ -145,19 +150,24 @@ CONNECTIONS = (8, 64)
 POPULATE_CLIENTS = 32   # concurrent Python connections while populating
 ROUTES = (("get", "GET /v1/threads/{id}"),
           ("post", "POST /v1/threads/{id}/messages"))
-# The three configurations: "off" the server without tenancy, "on" the
-# server with tenancy and a key per request, "users" the same server with
-# an end user's token per request.
-CONFIGS = ("off", "on", "users")
-CONFIG_NAMES = {"off": "off", "on": "on, keys", "users": "on, end users"}
-# The order of the configurations in round r is ORDERS[r % 6]: over six
-# rounds each two configurations come in either order three times; over
-# the default five, off comes first against each of the others three
-# times, and keys and end users each come first against the other at
-# least twice.
-ORDERS = (("off", "on", "users"), ("users", "on", "off"),
-          ("on", "off", "users"), ("users", "off", "on"),
-          ("off", "users", "on"), ("on", "users", "off"))
+# The four configurations: "off" the server without tenancy with the
+# keys' choices of thread, "on" the server with tenancy and a key per
+# request, "offusers" the server without tenancy with the end users'
+# choices of thread (the same 10,000 threads, so the same spread over
+# memory), "users" the server with tenancy and an end user's token per
+# request. keys / off compares "on" with "off", end users / off "users"
+# with "offusers".
+CONFIGS = ("off", "on", "offusers", "users")
+CONFIG_NAMES = {"off": "off", "on": "on, keys",
+                "offusers": "off, end users' threads",
+                "users": "on, end users"}
+# The order of the configurations in round r is ORDERS[r % 4]: each pair
+# compared is measured back to back, each of its two first in every
+# other round, and the pairs take turns going first.
+ORDERS = (("off", "on", "offusers", "users"),
+          ("users", "offusers", "on", "off"),
+          ("on", "off", "users", "offusers"),
+          ("offusers", "users", "off", "on"))
 
 
 def fail(msg):
@@ -456,7 +466,7 @@ function init(args)
   local i = index or 0
   counter = i * 7919
   math.randomseed(12345 + i)
-  if mode ~= "off" then
+  if mode == "on" or mode == "users" then
     for line in io.lines("{tokens_path}") do
       if #line > 0 then
         tokens[#tokens + 1] = line
@@ -475,6 +485,9 @@ function request()
   local path
   if mode == "off" then
     path = "/v1/threads/t" .. tenant .. "-bench-" .. j
+  elseif mode == "offusers" then
+    path = "/v1/threads/t" .. tenant .. "-u" .. ((r - 1) % per_tenant)
+           .. "-bench-" .. j
   else
     headers["Authorization"] = "Bearer " .. tokens[r]
     path = "/v1/threads/bench-" .. j
@@ -499,7 +512,8 @@ def write_lua(tmp, route, mode, tokens_path, count):
         assert "]==]" not in item
         lines.append(f"  [==[{item}]==],")
     assert '"' not in tokens_path and "\\" not in tokens_path
-    per_tenant = USERS_PER_TENANT if mode == "users" else KEYS_PER_TENANT
+    by_users = mode in ("users", "offusers")
+    per_tenant = USERS_PER_TENANT if by_users else KEYS_PER_TENANT
     assert count % per_tenant == 0
     path = os.path.join(tmp, f"{route}-{mode}.lua")
     with open(path, "w", encoding="utf-8") as f:
@@ -507,8 +521,7 @@ def write_lua(tmp, route, mode, tokens_path, count):
             what=dict(ROUTES)[route], config=CONFIG_NAMES[mode], mode=mode,
             method="GET" if route == "get" else "POST",
             count=count, per_tenant=per_tenant,
-            threads=THREADS_PER_USER if mode == "users"
-            else THREADS_PER_TENANT,
+            threads=THREADS_PER_USER if by_users else THREADS_PER_TENANT,
             items="\n".join(lines), tokens_path=tokens_path))
     return path
 
@@ -535,7 +548,7 @@ def measured(url, c, seconds, script, pid):
 
 def bench_route(route, urls, scripts, conns, seconds, rounds, log, pids):
     """Like bench_http's /healthz: `rounds` rounds per connection count,
-    the three configurations (CONFIGS) one right after the other, in the
+    the four configurations (CONFIGS) one right after the other, in the
     order ORDERS gives each round; on / off ("ratio") and end users / off
     ("users_ratio") are the medians of the rounds' ratios, each
     configuration's figures its median round's. `cpu_ratio` is off's CPU
@@ -551,11 +564,12 @@ def bench_route(route, urls, scripts, conns, seconds, rounds, log, pids):
                                   pids[name])
                    for name in order}
             got["order"] = list(order)
-            for name, prefix in (("on", ""), ("users", "users_")):
+            for name, base, prefix in (("on", "off", ""),
+                                       ("users", "offusers", "users_")):
                 got[prefix + "ratio"] = (got[name]["requests_per_sec"]
-                                         / got["off"]["requests_per_sec"])
+                                         / got[base]["requests_per_sec"])
                 got[prefix + "cpu_ratio"] = (
-                    got["off"]["cpu_us_per_request"]
+                    got[base]["cpu_us_per_request"]
                     / got[name]["cpu_us_per_request"])
             runs.append(got)
 
@@ -564,7 +578,8 @@ def bench_route(route, urls, scripts, conns, seconds, rounds, log, pids):
             return by[len(by) // 2][name]
 
         p = {"connections": c, "off": median_run("off"),
-             "on": median_run("on"), "users": median_run("users"),
+             "on": median_run("on"), "offusers": median_run("offusers"),
+             "users": median_run("users"),
              "orders": [g["order"] for g in runs],
              "cpu_us": {name: statistics.median(g[name]["cpu_us_per_request"]
                                                 for g in runs)
@@ -576,13 +591,15 @@ def bench_route(route, urls, scripts, conns, seconds, rounds, log, pids):
             p[prefix + "cpu_ratio"] = statistics.median(
                 g[prefix + "cpu_ratio"] for g in runs)
         log(f"  {route} c={c}: off {p['off']['requests_per_sec']:,.0f}/s, "
-            f"keys {p['on']['requests_per_sec']:,.0f}/s, end users "
+            f"keys {p['on']['requests_per_sec']:,.0f}/s, off (users' "
+            f"threads) {p['offusers']['requests_per_sec']:,.0f}/s, end users "
             f"{p['users']['requests_per_sec']:,.0f}/s; keys/off rounds "
             + " ".join(f"{x:.2f}x" for x in p["round_ratios"])
             + f", median {p['ratio']:.2f}x; end users/off rounds "
             + " ".join(f"{x:.2f}x" for x in p["users_round_ratios"])
             + f", median {p['users_ratio']:.2f}x; CPU per request off "
             f"{p['cpu_us']['off']:.0f} us, keys {p['cpu_us']['on']:.0f} us, "
+            f"off (users' threads) {p['cpu_us']['offusers']:.0f} us, "
             f"end users {p['cpu_us']['users']:.0f} us")
         points.append(p)
     return points
@@ -607,6 +624,7 @@ def route_table(points):
     for p in points:
         off, on, us = p["off"], p["on"], p["users"]
         rows.append([p["connections"], bh.fmt_rps(off), bh.fmt_rps(on),
+                     bh.fmt_rps(p["offusers"]),
                      bh.fmt_rps(us), f"{p['ratio']:.2f}x",
                      f"{p['users_ratio']:.2f}x",
                      rounds_text(p["round_ratios"]),
@@ -618,15 +636,17 @@ def route_table(points):
                      bh.lat(on, "p99"), bh.lat(us, "p99"),
                      f"{p['cpu_us']['off']:.0f} µs",
                      f"{p['cpu_us']['on']:.0f} µs",
+                     f"{p['cpu_us']['offusers']:.0f} µs",
                      f"{p['cpu_us']['users']:.0f} µs",
                      f"{p['cpu_ratio']:.2f}x",
                      f"{p['users_cpu_ratio']:.2f}x"])
     return bh.table(["connections", "off req/s", "keys req/s",
-                     "users req/s", "keys/off", "users/off", "keys rounds",
+                     "off (users' threads) req/s", "users req/s", "keys/off", "users/off", "keys rounds",
                      "users rounds", f"≥ {TARGET}x keys / users",
                      "off p50", "keys p50", "users p50", "off p99",
                      "keys p99", "users p99", "off CPU/req",
-                     "keys CPU/req", "users CPU/req", "CPU off/keys",
+                     "keys CPU/req", "off (users' threads) CPU/req",
+                     "users CPU/req", "CPU off/keys",
                      "CPU off/users"], rows)
 
 
@@ -636,6 +656,7 @@ def route_report_table(route, points, seconds, tenants):
         off, on, us = p["off"], p["on"], p["users"]
         rows.append([p["connections"], round(off["requests_per_sec"]),
                      round(on["requests_per_sec"]),
+                     round(p["offusers"]["requests_per_sec"]),
                      round(us["requests_per_sec"]), f"{p['ratio']:.2f}x",
                      f"{p['users_ratio']:.2f}x",
                      rounds_text(p["round_ratios"], "x"),
@@ -658,16 +679,19 @@ def route_report_table(route, points, seconds, tenants):
         f"{USERS_PER_TENANT} end users per tenant "
         f"({tenants * USERS_PER_TENANT:,} HS256 JWTs, one issuer per "
         f"tenant), each request with a random user's token and its "
-        f"thread; off: no token, the same choices of thread as the keys. "
+        f"thread; off: no token, the same choices of thread as the keys "
+        f"(beside the keys) or as the end users (beside the end users: "
+        f"the same threads, so the same spread over memory). "
         f"{threads:,} threads on each server, all resident "
         f"(--max-resident {MAX_RESIDENT} --idle-timeout 0). Durable (a "
         f"data directory, --sync full), offline provider.",
         f"`wrk -t2 -cN -d{seconds}s --latency --timeout 10s` against each "
         f"configuration in turn, after a warm-up of each, in {n_rounds} "
-        f"round(s) whose order of the configurations changes; on / off "
-        f"and end users / off are the medians of the rounds' ratios, the "
+        f"round(s) whose order of the configurations changes (each pair "
+        f"compared back to back); on / off and end users / off are the "
+        f"medians of the rounds' ratios, the "
         f"other columns each configuration's median round.",
-        "errors: socket errors and non-2xx replies of the three "
+        "errors: socket errors and non-2xx replies of the four "
         "configurations over the point.",
     ]
     bad = [f"{p['connections']} connections ({CONFIG_NAMES[name]}: "
@@ -684,7 +708,7 @@ def route_report_table(route, points, seconds, tenants):
                  f"token) beside the same server with tenancy off, "
                  f"keep-alive connections",
         "columns": ["connections", "off req/s", "on req/s",
-                    "end users req/s", "on / off", "end users / off",
+                    "off (end users' threads) req/s", "end users req/s", "on / off", "end users / off",
                     "rounds", "end users' rounds",
                     f"target met (≥ {TARGET}x)",
                     f"end users' target met (≥ {TARGET}x)", "off p50 ms",
@@ -877,9 +901,12 @@ def main():
                         f.write(k + "\n")
         counts = {"off": tenants * KEYS_PER_TENANT,
                   "on": tenants * KEYS_PER_TENANT,
+                  "offusers": tenants * USERS_PER_TENANT,
                   "users": tenants * USERS_PER_TENANT}
-        urls = {"off": off_url, "on": on_url, "users": on_url}
+        urls = {"off": off_url, "on": on_url, "offusers": off_url,
+                "users": on_url}
         pids["users"] = pids["on"]
+        pids["offusers"] = pids["off"]
         scripts = {route: {name: write_lua(tmp, route, name,
                                            paths.get(name, ""),
                                            counts[name])

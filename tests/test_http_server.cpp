@@ -175,3 +175,49 @@ TEST_CASE("http server: 64 concurrent streams written by a loop thread and "
     CHECK(reply.closed);
   }
 }
+
+TEST_CASE("http server: Authorization and Spindle-Tenant are found as the "
+          "headers are read, in any case, and a request made in code finds "
+          "them by searching") {
+  in_process s{[](std::shared_ptr<http::request> req, http::responder_ptr r) {
+    http::response res;
+    res.status = 200;
+    res.set_content(std::string{req->authorization()} + "|"
+                      + std::string{req->tenant_header()} + "|"
+                      + (req->indexed ? "indexed" : "searched"),
+                    "text/plain");
+    r->send(std::move(res));
+  }};
+  auto ask = [&](const std::string& headers) {
+    test::fd_guard guard;
+    int fd = test::connect_to(s.port);
+    REQUIRE(fd >= 0);
+    guard.fds.push_back(fd);
+    REQUIRE(test::send_all(fd, "GET / HTTP/1.1\r\nHost: x\r\n" + headers
+                                 + "Connection: close\r\n\r\n"));
+    std::string bytes;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::recv(fd, buf, sizeof buf, 0)) > 0)
+      bytes.append(buf, static_cast<size_t>(n));
+    auto at = bytes.find("\r\n\r\n");
+    REQUIRE(at != std::string::npos);
+    return bytes.substr(at + 4);
+  };
+  CHECK(ask("Authorization: Bearer k1\r\nSpindle-Tenant: t1\r\n")
+        == "Bearer k1|t1|indexed");
+  CHECK(ask("authorization: Bearer k2\r\nSPINDLE-TENANT: t2\r\n")
+        == "Bearer k2|t2|indexed");
+  // Others beside and between them; the first of a repeated one counts.
+  CHECK(ask("X-A: 1\r\nspindle-tenant: t3\r\nX-Spindle-Tenant: no\r\n"
+            "AUTHORIZATION: Bearer k3\r\nAuthorization: Bearer later\r\n")
+        == "Bearer k3|t3|indexed");
+  CHECK(ask("X-Authorization: Bearer no\r\n") == "||indexed");
+
+  http::request made;
+  made.headers = {{"x-a", "1"}, {"AUTHORIZATION", "Bearer k4"},
+                  {"Spindle-tenant", "t4"}};
+  CHECK(made.authorization() == "Bearer k4");
+  CHECK(made.tenant_header() == "t4");
+  CHECK(http::request{}.authorization().empty());
+}

@@ -415,20 +415,28 @@ void read_info(pointer self, const std::string& id,
       done(not_found(id));
     return;
   }
+  // The ID and the continuation shared by both handlers: made once, not
+  // copied into each (a tenant's qualified ID is longer than a string's
+  // inline buffer, so every copy would allocate).
+  struct pending {
+    std::string id;
+    std::function<void(caf::expected<thread_info>)> done;
+  };
+  auto p = std::make_shared<pending>(pending{id, std::move(done)});
   self
     ->request(st.store, st.options.store_timeout, load_atom::value,
               records::load_thread_info(id))
     .then(
-      [done, id](sql_rows& rows) {
+      [p](sql_rows& rows) {
         auto info = records::decode_thread_info(rows);
         if (!info)
-          done(info.error());
+          p->done(info.error());
         else if (!*info)
-          done(not_found(id));
+          p->done(not_found(p->id));
         else
-          done(std::move(**info));
+          p->done(std::move(**info));
       },
-      [done, id](caf::error& err) { done(store_error(id, err)); });
+      [p](caf::error& err) { p->done(store_error(p->id, err)); });
 }
 
 /// `at_turn` meaning every completed turn.

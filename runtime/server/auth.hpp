@@ -30,7 +30,9 @@ auth_outcome authenticate(const request& req, const route_rule& rule,
                           const std::string& admin_token,
                           tenancy::tenant_store& tenants, bool may_block);
 
-/// Whether `given` is `secret`, in time independent of where they differ.
+/// Whether `given` is `secret`, in time independent of where they differ
+/// (a `given` of another length is refused at once: the length of the
+/// secret is not hidden, its content is).
 bool same_secret(std::string_view given, std::string_view secret) noexcept;
 
 /// The principal of a request (the open one when none was set).

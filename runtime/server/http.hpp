@@ -32,6 +32,13 @@ struct request {
   std::multimap<std::string, std::string> params;
   /// Header fields in arrival order, names as sent.
   std::vector<std::pair<std::string, std::string>> headers;
+  /// Where in `headers` the server found `Authorization` and
+  /// `Spindle-Tenant` as it read them (-1: none), so that authenticating
+  /// a request does not search its headers; `indexed` is false for a
+  /// request made some other way, whose lookups search.
+  int authorization_at = -1;
+  int tenant_at = -1;
+  bool indexed = false;
   std::string body;
   /// matches[0] is the path; matches[i] the i-th `{}` segment of the route.
   std::vector<std::string> matches;
@@ -52,6 +59,10 @@ struct request {
   std::string_view header_view(std::string_view name) const;
   /// True if a header named `name` is present (case-insensitive).
   bool has_header(std::string_view name) const;
+  /// The `Authorization` header ("" without one).
+  std::string_view authorization() const;
+  /// The `Spindle-Tenant` header ("" without one).
+  std::string_view tenant_header() const;
 };
 
 /// A complete reply.

@@ -74,6 +74,22 @@ std::string_view request::header_view(std::string_view name) const {
   return {};
 }
 
+std::string_view request::authorization() const {
+  if (!indexed)
+    return header_view("Authorization");
+  return authorization_at < 0
+           ? std::string_view{}
+           : std::string_view{headers[static_cast<size_t>(authorization_at)].second};
+}
+
+std::string_view request::tenant_header() const {
+  if (!indexed)
+    return header_view("Spindle-Tenant");
+  return tenant_at < 0
+           ? std::string_view{}
+           : std::string_view{headers[static_cast<size_t>(tenant_at)].second};
+}
+
 bool request::has_header(std::string_view name) const {
   for (auto& h : headers)
     if (iequals(h.first, name))
@@ -526,10 +542,26 @@ private:
     req_->target = std::string{msg.target()};
     req_->remote = remote_;
     size_t count = 0;
+    for (auto i = msg.begin(); i != msg.end(); ++i)
+      ++count;
+    req_->headers.reserve(std::min(count, srv_->lims.header_count + 1));
+    req_->indexed = true;
     for (auto& field : msg) {
+      if (req_->headers.size() > srv_->lims.header_count)
+        break; // refused below
+      auto at = static_cast<int>(req_->headers.size());
+      if (field.name() == beast::http::field::authorization) {
+        if (req_->authorization_at < 0)
+          req_->authorization_at = at;
+      } else if (field.name() == beast::http::field::unknown
+                 && req_->tenant_at < 0
+                 && iequals(std::string_view{field.name_string().data(),
+                                             field.name_string().size()},
+                            "Spindle-Tenant")) {
+        req_->tenant_at = at;
+      }
       req_->headers.emplace_back(std::string{field.name_string()},
                                  std::string{field.value()});
-      ++count;
     }
     auto q = req_->target.find('?');
     req_->path = percent_decode(std::string_view{req_->target}.substr(0, q),

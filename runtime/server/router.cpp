@@ -92,17 +92,11 @@ std::vector<std::string> split_path(const std::string& path) {
 bool authorized(const request& req, const std::string& token) {
   if (token.empty())
     return true;
-  auto header = req.get_header_value("Authorization");
-  static const std::string bearer = "Bearer ";
-  if (header.compare(0, bearer.size(), bearer) != 0)
+  auto header = req.header_view("Authorization");
+  static constexpr std::string_view bearer = "Bearer ";
+  if (header.substr(0, bearer.size()) != bearer)
     return false;
-  auto given = header.substr(bearer.size());
-  // Constant-time comparison: the time taken does not reveal the prefix.
-  unsigned diff = given.size() == token.size() ? 0u : 1u;
-  for (size_t i = 0; i < given.size(); ++i)
-    diff |= static_cast<unsigned char>(given[i])
-            ^ static_cast<unsigned char>(token[i % token.size()]);
-  return diff == 0;
+  return same_secret(header.substr(bearer.size()), token);
 }
 
 api_error to_api_error(const caf::error& err) {

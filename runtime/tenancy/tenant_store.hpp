@@ -244,32 +244,40 @@ private:
   /// returns true, rolled back when it returns false or an error.
   caf::expected<bool>
   transact(const std::function<caf::expected<bool>()>& body);
-  /// A secret's SHA-256: the key of the caches, and in hexadecimal the
-  /// stored `hash`.
+  /// A secret's SHA-256: in hexadecimal the stored `hash`.
   static sha256_digest hash_of(std::string_view secret);
+  /// A secret's key in the caches: SipHash-2-4-128 under this process's
+  /// random key, a tenth of SHA-256's cost; no secret is held in memory.
+  siphash_digest cache_key_of(std::string_view secret) const noexcept {
+    return siphash128(cache_hash_key_, secret);
+  }
   static key_check check(const key_record& k);
 
   std::mutex db_mx_;
   std::unique_ptr<sql_connection> db_;
   int64_t seen_change_ = 0;
 
+  /// The key of cache_key_of, drawn when the store opens.
+  const siphash_key cache_hash_key_ = random_siphash_key();
   mutable std::shared_mutex cache_mx_;
-  /// By the secret's hash.
-  std::unordered_map<sha256_digest, std::shared_ptr<cached_key>,
-                     sha256_digest_hash>
+  /// By the secret's cache key.
+  std::unordered_map<siphash_digest, std::shared_ptr<cached_key>,
+                     siphash_digest_hash>
     cache_;
-  /// Hashes found to be no key, with when.
-  std::unordered_map<sha256_digest, std::chrono::steady_clock::time_point,
-                     sha256_digest_hash>
+  /// Cache keys of secrets found to be no key, with when.
+  std::unordered_map<siphash_digest, std::chrono::steady_clock::time_point,
+                     siphash_digest_hash>
     unknown_;
   /// End users' issuers by `iss`.
   std::unordered_map<std::string, std::shared_ptr<issuer_entry>> issuers_;
   /// Issuers found to be no tenant's, with when.
   std::unordered_map<std::string, std::chrono::steady_clock::time_point>
     unknown_issuers_;
-  /// Tokens verified, by the whole token.
+  /// Tokens verified, by the token's cache key (cache_key_of): the
+  /// tokens themselves are not kept.
   mutable std::shared_mutex verified_mx_;
-  std::unordered_map<std::string, verified_token> verified_;
+  std::unordered_map<siphash_digest, verified_token, siphash_digest_hash>
+    verified_;
   std::atomic<uint64_t> jwt_verified_{0};
   std::atomic<uint64_t> jwt_hits_{0};
   /// When the refresher last read the log of changes.
