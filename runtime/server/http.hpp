@@ -63,6 +63,10 @@ struct request {
   std::string_view authorization() const;
   /// The `Spindle-Tenant` header ("" without one).
   std::string_view tenant_header() const;
+
+private:
+  /// The header at `at` of `headers` when indexed, else searched by name.
+  std::string_view indexed_header(int at, std::string_view name) const;
 };
 
 /// A complete reply.

@@ -74,20 +74,19 @@ std::string_view request::header_view(std::string_view name) const {
   return {};
 }
 
-std::string_view request::authorization() const {
+std::string_view request::indexed_header(int at, std::string_view name) const {
   if (!indexed)
-    return header_view("Authorization");
-  return authorization_at < 0
-           ? std::string_view{}
-           : std::string_view{headers[static_cast<size_t>(authorization_at)].second};
+    return header_view(name);
+  return at < 0 ? std::string_view{}
+                : std::string_view{headers[static_cast<size_t>(at)].second};
+}
+
+std::string_view request::authorization() const {
+  return indexed_header(authorization_at, "Authorization");
 }
 
 std::string_view request::tenant_header() const {
-  if (!indexed)
-    return header_view("Spindle-Tenant");
-  return tenant_at < 0
-           ? std::string_view{}
-           : std::string_view{headers[static_cast<size_t>(tenant_at)].second};
+  return indexed_header(tenant_at, "Spindle-Tenant");
 }
 
 bool request::has_header(std::string_view name) const {

@@ -366,7 +366,13 @@ const std::string* journal_key(const state_store_state& st,
 // Before `query` runs: folds the journal if the query would find rows
 // there. Returns the statement to run: the keyed read's home-table twin
 // when the journal holds none of its key's rows.
-sql_statement prepare_read(state_store_state& st, const sql_statement& query) {
+// The statement a read runs: `query` itself, or its home-table twin made
+// in `twin` (a keyed read of the journal whose key it does not hold).
+// Returned by reference, so that the usual read copies no SQL text and no
+// parameter.
+const sql_statement& prepare_read(state_store_state& st,
+                                  const sql_statement& query,
+                                  sql_statement& twin) {
   if (auto key = journal_key(st, query)) {
     // A database other processes write to (PostgreSQL: the other nodes of
     // a cluster) may hold journal rows this store did not append: the
@@ -378,7 +384,8 @@ sql_statement prepare_read(state_store_state& st, const sql_statement& query) {
       fold(st);
       return query;
     }
-    return sql_statement{st.journal.keyed_home_read_sql, query.params};
+    twin = sql_statement{st.journal.keyed_home_read_sql, query.params};
+    return twin;
   }
   if (!st.journal.table.empty()
       && query.sql.find(st.journal.table) != std::string::npos)
@@ -705,7 +712,8 @@ state_store(state_store_pointer self,
     [self](load_atom, const sql_statement& query) -> caf::result<sql_rows> {
       auto& s = self->state;
       flush(s); // a read sees every write that arrived before it
-      auto stmt = bound(s, prepare_read(s, query));
+      sql_statement twin;
+      auto stmt = bound(s, prepare_read(s, query, twin));
       if (!stmt)
         return stmt.error();
       auto rows = (*stmt)->rows();

@@ -100,9 +100,12 @@ inline sql_value to_sql_value(bool x) {
 /// and strings).
 template <class... Ts>
 sql_statement make_sql(std::string sql, Ts&&... params) {
-  return sql_statement{std::move(sql),
-                       std::vector<sql_value>{to_sql_value(
-                         std::forward<Ts>(params))...}};
+  // Moved in one by one: a braced list would copy each value (its text)
+  // once more, out of the list's constant array.
+  std::vector<sql_value> values;
+  values.reserve(sizeof...(Ts));
+  (values.push_back(to_sql_value(std::forward<Ts>(params))), ...);
+  return sql_statement{std::move(sql), std::move(values)};
 }
 
 /// An append-only table the state store folds into its home table in
