@@ -81,6 +81,18 @@ TEST_CASE("tool calls: a turn's calls are checked and travel as OpenAI's "
   auto user = make_user_turn("hi");
   user.tool_calls = {call("a")};
   CHECK(code_of(validate_turn(user)) == errc::invalid_argument);
+  // A call ID's limit is in bytes: 128 two-byte characters fit, 129 not,
+  // and the answer says bytes.
+  std::string two_byte_id;
+  for (int i = 0; i < 128; ++i)
+    two_byte_id += "\xc3\xa9";
+  CHECK_FALSE(validate_turn(calling({call(two_byte_id)})));
+  auto too_long = validate_turn(calling({call(two_byte_id + "\xc3\xa9")}));
+  CHECK(code_of(too_long) == errc::invalid_argument);
+  CHECK(describe(too_long).find("256 bytes") != std::string::npos);
+  auto tool = make_tool_turn("result", std::string(257, 'i'));
+  CHECK(describe(validate_turn(tool)).find("256 bytes") != std::string::npos);
+  CHECK_FALSE(validate_turn(make_tool_turn("result", two_byte_id)));
 
   std::vector<tool_call> calls{call("a", "f", R"({"city":"Oslo"})"),
                                call("b", "g", "not json at all")};

@@ -59,7 +59,7 @@ caf::error validate_turn(const turn& x) {
     if (x.tool_call_id.empty() || x.tool_call_id.size() > max_tool_call_id)
       return make_error(errc::invalid_argument,
                         "tool_call_id of a tool turn must have 1 to "
-                          + std::to_string(max_tool_call_id) + " characters");
+                          + std::to_string(max_tool_call_id) + " bytes");
   } else if (!x.tool_call_id.empty()) {
     return make_error(errc::invalid_argument,
                       std::string{"tool_call_id is only for tool turns, not "}
@@ -94,7 +94,7 @@ caf::error validate_tool_calls(const std::vector<tool_call>& calls,
     if (c.id.empty() || c.id.size() > max_tool_call_id)
       return make_error(errc::invalid_argument,
                         field + ".id must have 1 to "
-                          + std::to_string(max_tool_call_id) + " characters");
+                          + std::to_string(max_tool_call_id) + " bytes");
     for (size_t j = 0; j < i; ++j)
       if (calls[j].id == c.id)
         return make_error(errc::invalid_argument,

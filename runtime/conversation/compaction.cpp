@@ -36,7 +36,7 @@ compaction_stats compactor::stats() const {
 void compactor::finish(const std::string& thread_id, outcome how) {
   if (how == outcome::stored)
     stored_.fetch_add(1);
-  else if (how == outcome::failed)
+  else
     failed_.fetch_add(1);
   std::lock_guard<std::mutex> guard{mtx_};
   running_.erase(thread_id);

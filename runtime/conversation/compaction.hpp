@@ -66,7 +66,7 @@ public:
   }
 
 private:
-  enum class outcome { stored, failed, not_needed };
+  enum class outcome { stored, failed };
   void finish(const std::string& thread_id, outcome how);
 
   caf::actor_system& sys_;

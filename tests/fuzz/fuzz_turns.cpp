@@ -40,7 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       check(calls->size() <= max_tool_calls, "at most max_tool_calls");
       for (auto& c : *calls) {
         check(!c.id.empty() && c.id.size() <= max_tool_call_id,
-              "a call ID has 1 to 256 characters");
+              "a call ID has 1 to 256 bytes");
         check(is_tool_name(c.name), "a tool name is [A-Za-z0-9_-]{1,64}");
       }
       turn t;

@@ -85,7 +85,7 @@ typename Inspector::result_type inspect(Inspector& f, turn& x) {
 /// The largest turn content a thread accepts (1 MiB).
 inline constexpr size_t max_turn_content = 1u << 20;
 
-/// The longest tool call ID a thread accepts.
+/// The longest tool call ID a thread accepts, in bytes (of UTF-8).
 inline constexpr size_t max_tool_call_id = 256;
 
 /// The most tool calls one assistant turn makes.
@@ -96,7 +96,7 @@ inline constexpr size_t max_tool_name = 64;
 
 /// Checks a turn before it is appended: a known role; content at most
 /// `max_turn_content` bytes and non-empty for system and user turns; a
-/// tool turn names its `tool_call_id` (1 to 256 characters), other roles
+/// tool turn names its `tool_call_id` (1 to 256 bytes), other roles
 /// leave it empty; only assistant turns may be `interrupted` or make
 /// `tool_calls`: at most `max_tool_calls`, each with an ID of 1 to 256
 /// characters unique in the turn, a name of 1 to 64 characters of
