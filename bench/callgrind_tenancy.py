@@ -32,6 +32,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -156,6 +157,13 @@ def main():
     ap.add_argument("--diff", action="store_true")
     a = ap.parse_args()
     exe = os.path.abspath(os.path.join(a.build_dir, "spindle"))
+    if not os.access(exe, os.X_OK):
+        raise SystemExit(f"callgrind_tenancy: no spindle at {exe} "
+                         "(build it, or give --build-dir)")
+    for tool in ("valgrind", "callgrind_control", "callgrind_annotate"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"callgrind_tenancy: {tool} is missing "
+                             "(apt-get install valgrind)")
     with tempfile.TemporaryDirectory(prefix="callgrind_tenancy-") as tmp:
         results = {m: own_costs(count(exe, m, a.reads, tmp))
                    for m in ("off", "key", "user")}

@@ -554,3 +554,67 @@ TEST_CASE("end users: removing a tenant's settings in one process stops its "
     std::this_thread::sleep_for(10ms);
   }
 }
+
+TEST_CASE("end users: the caches answer only the exact token or key they "
+          "verified: a near miss of a cached one is checked in full and "
+          "refused",
+          "[end_users]") {
+  storage_options so;
+  so.data_dir = ":memory:";
+  auto store = tenancy::tenant_store::open(so);
+  REQUIRE(store);
+  auto& s = **store;
+  auto t = s.create_tenant("near", 1);
+  REQUIRE(t);
+  REQUIRE(s.set_auth(t->id, {issuer, audience, secret, ""}));
+  auto key = s.create_key(t->id, "k", tenancy::default_scopes, 0);
+  REQUIRE(key);
+  bool needs_store = false;
+
+  // A token verified once, then answered from the cache.
+  auto token = token_of("alice");
+  REQUIRE(s.end_user(token, true, needs_store));
+  auto verified = s.jwt_verifications();
+  auto hits = s.jwt_cache_hits();
+  auto again = s.end_user(token, false, needs_store);
+  REQUIRE(again);
+  CHECK((*again)->user == "alice");
+  CHECK(s.jwt_verifications() == verified);
+  CHECK(s.jwt_cache_hits() == hits + 1);
+
+  // Its claims swapped for bob's under alice's signature; a character of
+  // its signature changed; a byte more or less: each misses the cache, is
+  // verified and refused.
+  auto dot = token.find('.');
+  auto last = token.rfind('.');
+  auto bob = token_of("bob");
+  auto swapped = token.substr(0, dot) + bob.substr(dot, bob.rfind('.') - dot)
+                 + token.substr(last);
+  auto flipped = token;
+  flipped[last + 3] = flipped[last + 3] == 'A' ? 'B' : 'A';
+  for (const auto& near : {swapped, flipped, token + "A",
+                           token.substr(0, token.size() - 1)}) {
+    INFO(near);
+    auto before = s.jwt_verifications();
+    auto got = s.end_user(near, true, needs_store);
+    CHECK_FALSE(got);
+    CHECK(s.jwt_verifications() == before + 1);
+  }
+  CHECK(s.jwt_cache_hits() == hits + 1);
+
+  // A key in use, then keys one character off: none is the cached key's.
+  tenancy::key_record found;
+  REQUIRE(s.authenticate(key->secret, found));
+  auto cached = s.cached_principal(key->secret);
+  REQUIRE(cached);
+  CHECK(cached->tenant == t->id);
+  for (size_t at : {size_t{4}, key->secret.size() / 2, key->secret.size() - 1}) {
+    auto near = key->secret;
+    near[at] = near[at] == 'a' ? 'b' : 'a';
+    CHECK(s.cached_principal(near) == nullptr);
+    tenancy::key_record other;
+    auto verdict = s.authenticate(near, other);
+    REQUIRE(verdict);
+    CHECK(*verdict == tenancy::key_check::unknown);
+  }
+}
