@@ -111,3 +111,25 @@ TEST_CASE("SHA-256 gives the FIPS 180-2 vector, in hexadecimal as stored") {
         == "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   CHECK(hex_of(sha256("")) == "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
 }
+
+TEST_CASE("same_bytes tells equal texts from every kind of difference") {
+  // Lengths around the eight-byte words it compares, a difference at each
+  // position (in a word and in the tail), and a different length.
+  for (size_t n : {0u, 1u, 7u, 8u, 9u, 16u, 31u, 32u, 33u, 200u}) {
+    std::string a(n, 'x');
+    for (size_t i = 0; i < n; ++i)
+      a[i] = static_cast<char>('a' + i % 26);
+    CHECK(same_bytes(a, a));
+    CHECK(same_bytes(a, std::string{a}));
+    for (size_t i = 0; i < n; ++i) {
+      auto b = a;
+      b[i] = static_cast<char>(b[i] ^ 0x80);
+      INFO("length " << n << ", byte " << i);
+      CHECK_FALSE(same_bytes(a, b));
+      CHECK_FALSE(same_bytes(b, a));
+    }
+    CHECK_FALSE(same_bytes(a, a + "y"));
+    CHECK_FALSE(same_bytes(a + "y", a));
+  }
+  CHECK(same_bytes("", ""));
+}

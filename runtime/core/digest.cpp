@@ -104,6 +104,20 @@ struct sip_state {
 
 } // namespace
 
+bool same_bytes(std::string_view a, std::string_view b) noexcept {
+  if (a.size() != b.size())
+    return false;
+  uint64_t diff = 0;
+  size_t i = 0;
+  for (; i + 8 <= a.size(); i += 8)
+    diff |= load64(reinterpret_cast<const unsigned char*>(a.data()) + i)
+            ^ load64(reinterpret_cast<const unsigned char*>(b.data()) + i);
+  for (; i < a.size(); ++i)
+    diff |= static_cast<uint64_t>(static_cast<unsigned char>(a[i])
+                                  ^ static_cast<unsigned char>(b[i]));
+  return diff == 0;
+}
+
 siphash_digest siphash128(const siphash_key& key,
                           std::string_view text) noexcept {
   auto k0 = load64(key.data());

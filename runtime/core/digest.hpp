@@ -53,6 +53,12 @@ siphash_digest siphash128(const siphash_key& key, std::string_view text) noexcep
 /// A key from OpenSSL's random generator (throws when it has none).
 siphash_key random_siphash_key();
 
+/// True when `a` and `b` hold the same bytes, in a time that depends on
+/// their length only (eight bytes at a time, no early exit): comparing a
+/// guess with a secret tells nothing of how much of it was right. Texts
+/// of different lengths are told apart at once.
+bool same_bytes(std::string_view a, std::string_view b) noexcept;
+
 /// Hashes a SipHash value for unordered containers: its first bytes.
 struct siphash_digest_hash {
   size_t operator()(const siphash_digest& d) const noexcept {

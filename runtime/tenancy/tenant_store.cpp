@@ -814,12 +814,16 @@ tenant_store::end_user_of(std::string_view token, bool may_block,
   bool fresh = steady_ms() - refreshed_at_.load(std::memory_order_relaxed)
                <= stale_after_ms;
   auto now = now_ms();
-  auto token_key = cache_key_of(token);
+  auto token_key = verified_key_of(token);
   // The common case: a token verified before, by settings still in use.
+  // Another token that ends as a verified one does (a signature taken
+  // from one and put under other claims) finds its entry and differs:
+  // it is verified in full.
   if (fresh) {
     std::shared_lock<std::shared_mutex> guard{verified_mx_};
     if (auto i = verified_.find(token_key);
-        i != verified_.end() && !i->second.issuer->dropped.load()
+        i != verified_.end() && same_bytes(i->second.token, token)
+        && !i->second.issuer->dropped.load()
         && now / 1000 < i->second.expires + jwt_leeway_s) {
       jwt_hits_.fetch_add(1, std::memory_order_relaxed);
       return i->second.who;
@@ -894,7 +898,8 @@ tenant_store::end_user_of(std::string_view token, bool may_block,
   std::unique_lock<std::shared_mutex> guard{verified_mx_};
   if (verified_.size() >= max_verified_tokens)
     verified_.clear();
-  verified_[token_key] = verified_token{out, claims->expires, entry};
+  verified_[token_key] =
+    verified_token{std::string{token}, out, claims->expires, entry};
   return out;
 }
 

@@ -216,9 +216,10 @@ private:
     /// longer count.
     std::atomic<bool> dropped{false};
   };
-  /// A token verified: its principal, when it expires (s), and by whose
-  /// settings.
+  /// A token verified: the token, its principal, when it expires (s),
+  /// and by whose settings.
   struct verified_token {
+    std::string token;
     std::shared_ptr<const principal> who;
     int64_t expires = 0;
     std::shared_ptr<const issuer_entry> issuer;
@@ -251,6 +252,16 @@ private:
   siphash_digest cache_key_of(std::string_view secret) const noexcept {
     return siphash128(cache_hash_key_, secret);
   }
+  /// A token's key in the cache of verified tokens: SipHash-2-4-128 of
+  /// its last 32 bytes (the end of its signature, which no two verified
+  /// tokens share), so that a lookup hashes a fixed few bytes however
+  /// long the token; an entry holds the whole token, compared in full.
+  siphash_digest verified_key_of(std::string_view token) const noexcept {
+    constexpr size_t tail = 32;
+    return siphash128(cache_hash_key_, token.size() > tail
+                                         ? token.substr(token.size() - tail)
+                                         : token);
+  }
   static key_check check(const key_record& k);
 
   std::mutex db_mx_;
@@ -273,8 +284,7 @@ private:
   /// Issuers found to be no tenant's, with when.
   std::unordered_map<std::string, std::chrono::steady_clock::time_point>
     unknown_issuers_;
-  /// Tokens verified, by the token's cache key (cache_key_of): the
-  /// tokens themselves are not kept.
+  /// Tokens verified, by verified_key_of.
   mutable std::shared_mutex verified_mx_;
   std::unordered_map<siphash_digest, verified_token, siphash_digest_hash>
     verified_;
