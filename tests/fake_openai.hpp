@@ -15,6 +15,8 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "spindle/runtime/openai_provider.hpp"
+
 namespace spindle::test {
 
 class fake_openai {
@@ -42,9 +44,12 @@ public:
           message["role"] = "assistant";
           if (!message.contains("content"))
             message["content"] = nullptr;
-          res.set_content(
-            nlohmann::json{{"choices", {{{"message", message}}}}}.dump(),
-            "application/json");
+          {
+            nlohmann::json answer{{"choices", {{{"message", message}}}}};
+            if (auto u = usage(); !u.is_null())
+              answer["usage"] = u;
+            res.set_content(answer.dump(), "application/json");
+          }
           return;
         case mode::hang_up:
           res.status = 200;
@@ -56,9 +61,17 @@ public:
           break;
       }
       auto slow = mode_ == mode::slow;
+      // OpenAI's last chunk, when the request asked for it.
+      nlohmann::json usage_chunk;
+      auto asked = body.is_object() && body.contains("stream_options")
+                   && body["stream_options"].is_object()
+                   && body["stream_options"].value("include_usage", false);
+      if (auto u = usage(); !u.is_null() && asked)
+        usage_chunk = {{"choices", nlohmann::json::array()}, {"usage", u}};
       res.set_chunked_content_provider(
         "text/event-stream",
-        [reply, message, slow, this](size_t, httplib::DataSink& sink) {
+        [reply, message, slow, usage_chunk,
+         this](size_t, httplib::DataSink& sink) {
           auto send = [&sink](const nlohmann::json& delta,
                               const char* finish = nullptr) {
             nlohmann::json choice{{"delta", delta}};
@@ -98,6 +111,11 @@ public:
             if (!send(nlohmann::json::object(), "tool_calls"))
               return false;
           }
+          if (!usage_chunk.is_null()) {
+            auto line = "data: " + usage_chunk.dump() + "\n\n";
+            if (!sink.write(line.data(), line.size()))
+              return false;
+          }
           std::string done = "data: [DONE]\n\n";
           sink.write(done.data(), done.size());
           sink.done();
@@ -119,6 +137,14 @@ public:
     return "http://127.0.0.1:" + std::to_string(port_);
   }
 
+  /// An OpenAI provider's options for this server, model "test-model".
+  openai_options options() const {
+    openai_options o;
+    o.base_url = url() + "/v1";
+    o.model = "test-model";
+    return o;
+  }
+
   void set_mode(mode m) {
     mode_ = m;
   }
@@ -136,6 +162,15 @@ public:
     messages_ = std::move(messages);
   }
 
+  /// The `usage` every answer reports (plain, or streamed when the
+  /// request sets `stream_options.include_usage`); none by default.
+  void set_usage(uint64_t prompt_tokens, uint64_t completion_tokens) {
+    std::lock_guard<std::mutex> guard{mx_};
+    usage_ = {{"prompt_tokens", prompt_tokens},
+              {"completion_tokens", completion_tokens},
+              {"total_tokens", prompt_tokens + completion_tokens}};
+  }
+
   std::vector<nlohmann::json> requests() const {
     std::lock_guard<std::mutex> guard{mx_};
     return requests_;
@@ -147,6 +182,11 @@ public:
   }
 
 private:
+  nlohmann::json usage() const {
+    std::lock_guard<std::mutex> guard{mx_};
+    return usage_;
+  }
+
   nlohmann::json next_message() {
     std::lock_guard<std::mutex> guard{mx_};
     auto at = served_++;
@@ -167,6 +207,7 @@ private:
   std::vector<std::string> auth_;
   std::vector<std::string> replies_;
   std::vector<nlohmann::json> messages_;
+  nlohmann::json usage_;
   size_t served_ = 0;
 };
 

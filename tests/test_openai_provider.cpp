@@ -31,9 +31,7 @@ std::vector<chat_message> hello_prompt() {
 
 std::shared_ptr<llm_provider> provider_for(const test::fake_openai& fake,
                                            std::string key = {}) {
-  openai_options opts;
-  opts.base_url = fake.url() + "/v1";
-  opts.model = "test-model";
+  auto opts = fake.options();
   opts.api_key = std::move(key);
   opts.read_timeout = 2s;
   auto p = make_openai_provider(opts);

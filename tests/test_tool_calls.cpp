@@ -46,10 +46,7 @@ runtime_options durable(const test::temp_dir& dir) {
 // A runtime whose provider is OpenAI's, on `fake`.
 runtime_options on_fake(const test::fake_openai& fake) {
   runtime_options opts;
-  openai_options o;
-  o.base_url = fake.url() + "/v1";
-  o.model = "test-model";
-  auto provider = make_openai_provider(o);
+  auto provider = make_openai_provider(fake.options());
   REQUIRE(provider);
   opts.provider = *provider;
   return opts;

@@ -1,8 +1,10 @@
 #include "spindle/actors/records.hpp"
 
 #include "spindle/messages/error.hpp"
+#include "spindle/messages/ids.hpp"
 #include "spindle/messages/work.hpp"
 
+#include <algorithm>
 #include <limits>
 
 namespace spindle::records {
@@ -38,28 +40,67 @@ sql_statement journal_row(const std::string& thread_id, uint64_t seq,
                           const turn& t) {
   return make_sql("INSERT INTO turn_journal(thread_id, seq, role, content, "
                   "timestamp_ms, tool_call_id, interrupted, tool_calls, "
-                  "tokens, token_encoding) "
-                  "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10);",
+                  "tokens, token_encoding, usage_prompt, usage_completion, "
+                  "usage_source) "
+                  "VALUES(?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, "
+                  "?12, ?13);",
                   thread_id, seq, static_cast<int64_t>(t.role), t.content,
                   t.timestamp_ms, t.tool_call_id, t.interrupted,
                   tool_calls_to_json(t.tool_calls),
                   static_cast<int64_t>(t.tokens),
-                  static_cast<int64_t>(t.token_encoding));
+                  static_cast<int64_t>(t.token_encoding),
+                  static_cast<int64_t>(t.usage.prompt_tokens),
+                  static_cast<int64_t>(t.usage.completion_tokens),
+                  static_cast<int64_t>(t.usage.source));
+}
+
+} // namespace
+
+sql_statement count_usage(const std::string& tenant,
+                          const std::string& thread_id,
+                          const turn_usage& usage, int64_t at_ms) {
+  int64_t hour = at_ms / 3600000 * 3600;
+  return make_sql("INSERT INTO usage_counters(tenant, hour, thread_id, "
+                  "user_id, source, exchanges, prompt_tokens, "
+                  "completion_tokens) VALUES(?1, ?2, ?3, ?4, ?5, 1, ?6, ?7) "
+                  "ON CONFLICT(tenant, hour, thread_id, user_id, source) "
+                  "DO UPDATE SET exchanges = usage_counters.exchanges + 1, "
+                  "prompt_tokens = usage_counters.prompt_tokens "
+                  "+ excluded.prompt_tokens, "
+                  "completion_tokens = usage_counters.completion_tokens "
+                  "+ excluded.completion_tokens;",
+                  tenant, hour, thread_id, usage.user_id,
+                  static_cast<int64_t>(usage.source),
+                  static_cast<int64_t>(usage.prompt_tokens),
+                  static_cast<int64_t>(usage.completion_tokens));
+}
+
+namespace {
+
+// The usage of an exchange's assistant turn, counted in its thread's
+// tenant at the turn's time.
+sql_statement count_turn_usage(const std::string& thread_id,
+                               const turn& t) {
+  return records::count_usage(std::string{tenant_of_id(thread_id)}, thread_id,
+                     t.usage, t.timestamp_ms);
 }
 
 // A thread and its turns; `journal`: also those not folded yet.
 std::string load_thread_sql(bool journal) {
   std::string turns = "SELECT thread_id, seq, role, content, timestamp_ms, "
                       "tool_call_id, interrupted, tool_calls, tokens, "
-                      "token_encoding FROM turns WHERE thread_id = ?1";
+                      "token_encoding, usage_prompt, usage_completion, "
+                      "usage_source FROM turns WHERE thread_id = ?1";
   if (journal)
     turns += " UNION ALL SELECT thread_id, seq, role, content, "
              "timestamp_ms, tool_call_id, interrupted, tool_calls, tokens, "
-             "token_encoding FROM turn_journal WHERE thread_id = ?1";
+             "token_encoding, usage_prompt, usage_completion, usage_source "
+             "FROM turn_journal WHERE thread_id = ?1";
   return "SELECT t.epoch, u.seq, u.role, u.content, u.timestamp_ms, "
          "u.tool_call_id, u.interrupted, t.metadata, u.tool_calls, "
          "u.tokens, u.token_encoding, s.content, s.upto, s.tokens, "
-         "s.token_encoding, s.updated_ms "
+         "s.token_encoding, s.updated_ms, u.usage_prompt, "
+         "u.usage_completion, u.usage_source "
          "FROM threads t "
          "LEFT JOIN thread_summaries s ON s.thread_id = t.thread_id "
          "LEFT JOIN ("
@@ -130,6 +171,17 @@ decode_thread(const sql_rows& rows) {
       t.tokens = static_cast<uint32_t>(row[9].integer);
       t.token_encoding = static_cast<uint8_t>(row[10].integer);
     }
+    if (is_int(row, 16) && is_int(row, 17) && is_int(row, 18)
+        && row[18].integer > 0
+        && row[18].integer <= static_cast<int64_t>(usage_source::upstream)) {
+      auto clamp = [](int64_t v) {
+        return static_cast<uint32_t>(std::clamp<int64_t>(
+          v, 0, std::numeric_limits<uint32_t>::max()));
+      };
+      t.usage.prompt_tokens = clamp(row[16].integer);
+      t.usage.completion_tokens = clamp(row[17].integer);
+      t.usage.source = static_cast<usage_source>(row[18].integer);
+    }
     out.turns.push_back(std::move(t));
     out.next_seq = u64(row[1]) + 1;
   }
@@ -193,8 +245,10 @@ sql_write append_turn(const std::string& thread_id, uint64_t seq,
                       const turn& t) {
   // Moved in: a braced list would copy the statement once more.
   sql_write out;
-  out.reserve(3);
+  out.reserve(4);
   out.push_back(journal_row(thread_id, seq, t));
+  if (t.usage.known())
+    out.push_back(count_turn_usage(thread_id, t));
   out.push_back(keep_version(thread_id));
   out.push_back(make_sql("UPDATE threads SET version = ?2, "
                          "turn_count = turn_count + 1 WHERE thread_id = ?1;",
@@ -206,8 +260,11 @@ sql_write append_turns(const std::string& thread_id, uint64_t first_seq,
                        const std::vector<turn>& turns) {
   sql_write out;
   out.reserve(turns.size() + 2);
-  for (size_t i = 0; i < turns.size(); ++i)
+  for (size_t i = 0; i < turns.size(); ++i) {
     out.push_back(journal_row(thread_id, first_seq + i, turns[i]));
+    if (turns[i].usage.known())
+      out.push_back(count_turn_usage(thread_id, turns[i]));
+  }
   out.push_back(keep_version(thread_id));
   out.push_back(make_sql("UPDATE threads SET version = ?2, "
                          "turn_count = turn_count + ?3 WHERE thread_id = ?1;",
@@ -428,7 +485,8 @@ caf::expected<thread_page> decode_threads_page(const sql_rows& rows,
 sql_write fold_turn_journal(bool shared) {
   constexpr const char* columns
     = "thread_id, seq, role, content, timestamp_ms, tool_call_id, "
-      "interrupted, tool_calls, tokens, token_encoding";
+      "interrupted, tool_calls, tokens, token_encoding, usage_prompt, "
+      "usage_completion, usage_source";
   // PostgreSQL: other processes (a cluster's nodes) append while this one
   // folds, so the rows moved are exactly the rows deleted, in one
   // statement; a copy then a DELETE of the whole table would delete rows

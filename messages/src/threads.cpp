@@ -15,6 +15,18 @@ namespace spindle {
 
 // -- turns --------------------------------------------------------------------
 
+const char* to_string(usage_source x) noexcept {
+  switch (x) {
+    case usage_source::none:
+      return "none";
+    case usage_source::counted:
+      return "counted";
+    case usage_source::upstream:
+      return "upstream";
+  }
+  return "unknown";
+}
+
 const char* to_string(turn_role x) noexcept {
   switch (x) {
     case turn_role::system:

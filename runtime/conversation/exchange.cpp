@@ -1,5 +1,6 @@
 #include "spindle/runtime/conversation.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <mutex>
 #include <variant>
@@ -8,7 +9,9 @@
 #include <spdlog/spdlog.h>
 
 #include "spindle/messages/error.hpp"
+#include "spindle/messages/tokens.hpp"
 #include "llm/delta.hpp"
+#include "llm/usage.hpp"
 #include "conversation/compaction.hpp"
 #include "conversation/exchange.hpp"
 
@@ -124,6 +127,8 @@ struct exchange_state {
   /// `summary_upto`; the prompt left out the turns before `left_out_upto`.
   uint64_t summary_upto = 0;
   uint64_t left_out_upto = 0;
+  /// The prompt's tokens, as the builder counted them.
+  uint64_t prompt_tokens = 0;
   std::shared_ptr<delta_gate> gate = std::make_shared<delta_gate>();
   user_turn_state user = user_turn_state::storing;
   caf::error user_error;
@@ -189,6 +194,9 @@ public:
       st_->res.cancelled = true;
       reply->interrupted = true;
     }
+    // Charged for what the provider generated, before the stored reply
+    // is cut to what the client heard.
+    st_->res.usage = usage_of(*reply);
     {
       // A client that went away while the deltas waited for the user
       // turn heard less than the provider generated (which may have
@@ -232,6 +240,13 @@ public:
 private:
   const conversation_options& opt() const {
     return st_->svc.options;
+  }
+
+  // What the exchange spent (docs/usage.md), charged to its user.
+  turn_usage usage_of(const completion& reply) const {
+    auto u = call_usage(reply, st_->svc.tokens.get(), st_->prompt_tokens);
+    u.user_id = st_->req.user_id;
+    return u;
   }
 
   // 1. The thread (write path: get_or_create). A thread passivated
@@ -339,14 +354,23 @@ private:
           // the reply is stored (docs/threads.md, "Compaction").
           auto& m = built.manifest;
           st->summary_upto = m.summary_upto;
+          st->prompt_tokens = m.total_tokens;
           st->left_out_upto = m.turns.empty() ? built.total_turns
                                               : m.turns.front();
           if (!st->req.after_tool_results)
             return store_user();
           // The tool results are the thread's last turns: the reply
           // follows them, with no user message after.
-          if (!st->prompt.empty() && st->prompt.back().role == "user")
+          if (!st->prompt.empty() && st->prompt.back().role == "user") {
+            if (st->svc.tokens) {
+              auto placeholder = count_message_tokens(
+                *st->svc.tokens,
+                chat_message{"user", after_tools_message, {}, {}});
+              st->prompt_tokens -= std::min(st->prompt_tokens,
+                                            uint64_t{placeholder});
+            }
             st->prompt.pop_back();
+          }
           user_stored();
           generate();
         },
@@ -481,6 +505,7 @@ private:
     auto interrupted = reply.interrupted;
     auto text = reply.text;
     auto assistant = make_assistant_turn(std::move(reply.text), interrupted);
+    assistant.usage = st->res.usage;
     if (!interrupted)
       assistant.tool_calls = std::move(reply.tool_calls);
     if (auto err = validate_tool_calls(assistant.tool_calls, text.size()))

@@ -36,6 +36,9 @@ struct exchange_services {
   std::shared_ptr<class exchange_set> live;
   /// When set, an exchange asks it to fold the turns its prompt left out.
   std::shared_ptr<compactor> compaction;
+  /// Counts a reply's tokens when the upstream reports no usage; null:
+  /// usage is not counted.
+  std::shared_ptr<const token_counter> tokens;
 };
 
 /// The exchanges running now: entered and left in O(1) (a link or a

@@ -53,6 +53,7 @@ caf::error runtime::start_threads() {
   registry_options.views = views;
   registry_options.events = events_;
   registry_options.tokens = counter;
+  tokens_ = counter;
   if (cluster_)
     registry_options.cluster = cluster_->standing();
   thread_registry_ = system_->spawn(spindle::thread_registry,
@@ -344,7 +345,7 @@ void runtime::start_exchange(exchange_request request,
   }
   exchange_services services{thread_registry_, context_builder_, memory_,
                              options_.provider, options_.conversation,
-                             exchanges_, compactor_};
+                             exchanges_, compactor_, tokens_};
   spawn_exchange(*system_, services, std::move(request), std::move(callbacks));
   // Spawning pins this system's logger in a thread-local of the calling
   // thread; ~actor_system waits until every such reference is gone. Drop it,

@@ -165,6 +165,10 @@ make_request(const endpoint& ep, const prompt& messages,
         if (key != "model" && key != "messages" && key != "stream")
           body[key] = value;
   }
+  // The upstream's own usage, in a last chunk (docs/usage.md), unless the
+  // caller's parameters said otherwise.
+  if (!body.contains("stream_options"))
+    body["stream_options"] = json{{"include_usage", true}};
   // Checked by the caller (validate_tools): sent as they came.
   if (!options.tools.empty()) {
     auto tools = json::parse(options.tools, nullptr, false);
@@ -276,6 +280,22 @@ private:
   const tool_call_callback& on_call_;
 };
 
+// OpenAI's `usage` object, when `x` holds one with both counts.
+bool read_usage(const json& x, completion& out) {
+  auto u = x.find("usage");
+  if (u == x.end() || !u->is_object())
+    return false;
+  auto p = u->find("prompt_tokens");
+  auto c = u->find("completion_tokens");
+  if (p == u->end() || c == u->end() || !p->is_number_unsigned()
+      || !c->is_number_unsigned())
+    return false;
+  out.usage_reported = true;
+  out.prompt_tokens = p->get<uint64_t>();
+  out.completion_tokens = c->get<uint64_t>();
+  return true;
+}
+
 // Incremental SSE parser for OpenAI's stream: "data: {json}\n\n" events,
 // ending with "data: [DONE]".
 class sse_reader {
@@ -312,6 +332,8 @@ public:
 
   std::string text;
   tool_call_assembler tools;
+  /// The usage chunk's figures (`usage_reported` once one came).
+  completion usage;
   bool stopped = false;
   std::string error;
 
@@ -329,6 +351,7 @@ private:
       error = upstream_message(200, std::string{payload});
       return false;
     }
+    read_usage(event, usage);
     auto choices = event.find("choices");
     if (choices == event.end() || !choices->is_array() || choices->empty())
       return true;
@@ -669,6 +692,7 @@ private:
         }
     out.interrupted = !more;
     out.tool_calls = std::move(whole.calls);
+    read_usage(parsed, out);
     finish(std::move(out));
   }
 
@@ -678,6 +702,9 @@ private:
     out.text = std::move(sse_.text);
     out.interrupted = interrupted;
     out.tool_calls = std::move(sse_.tools.calls);
+    out.usage_reported = sse_.usage.usage_reported;
+    out.prompt_tokens = sse_.usage.prompt_tokens;
+    out.completion_tokens = sse_.usage.completion_tokens;
     return out;
   }
 

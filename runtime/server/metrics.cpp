@@ -100,9 +100,36 @@ http_metrics::http_metrics()
     evictions_(prometheus::BuildCounter()
                  .Name("spindle_context_evictions_total")
                  .Help("Context items evicted from windows by item routes")
-                 .Register(*registry_)) {
+                 .Register(*registry_)),
+    usage_tokens_(prometheus::BuildCounter()
+                    .Name("spindle_usage_tokens_total")
+                    .Help("Tokens exchanges spent, by kind (prompt, "
+                          "completion) and source (counted by spindle, "
+                          "reported by the upstream)")
+                    .Register(*registry_)),
+    usage_exchanges_(prometheus::BuildCounter()
+                       .Name("spindle_usage_exchanges_total")
+                       .Help("Exchanges whose usage was recorded, by source")
+                       .Register(*registry_)) {
   turns_.Add({});
   evictions_.Add({});
+  for (int source : {1, 2}) {
+    std::string name = source == 1 ? "counted" : "upstream";
+    usage_[source][0] = &usage_tokens_.Add({{"kind", "prompt"},
+                                            {"source", name}});
+    usage_[source][1] = &usage_tokens_.Add({{"kind", "completion"},
+                                            {"source", name}});
+    usage_[source][2] = &usage_exchanges_.Add({{"source", name}});
+  }
+}
+
+void http_metrics::count_usage(uint8_t source, uint64_t prompt_tokens,
+                               uint64_t completion_tokens) {
+  if (source < 1 || source > 2)
+    return;
+  usage_[source][0]->Increment(static_cast<double>(prompt_tokens));
+  usage_[source][1]->Increment(static_cast<double>(completion_tokens));
+  usage_[source][2]->Increment();
 }
 
 void http_metrics::count(const std::string& what, double n) {

@@ -37,6 +37,13 @@ public:
   /// Thread-safe.
   void count(const std::string& what, double n);
 
+  /// Counts what an exchange spent (docs/usage.md): its tokens by kind
+  /// (prompt, completion) and source (counted, upstream), never added
+  /// across sources. `source` is usage_source's number; 0 counts nothing.
+  /// Thread-safe.
+  void count_usage(uint8_t source, uint64_t prompt_tokens,
+                   uint64_t completion_tokens);
+
   /// Adds a gauge family whose samples `source` computes at each scrape.
   /// Call before serving.
   void add_gauge(const std::string& name, const std::string& help,
@@ -70,6 +77,10 @@ private:
   prometheus::Family<prometheus::Histogram>& latency_;
   prometheus::Family<prometheus::Counter>& turns_;
   prometheus::Family<prometheus::Counter>& evictions_;
+  prometheus::Family<prometheus::Counter>& usage_tokens_;
+  prometheus::Family<prometheus::Counter>& usage_exchanges_;
+  /// By source (1 counted, 2 upstream): prompt, completion, exchanges.
+  prometheus::Counter* usage_[3][3] = {};
   std::mutex mx_;
   std::vector<gauge_source> gauges_;
   struct series {

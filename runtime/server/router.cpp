@@ -316,7 +316,8 @@ std::optional<int64_t> query_int(const request& req, const char* name) {
   throw api_error{400, "invalid_argument",
                   std::string{"query parameter '"} + name
                     + "' must be an integer, not '" + text.substr(0, 32)
-                    + "'"};
+                    + "'",
+                  name};
 }
 
 // -- async_call ----------------------------------------------------------------

@@ -382,6 +382,7 @@ void add_token_routes(router& r);
 void add_console_routes(router& r);
 void add_openapi_routes(router& r);
 void add_tenant_routes(router& r);
+void add_usage_routes(router& r);
 
 } // namespace http
 } // namespace spindle

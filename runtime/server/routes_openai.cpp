@@ -13,11 +13,14 @@
 
 #include "metrics.hpp"
 #include "auth.hpp"
+#include "tenancy/principal.hpp"
 #include "router.hpp"
 #include "spindle/messages/error.hpp"
 #include "spindle/messages/ids.hpp"
 #include "spindle/messages/memory.hpp"
+#include "spindle/messages/tokens.hpp"
 #include "core/logging.hpp"
+#include "llm/usage.hpp"
 #include "spindle/runtime/runtime.hpp"
 
 namespace spindle::http {
@@ -33,8 +36,7 @@ constexpr const char* passed_through[] = {
 
 // OpenAI request fields accepted and not used: they change nothing in a
 // single text reply (storage and tracing options of OpenAI's service).
-constexpr const char* ignored[] = {"store", "metadata", "service_tier",
-                                   "stream_options"};
+constexpr const char* ignored[] = {"store", "metadata", "service_tier"};
 
 // spindle's own fields (sent by OpenAI SDKs as extra body fields).
 constexpr const char* spindle_fields[] = {"thread_id", "user_id",
@@ -73,6 +75,9 @@ struct chat_request {
   std::vector<chat_message> messages;
   std::string model;
   bool stream = false;
+  /// `stream_options.include_usage`: the stream ends with OpenAI's usage
+  /// chunk.
+  bool include_usage = false;
   completion_options completion;
   // With a thread: the thread (or "new"), the new user message, the
   // system prompt the request brings (empty: the builder's).
@@ -104,7 +109,8 @@ chat_request parse_chat(const request& req) {
         || key == "max_tokens" || key == "n" || key == "logprobs"
         || key == "top_logprobs" || key == "tools" || key == "tool_choice"
         || key == "functions" || key == "function_call"
-        || key == "modalities" || listed(ignored, key)
+        || key == "modalities" || key == "stream_options"
+        || listed(ignored, key)
         || listed(spindle_fields, key))
       continue;
     if (listed(passed_through, key)) {
@@ -124,7 +130,27 @@ chat_request parse_chat(const request& req) {
     if (!it->is_boolean())
       invalid("stream must be a boolean", "stream");
     out.stream = it->get<bool>();
+  }  // Read when streaming (OpenAI's own answer refuses it otherwise; it is
+  // accepted and changes nothing here, as before it was read).
+  if (auto it = body.find("stream_options");
+      it != body.end() && !it->is_null()) {
+    if (!it->is_object())
+      invalid("stream_options must be an object", "stream_options");
+    for (auto& [key, value] : it->items()) {
+      if (key != "include_usage" && key != "include_obfuscation")
+        throw api_error{400, "unknown_field",
+                        "unrecognized request argument supplied: "
+                        "stream_options." + key.substr(0, 64),
+                        "stream_options." + key.substr(0, 64)};
+      if (!value.is_boolean() && !value.is_null())
+        invalid("stream_options." + key + " must be a boolean",
+                "stream_options." + key);
+    }
+    auto usage = it->find("include_usage");
+    out.include_usage = out.stream && usage != it->end()
+                        && usage->is_boolean() && usage->get<bool>();
   }
+
   if (auto n = optional_int(body, "max_tokens")) {
     if (*n < 1 || *n > 1000000)
       invalid("max_tokens must be between 1 and 1000000", "max_tokens");
@@ -274,12 +300,38 @@ int64_t unix_seconds() {
     .count();
 }
 
+// OpenAI's `usage` object (null when nothing counted the exchange).
+json openai_usage(const turn_usage& u) {
+  if (!u.known())
+    return nullptr;
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.total_tokens()}};
+}
+
+// What a call without a thread spent: the upstream's figures, else its
+// messages and reply counted with the runtime's encoding.
+turn_usage stateless_usage(const runtime& rt,
+                           const std::vector<chat_message>& messages,
+                           const completion& c) {
+  auto counter = rt.token_counter();
+  uint64_t prompt = 0;
+  if (counter && !c.usage_reported) {
+    prompt = reply_primer_tokens;
+    for (auto& m : messages)
+      prompt += count_message_tokens(*counter, m);
+  }
+  return call_usage(c, counter.get(), prompt);
+}
+
 // What every object of one response shares.
 struct completion_head {
   std::string id;
   int64_t created;
   std::string model;
   std::string thread_id; // empty: stateless
+  /// Every chunk carries `"usage": null`, and a last chunk the usage.
+  bool include_usage = false;
 
   json base(const char* object) const {
     json out{{"id", id},
@@ -293,7 +345,8 @@ struct completion_head {
   }
 
   json whole(const std::string& text, bool interrupted,
-             const std::vector<tool_call>& calls) const {
+             const std::vector<tool_call>& calls,
+             const turn_usage& usage) const {
     auto out = base("chat.completion");
     json message{
       {"role", "assistant"}, {"content", text}, {"refusal", nullptr}};
@@ -307,7 +360,7 @@ struct completion_head {
         {"message", std::move(message)},
         {"logprobs", nullptr},
         {"finish_reason", finish_reason(calls)}}});
-    out["usage"] = nullptr;
+    out["usage"] = openai_usage(usage);
     if (interrupted)
       out["interrupted"] = true;
     return out;
@@ -339,6 +392,19 @@ struct completion_head {
         {"delta", std::move(delta)},
         {"logprobs", nullptr},
         {"finish_reason", finish ? json(finish) : json(nullptr)}}});
+    if (include_usage)
+      out["usage"] = nullptr;
+    return "data: " + dump(out) + "\n\n";
+  }
+
+  // OpenAI's last chunk with `stream_options.include_usage`: no choices,
+  // the usage of the whole request ("" when not asked for).
+  std::string usage_chunk(const turn_usage& usage) const {
+    if (!include_usage)
+      return {};
+    auto out = base("chat.completion.chunk");
+    out["choices"] = json::array();
+    out["usage"] = openai_usage(usage);
     return "data: " + dump(out) + "\n\n";
   }
 };
@@ -403,10 +469,13 @@ void threaded(router& r, std::shared_ptr<async_call> call, chat_request c,
       call->ctx.log["thread_id"] = res.thread_id;
       call->ctx.log["turns"] = res.turns;
       metrics->count("turns", 2);
+      metrics->count_usage(static_cast<uint8_t>(res.usage.source),
+                           res.usage.prompt_tokens,
+                           res.usage.completion_tokens);
       response out;
       reply(out, 200,
             shared_head->whole(res.reply, res.interrupted || res.cancelled,
-                               res.tool_calls));
+                               res.tool_calls, res.usage));
       out.set_header(thread_header, local(call->req(), res.thread_id));
       call->send(std::move(out));
     };
@@ -438,9 +507,14 @@ void threaded(router& r, std::shared_ptr<async_call> call, chat_request c,
     line.log["turns"] = res.turns;
     line.log["interrupted"] = res.interrupted;
     metrics->count("turns", 2);
+    metrics->count_usage(static_cast<uint8_t>(res.usage.source),
+                         res.usage.prompt_tokens,
+                         res.usage.completion_tokens);
     spdlog::info(log_fields("chat_completion", line.log));
     call->write(shared_head->chunk(
       json::object(), completion_head::finish_reason(res.tool_calls)));
+    if (shared_head->include_usage)
+      call->write(shared_head->usage_chunk(res.usage));
     call->write("data: [DONE]\n\n");
     call->end_stream();
   };
@@ -483,13 +557,30 @@ void stateless(router& r, std::shared_ptr<async_call> call, chat_request c,
     };
   }
   bool stream = c.stream;
-  completion_done done = [call, shared_head,
-                          stream](caf::expected<completion> res) {
+  auto messages = std::make_shared<const std::vector<chat_message>>(
+    std::move(c.messages));
+  auto* rt = &r.rt();
+  auto* metrics = &r.metrics();
+  completion_done done = [call, shared_head, stream, messages, rt,
+                          metrics](caf::expected<completion> res) {
+    turn_usage usage;
+    if (res) {
+      usage = stateless_usage(*rt, *messages, *res);
+      metrics->count_usage(static_cast<uint8_t>(usage.source),
+                           usage.prompt_tokens, usage.completion_tokens);
+      // No turn keeps it: the tenant's counters do, under thread "".
+      auto& principal = who(call->req());
+      usage.user_id = principal.is_end_user()
+                        ? principal.prefix + principal.user
+                        : std::string{};
+      rt->record_usage(std::string{tenant_of_id(principal.prefix + "x")},
+                       usage);
+    }
     if (!stream) {
       if (!res)
         return call->fail(res.error());
       call->reply(200, shared_head->whole(res->text, res->interrupted,
-                                          res->tool_calls));
+                                          res->tool_calls, usage));
       return;
     }
     if (!res) {
@@ -497,22 +588,23 @@ void stateless(router& r, std::shared_ptr<async_call> call, chat_request c,
     } else {
       call->write(shared_head->chunk(
         json::object(), completion_head::finish_reason(res->tool_calls)));
+      if (shared_head->include_usage)
+        call->write(shared_head->usage_chunk(usage));
       call->write("data: [DONE]\n\n");
     }
     call->end_stream();
   };
-  auto messages = std::move(c.messages);
-  if (provider->start(messages, copts, on_delta, done))
+  if (provider->start(*messages, copts, on_delta, done))
     return;
   // A provider with only the blocking form gets a worker thread.
-  boost::asio::post(r.workers(), [provider, messages = std::move(messages),
+  boost::asio::post(r.workers(), [provider, messages,
                                   copts = std::move(copts),
                                   on_delta = std::move(on_delta),
                                   done = std::move(done)] {
     caf::expected<completion> res = make_error(errc::upstream_failure,
                                                "the provider failed");
     try {
-      res = provider->complete(messages, copts, on_delta);
+      res = provider->complete(*messages, copts, on_delta);
     } catch (const std::exception& e) {
       res = make_error(errc::upstream_failure, e.what());
     }
@@ -531,6 +623,7 @@ void add_openai_routes(router& r) {
       head.id = "chatcmpl-" + make_uuid_v4();
       head.created = unix_seconds();
       head.model = c.model;
+      head.include_usage = c.include_usage;
       call->ctx.log["model"] = c.model;
       if (!c.threaded) {
         stateless(r, std::move(call), std::move(c), std::move(head));

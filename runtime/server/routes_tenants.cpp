@@ -352,6 +352,9 @@ void add_tenant_routes(router& r) {
           if (auto keys = r.idempotency())
             if (auto err = keys->forget_prefix(prefix))
               fail(err);
+          if (auto usage = r.rt().delete_usage(id);
+              !usage && classify(usage.error()) != errc::unavailable)
+            fail(usage.error());
           auto gone = store.delete_tenant(id);
           if (!gone)
             fail(gone.error());

@@ -65,6 +65,15 @@ json manifest_json(const context_manifest& m,
               {"rewrite_left_out", m.rewrite_left_out}};
 }
 
+// What an exchange spent (docs/usage.md): OpenAI's three counts and
+// where they came from.
+json usage_json(const turn_usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens},
+          {"completion_tokens", u.completion_tokens},
+          {"total_tokens", u.total_tokens()},
+          {"source", to_string(u.source)}};
+}
+
 json turn_json(const turn& t) {
   json out{{"role", to_string(t.role)},
            {"content", t.content},
@@ -77,6 +86,8 @@ json turn_json(const turn& t) {
     out["tool_calls"] = json::parse(tool_calls_to_json(t.tool_calls));
   if (t.token_encoding != 0)
     out["tokens"] = t.tokens;
+  if (t.usage.known())
+    out["usage"] = usage_json(t.usage);
   return out;
 }
 
@@ -202,6 +213,8 @@ json result_json(const request& req, const exchange_result& r) {
     out["interrupted"] = true;
   if (r.cancelled)
     out["cancelled"] = true;
+  if (r.usage.known())
+    out["usage"] = usage_json(r.usage);
   return out;
 }
 
@@ -237,6 +250,9 @@ void add_thread_routes(router& r) {
       cb.on_reply = [call, metrics](const exchange_result& result) {
         log_exchange(call->ctx, result);
         metrics->count("turns", 2);
+        metrics->count_usage(static_cast<uint8_t>(result.usage.source),
+                             result.usage.prompt_tokens,
+                             result.usage.completion_tokens);
         call->reply(200, result_json(call->req(), result));
       };
       cb.done = [call](caf::expected<exchange_result> result) {
@@ -287,6 +303,9 @@ void add_thread_routes(router& r) {
         log_exchange(line, result);
         line.log["interrupted"] = result.interrupted;
         metrics->count("turns", 2);
+        metrics->count_usage(static_cast<uint8_t>(result.usage.source),
+                             result.usage.prompt_tokens,
+                             result.usage.completion_tokens);
         spdlog::info(log_fields("stream_exchange", line.log));
         auto done = result_json(call->req(), result);
         done.erase("reply");

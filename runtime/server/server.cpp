@@ -396,6 +396,7 @@ server::server(runtime& rt, server_options options)
   http::add_openai_routes(r);
   http::add_token_routes(r);
   http::add_tenant_routes(r);
+  http::add_usage_routes(r);
   // A retry with the same Idempotency-Key gets the first answer.
   for (auto* route :
        {"POST /v1/threads/{id}/messages",

@@ -68,7 +68,7 @@ class database {
 public:
   /// The schema version this build writes. A database of a newer version
   /// is refused at open, never touched.
-  static constexpr int schema_version = 14;
+  static constexpr int schema_version = 15;
 
   /// Opens (creating if missing) the database at `path`, or a private
   /// in-memory one for ":memory:". Turns on WAL, sets `sync`, and applies

@@ -68,6 +68,13 @@ const upstream = http.createServer((req, res) => {
       };
       res.write("data: " + JSON.stringify(chunk) + "\n\n");
     }
+    // The model "metered" reports its usage in OpenAI's last chunk when
+    // asked for it; the others report none (spindle counts).
+    if (request.model === "metered" && request.stream_options?.include_usage)
+      res.write("data: " + JSON.stringify({
+        id: "chatcmpl-up", object: "chat.completion.chunk", choices: [],
+        usage: { prompt_tokens: 17, completion_tokens: 5, total_tokens: 22 },
+      }) + "\n\n");
     res.end("data: [DONE]\n\n");
   });
 });
@@ -160,6 +167,45 @@ try {
     assert.equal(text, "echo: stream this please");
     assert.equal(finish, "stop");
     assert.ok(chunks >= 4, `only ${chunks} chunks`);
+  });
+
+  await check("usage: the completion's usage, and with include_usage the stream's last chunk", async () => {
+    // An upstream that reports its usage: passed through as it came.
+    const plain = await client.chat.completions.create({
+      model: "metered",
+      messages: [{ role: "user", content: "count me" }],
+    });
+    assert.deepEqual(plain.usage, { prompt_tokens: 17, completion_tokens: 5, total_tokens: 22 });
+    assert.equal(seen[seen.length - 1].stream_options.include_usage, true);
+    const stream = await client.chat.completions.create({
+      model: "metered",
+      messages: [{ role: "user", content: "count me too" }],
+      stream: true,
+      stream_options: { include_usage: true },
+    });
+    let usage = null;
+    let text = "";
+    for await (const chunk of stream) {
+      if (chunk.usage) {
+        assert.deepEqual(chunk.choices, []);
+        usage = chunk.usage;
+      } else {
+        assert.equal(chunk.usage, null);
+        text += chunk.choices[0].delta.content ?? "";
+      }
+    }
+    assert.equal(text, "echo: count me too");
+    assert.deepEqual(usage, { prompt_tokens: 17, completion_tokens: 5, total_tokens: 22 });
+    // An upstream that reports none: counted by spindle, in a thread too.
+    const counted = await client.chat.completions.create({
+      model: "gpt-test",
+      messages: [{ role: "user", content: "count me" }],
+      thread_id: "sdk-usage-" + process.pid,
+    });
+    assert.ok(counted.usage.prompt_tokens > 0, JSON.stringify(counted.usage));
+    assert.ok(counted.usage.completion_tokens > 0, JSON.stringify(counted.usage));
+    assert.equal(counted.usage.total_tokens,
+      counted.usage.prompt_tokens + counted.usage.completion_tokens);
   });
 
   const thread = "sdk-thread-" + process.pid;

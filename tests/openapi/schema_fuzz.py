@@ -128,6 +128,10 @@ SEMANTIC_REFUSALS = {
     "createChatCompletion": {(400, "invalid_argument"), (413, "too_large")},
     "createTenant": {(413, "too_large")},     # 100000 tenants (never near in a run)
     "createKey": {(413, "too_large")},        # 1000 keys in the tenant (a long run's key tenant)
+    # from after to (a `from` past now), a day that does not exist, `after`
+    # without group_by or not a day with group_by=day; an `after` or a
+    # thread_id that is no valid ID.
+    "getUsage": {(400, "invalid_argument"), (400, "invalid_id")},
 }
 
 EVENT_TYPES = ["task.created", "task.claimed", "task.completed", "task.failed",

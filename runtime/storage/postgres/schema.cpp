@@ -214,6 +214,28 @@ constexpr migration migrations[] = {
    "ALTER TABLE tasks ADD COLUMN tenant TEXT COLLATE \"C\" NOT NULL "
    "DEFAULT '';"
    "CREATE INDEX tasks_by_tenant ON tasks(tenant, parent, id);"},
+
+  // 15: usage (docs/usage.md), as SQLite's.
+  {15,
+   "ALTER TABLE turns ADD COLUMN usage_prompt BIGINT NOT NULL DEFAULT 0;"
+   "ALTER TABLE turns ADD COLUMN usage_completion BIGINT NOT NULL DEFAULT 0;"
+   "ALTER TABLE turns ADD COLUMN usage_source BIGINT NOT NULL DEFAULT 0;"
+   "ALTER TABLE turn_journal ADD COLUMN usage_prompt BIGINT NOT NULL "
+   "DEFAULT 0;"
+   "ALTER TABLE turn_journal ADD COLUMN usage_completion BIGINT NOT NULL "
+   "DEFAULT 0;"
+   "ALTER TABLE turn_journal ADD COLUMN usage_source BIGINT NOT NULL "
+   "DEFAULT 0;"
+   "CREATE TABLE usage_counters ("
+   "  tenant TEXT COLLATE \"C\" NOT NULL,"
+   "  hour BIGINT NOT NULL,"
+   "  thread_id TEXT COLLATE \"C\" NOT NULL,"
+   "  user_id TEXT COLLATE \"C\" NOT NULL,"
+   "  source BIGINT NOT NULL,"
+   "  exchanges BIGINT NOT NULL,"
+   "  prompt_tokens BIGINT NOT NULL,"
+   "  completion_tokens BIGINT NOT NULL,"
+   "  PRIMARY KEY (tenant, hour, thread_id, user_id, source));"},
 };
 
 static_assert(sizeof(migrations) / sizeof(migrations[0]) > 0

@@ -271,6 +271,32 @@ const char* const migrations[] = {
   // its tenant ('' for the default tenant, as every stored one is).
   "ALTER TABLE tasks ADD COLUMN tenant TEXT NOT NULL DEFAULT '';"
   "CREATE INDEX tasks_by_tenant ON tasks(tenant, parent, id);",
+
+  // 14 -> 15: usage (docs/usage.md). An assistant turn keeps what its
+  // exchange spent (source 0: none, as every turn stored before), and
+  // each tenant's counters per hour, thread, user and source answer
+  // GET /v1/usage without reading turns.
+  ("ALTER TABLE turns ADD COLUMN usage_prompt INTEGER NOT NULL DEFAULT 0;"
+   "ALTER TABLE turns ADD COLUMN usage_completion INTEGER NOT NULL "
+   "DEFAULT 0;"
+   "ALTER TABLE turns ADD COLUMN usage_source INTEGER NOT NULL DEFAULT 0;"
+   "ALTER TABLE turn_journal ADD COLUMN usage_prompt INTEGER NOT NULL "
+   "DEFAULT 0;"
+   "ALTER TABLE turn_journal ADD COLUMN usage_completion INTEGER NOT NULL "
+   "DEFAULT 0;"
+   "ALTER TABLE turn_journal ADD COLUMN usage_source INTEGER NOT NULL "
+   "DEFAULT 0;"
+   "CREATE TABLE usage_counters ("
+   "  tenant TEXT NOT NULL,"
+   "  hour INTEGER NOT NULL,"
+   "  thread_id TEXT NOT NULL,"
+   "  user_id TEXT NOT NULL,"
+   "  source INTEGER NOT NULL,"
+   "  exchanges INTEGER NOT NULL,"
+   "  prompt_tokens INTEGER NOT NULL,"
+   "  completion_tokens INTEGER NOT NULL,"
+   "  PRIMARY KEY (tenant, hour, thread_id, user_id, source)"
+   ") WITHOUT ROWID;"),
 };
 
 static_assert(sizeof(migrations) / sizeof(migrations[0])

@@ -70,6 +70,14 @@ sql_write put_summary(const std::string& thread_id, uint64_t epoch,
 sql_write append_turn(const std::string& thread_id, uint64_t seq,
                       const turn& t);
 
+/// Adds what an exchange spent to its tenant's counters for the hour of
+/// `at_ms` (docs/usage.md): one row per tenant, hour, thread ("" for a
+/// call without one), user and source. `append_turn` adds it for a turn
+/// that carries usage.
+sql_statement count_usage(const std::string& tenant,
+                          const std::string& thread_id,
+                          const turn_usage& usage, int64_t at_ms);
+
 /// Appends `turns` from sequence number `first_seq` in one write (a batch:
 /// all of them or none).
 sql_write append_turns(const std::string& thread_id, uint64_t first_seq,

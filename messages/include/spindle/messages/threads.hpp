@@ -39,6 +39,47 @@ const char* to_string(turn_role x) noexcept;
 /// This function is thread-safe.
 caf::expected<turn_role> parse_turn_role(std::string_view name);
 
+/// Where an exchange's token usage came from (docs/usage.md): the
+/// upstream's own figures, or counted by spindle with its tokenizer.
+/// Never renumbered: a store keeps them.
+enum class usage_source : uint8_t { none = 0, counted = 1, upstream = 2 };
+
+/// "counted", "upstream" or "none". This function is thread-safe.
+const char* to_string(usage_source x) noexcept;
+
+/// What an exchange spent, kept with its assistant turn: the tokens of
+/// its prompt and of its reply, and where the figures came from.
+struct turn_usage {
+  uint32_t prompt_tokens = 0;
+  uint32_t completion_tokens = 0;
+  usage_source source = usage_source::none;
+  /// The user the exchange acted for (qualified; empty for none): the
+  /// usage counters' user. Not stored with the turn.
+  std::string user_id;
+
+  uint64_t total_tokens() const noexcept {
+    return uint64_t{prompt_tokens} + completion_tokens;
+  }
+  bool known() const noexcept {
+    return source != usage_source::none;
+  }
+  /// The figures and their source (`user_id` is not kept with a turn).
+  friend bool operator==(const turn_usage& x, const turn_usage& y) {
+    return x.prompt_tokens == y.prompt_tokens
+           && x.completion_tokens == y.completion_tokens
+           && x.source == y.source;
+  }
+  friend bool operator!=(const turn_usage& x, const turn_usage& y) {
+    return !(x == y);
+  }
+};
+
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, turn_usage& x) {
+  return f(caf::meta::type_name("turn_usage"), x.prompt_tokens,
+           x.completion_tokens, x.source, x.user_id);
+}
+
 /// One turn of a conversation. A thread stores turns in the order they were
 /// appended; it never sorts them (timestamps are informative only).
 struct turn {
@@ -63,12 +104,16 @@ struct turn {
   uint32_t tokens = 0;
   /// The `token_encoding_id` that `tokens` was counted with.
   uint8_t token_encoding = 0;
+  /// For an assistant turn an exchange stored: what the exchange spent
+  /// (source `none` for every other turn).
+  turn_usage usage;
 
   friend bool operator==(const turn& x, const turn& y) {
     return x.role == y.role && x.content == y.content
            && x.timestamp_ms == y.timestamp_ms
            && x.tool_call_id == y.tool_call_id
-           && x.interrupted == y.interrupted && x.tool_calls == y.tool_calls;
+           && x.interrupted == y.interrupted && x.tool_calls == y.tool_calls
+           && x.usage == y.usage;
   }
   friend bool operator!=(const turn& x, const turn& y) {
     return !(x == y);
@@ -79,7 +124,7 @@ template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, turn& x) {
   return f(caf::meta::type_name("turn"), x.role, x.content, x.timestamp_ms,
            x.tool_call_id, x.interrupted, x.tool_calls, x.tokens,
-           x.token_encoding);
+           x.token_encoding, x.usage);
 }
 
 /// The largest turn content a thread accepts (1 MiB).

@@ -32,6 +32,8 @@ export interface MessageStreamEvents {
     created?: true;
     forked_from?: string;
     interrupted?: true;
+    /** What the exchange spent (docs/usage.md). */
+    usage?: Schemas["Usage"];
   };
   cancelled: {
     thread_id: string;
@@ -40,6 +42,7 @@ export interface MessageStreamEvents {
     forked_from?: string;
     interrupted: true;
     cancelled: true;
+    usage?: Schemas["Usage"];
   };
   error: { error: { code: ErrorCode; message: string } };
 }

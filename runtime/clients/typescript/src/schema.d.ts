@@ -687,7 +687,7 @@ export interface paths {
         put?: never;
         /**
          * OpenAI-compatible chat completion
-         * @description OpenAI's Chat Completions request and response. With a thread (a `thread_id` field or the `Spindle-Thread-Id` header) spindle keeps the conversation: the last message is the new user turn (or the results of the thread's last tool calls, appended first), leading system or developer messages replace the system prompt, both turns are stored; the thread's ID comes back in the `Spindle-Thread-Id` header and a `thread_id` field. Without a thread the messages go to the provider as they are and nothing is stored. With `stream: true` the reply is a `text/event-stream` of `data:` chunks ending with `data: [DONE]`; a failure after the stream began is a `data: {"error": ...}` event that ends it.
+         * @description OpenAI's Chat Completions request and response. With a thread (a `thread_id` field or the `Spindle-Thread-Id` header) spindle keeps the conversation: the last message is the new user turn (or the results of the thread's last tool calls, appended first), leading system or developer messages replace the system prompt, both turns are stored; the thread's ID comes back in the `Spindle-Thread-Id` header and a `thread_id` field. Without a thread the messages go to the provider as they are and nothing is stored. With `stream: true` the reply is a `text/event-stream` of `data:` chunks ending with `data: [DONE]`; a failure after the stream began is a `data: {"error": ...}` event that ends it. `usage` is what the exchange spent (docs/usage.md), in OpenAI's form; streamed with `stream_options: {"include_usage": true}`, every chunk carries `"usage": null` and a last chunk with no choices carries the usage before `[DONE]`, as OpenAI streams it.
          */
         post: operations["createChatCompletion"];
         delete?: never;
@@ -710,6 +710,26 @@ export interface paths {
          * @description Exact token counts for OpenAI's models, equal to tiktoken's. The encoding is `encoding` when given, else the server's `--tokenizer`, else the model's, else `o200k_base`.
          */
         post: operations["countTokens"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * What the tenant's exchanges spent
+         * @description Sums the usage counters of the caller's tenant (the admin token names one with `Spindle-Tenant`): one row per hour, thread, user and source, written with each assistant turn, so no turn is read. The range is widened to whole hours. Needs the scope `usage:read`.
+         */
+        get: operations["getUsage"];
+        put?: never;
+        post?: never;
         delete?: never;
         options?: never;
         head?: never;
@@ -756,7 +776,7 @@ export interface paths {
         post?: never;
         /**
          * Delete a tenant
-         * @description Revokes the tenant's keys (at once on this node, on the other nodes of a cluster within half a second), then deletes its threads, its memories and the answers kept for its `Idempotency-Key`s, then the tenant. A tenant that holds threads or memories is refused unless `force` is `true`; deleting its data waits a second first, so that no node still takes its keys. A failure midway leaves the tenant with its keys revoked: send the request again. The tenant `default` cannot be deleted. For the admin token.
+         * @description Revokes the tenant's keys (at once on this node, on the other nodes of a cluster within half a second), then deletes its threads, its memories, the answers kept for its `Idempotency-Key`s and its usage counters, then the tenant. A tenant that holds threads or memories is refused unless `force` is `true`; deleting its data waits a second first, so that no node still takes its keys. A failure midway leaves the tenant with its keys revoked: send the request again. The tenant `default` cannot be deleted. For the admin token.
          */
         delete: operations["deleteTenant"];
         options?: never;
@@ -1088,6 +1108,8 @@ export interface components {
              * @constant
              */
             cancelled?: true;
+            /** @description What the exchange spent (docs/usage.md); absent when nothing counted it. */
+            usage?: components["schemas"]["Usage"];
         };
         /** @description A stored turn. */
         Turn: {
@@ -1113,6 +1135,25 @@ export interface components {
             interrupted?: true;
             /** @description On an assistant turn that calls tools. */
             tool_calls?: components["schemas"]["ToolCall"][];
+            /** @description What the exchange spent (docs/usage.md): on the assistant turn an exchange stored, when something counted it; absent on every other turn. */
+            usage?: components["schemas"]["Usage"];
+        };
+        /** @description What one exchange spent in tokens (docs/usage.md): OpenAI's three counts and where they came from. */
+        Usage: {
+            /** Format: int64 */
+            prompt_tokens: number;
+            /** Format: int64 */
+            completion_tokens: number;
+            /**
+             * Format: int64
+             * @description `prompt_tokens` + `completion_tokens`.
+             */
+            total_tokens: number;
+            /**
+             * @description `counted`: counted by spindle with its tokenizer; `upstream`: the upstream model's own figures.
+             * @enum {string}
+             */
+            source: "counted" | "upstream";
         };
         Summary: {
             content: string;
@@ -1725,8 +1766,13 @@ export interface components {
             metadata?: unknown;
             /** @description Accepted and not used. */
             service_tier?: unknown;
-            /** @description Accepted and not used. */
-            stream_options?: unknown;
+            /** @description Read as OpenAI reads it; a key other than these is 400 `unknown_field`. `include_usage` matters only when `stream` is true. */
+            stream_options?: {
+                /** @description True, with `stream: true`: every chunk carries `"usage": null`, and a last chunk with empty `choices` carries the usage (as OpenAI streams it). */
+                include_usage?: boolean | null;
+                /** @description Accepted and not used. */
+                include_obfuscation?: boolean | null;
+            } | null;
             /** @description spindle keeps the conversation in this thread (`new`: a fresh one); the same as the `Spindle-Thread-Id` header when both are given. */
             thread_id?: string | null;
             /** @description With a thread only. */
@@ -1768,12 +1814,90 @@ export interface components {
                 /** @enum {string} */
                 finish_reason: "stop" | "tool_calls";
             }[];
-            usage: null;
+            /** @description What the exchange spent (docs/usage.md), in OpenAI's form; null when nothing counted it. */
+            usage: components["schemas"]["OpenAIUsage"] | null;
             /**
              * @description Present when the reply was cut short (cancelled, or the client went away).
              * @constant
              */
             interrupted?: true;
+        };
+        /** @description OpenAI's `usage` object: what an exchange spent in tokens (docs/usage.md), counted by spindle or reported by the upstream. */
+        OpenAIUsage: {
+            /** Format: int64 */
+            prompt_tokens: number;
+            /** Format: int64 */
+            completion_tokens: number;
+            /**
+             * Format: int64
+             * @description `prompt_tokens` + `completion_tokens`.
+             */
+            total_tokens: number;
+        };
+        /** @description What a group's exchanges of one source spent. */
+        UsageFigures: {
+            /** Format: int64 */
+            exchanges: number;
+            /** Format: int64 */
+            prompt_tokens: number;
+            /** Format: int64 */
+            completion_tokens: number;
+            /**
+             * Format: int64
+             * @description `prompt_tokens` + `completion_tokens`.
+             */
+            total_tokens: number;
+        };
+        /** @description One group of a usage report: its key (with `group_by`) and what its exchanges spent, summed over both sources and by source. */
+        UsageGroup: {
+            /** @description With `group_by` `thread`: the thread; null for the chat completions without a thread. */
+            thread_id?: string | null;
+            /** @description With `group_by` `user`: the user; null for the exchanges without a user. */
+            user_id?: string | null;
+            /**
+             * Format: date
+             * @description With `group_by` `day`: the day (UTC), `YYYY-MM-DD`.
+             */
+            day?: string;
+            /** Format: int64 */
+            exchanges: number;
+            /** Format: int64 */
+            prompt_tokens: number;
+            /** Format: int64 */
+            completion_tokens: number;
+            /**
+             * Format: int64
+             * @description `prompt_tokens` + `completion_tokens`.
+             */
+            total_tokens: number;
+            /** @description The same figures by source: `counted` by spindle with its tokenizer, `upstream` as the upstream model reported them. */
+            by_source: {
+                counted: components["schemas"]["UsageFigures"];
+                upstream: components["schemas"]["UsageFigures"];
+            };
+        };
+        /** @description What the tenant's exchanges spent (docs/usage.md), over whole hours: one total without `group_by` (zeros when nothing was spent), else a page of groups in the order of their keys. */
+        UsageReport: {
+            /** @constant */
+            object: "usage";
+            /**
+             * Format: date-time
+             * @description The start of the first hour counted (UTC).
+             */
+            from: string;
+            /**
+             * Format: date-time
+             * @description The end of the last hour counted (UTC).
+             */
+            to: string;
+            /**
+             * @description The request's `group_by`; null for one total.
+             * @enum {string|null}
+             */
+            group_by: "thread" | "user" | "day" | null;
+            data: components["schemas"]["UsageGroup"][];
+            /** @description More groups follow: ask again with `after` the last group's key. */
+            has_more: boolean;
         };
         /** @description A tenant: a share of spindle whose data no other tenant sees. */
         Tenant: {
@@ -1840,7 +1964,7 @@ export interface components {
             keys: number;
         };
         /**
-         * @description What a key may do, route by route: `threads:read` (listing and reading threads, their history and context items, building a context), `threads:write` (creating, changing, copying and deleting threads, messages, cancelling, turns, adding context items, chat completions), `memories:read` (`GET /v1/memories`, `GET /v1/memories/entries`), `memories:write` (storing and deleting memories), `tasks:read` (reading orchestrations and tasks), `tasks:write` (creating orchestrations, claiming and settling tasks, subtasks, `POST /v1/ids`), `events:read` (`GET /v1/events`), `usage:read` (no route asks for it yet), `keys:admin` (its own tenant's keys and how its end users' tokens are checked). `POST /v1/tokens/count` and `GET /v1/me` need none. A key created without `scopes` has all but `keys:admin`; an end user's token has `threads:read`, `threads:write`, `memories:read` and `memories:write`.
+         * @description What a key may do, route by route: `threads:read` (listing and reading threads, their history and context items, building a context), `threads:write` (creating, changing, copying and deleting threads, messages, cancelling, turns, adding context items, chat completions), `memories:read` (`GET /v1/memories`, `GET /v1/memories/entries`), `memories:write` (storing and deleting memories), `tasks:read` (reading orchestrations and tasks), `tasks:write` (creating orchestrations, claiming and settling tasks, subtasks, `POST /v1/ids`), `events:read` (`GET /v1/events`), `usage:read` (`GET /v1/usage`), `keys:admin` (its own tenant's keys and how its end users' tokens are checked). `POST /v1/tokens/count` and `GET /v1/me` need none. A key created without `scopes` has all but `keys:admin`; an end user's token has `threads:read`, `threads:write`, `memories:read` and `memories:write`.
          * @enum {string}
          */
         Scope: "threads:read" | "threads:write" | "memories:read" | "memories:write" | "tasks:read" | "tasks:write" | "events:read" | "usage:read" | "keys:admin";
@@ -4935,7 +5059,7 @@ export interface operations {
                     "text/event-stream": string;
                 };
             };
-            /** @description `malformed`: the request could not be parsed as HTTP; `malformed`: not a JSON object, `model` missing or not a string, a spindle field of the wrong type; `unknown_field`: a field OpenAI's request does not have; `invalid_argument` naming the field: an empty `model`, empty or bad `messages`, `n` other than 1, `logprobs: true`, `functions`, `modalities` other than `["text"]`, non-text content parts, bad `tools`, `tool_choice` or `tool_calls`, a last message that is neither the user's nor tool results with a thread, `thread_id` and the header disagreeing, `user_id`, `on_conflict` or `max_turns` without a thread; `invalid_id`: a bad thread or user ID; `invalid_argument` with `param` `Idempotency-Key`: a key that is empty, longer than 255 bytes or holds other than printable ASCII without spaces. */
+            /** @description `malformed`: the request could not be parsed as HTTP; `malformed`: not a JSON object, `model` missing or not a string, a spindle field of the wrong type; `unknown_field`: a field OpenAI's request does not have (a key of `stream_options` other than `include_usage` and `include_obfuscation` too); `invalid_argument` naming the field: an empty `model`, empty or bad `messages`, `n` other than 1, `logprobs: true`, `functions`, `modalities` other than `["text"]`, `stream_options` not an object or one of its values not a boolean, non-text content parts, bad `tools`, `tool_choice` or `tool_calls`, a last message that is neither the user's nor tool results with a thread, `thread_id` and the header disagreeing, `user_id`, `on_conflict` or `max_turns` without a thread; `invalid_id`: a bad thread or user ID; `invalid_argument` with `param` `Idempotency-Key`: a key that is empty, longer than 255 bytes or holds other than printable ASCII without spaces. */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -5070,6 +5194,78 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+        };
+    };
+    getUsage: {
+        parameters: {
+            query?: {
+                /** @description Seconds since the Unix epoch (integer text), a day `YYYY-MM-DD` (its first second, UTC) or a UTC time `YYYY-MM-DDTHH:MM:SSZ`; default 0. A date that does not exist (`2026-02-30`) or a `from` after `to` is 400 `invalid_argument`. */
+                from?: string;
+                /** @description As `from`; default now. Exclusive. */
+                to?: string;
+                /** @description One group per thread, user or day (UTC); without it one total. */
+                group_by?: "thread" | "user" | "day";
+                /** @description Only this thread's exchanges. */
+                thread_id?: string;
+                /** @description Only this user's exchanges. */
+                user_id?: string;
+                /** @description At most this many groups. */
+                limit?: number;
+                /** @description With `group_by`: the last group's key of the previous page (a thread ID, a user ID, or a day `YYYY-MM-DD`); without `group_by` 400 `invalid_argument`. */
+                after?: string;
+            };
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description What the exchanges spent. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["UsageReport"];
+                };
+            };
+            /** @description `malformed`: the request could not be parsed as HTTP; `invalid_argument` naming the parameter: `from` or `to` neither seconds nor a day nor a UTC time, or a date that does not exist; `from` after `to`; an unknown `group_by`; `limit` out of range or not an integer; `after` without `group_by`, or not a day with `group_by=day`; a parameter given empty; `invalid_id`: a bad `thread_id`, `user_id` or `after` (with `group_by` `thread` or `user`); `unknown_field`: another query parameter. */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description `not_found`: with tenancy on, `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            413: components["responses"]["ContentTooLarge"];
+            414: components["responses"]["UriTooLong"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["InternalError"];
+            /** @description `unavailable`: the server has `--max-connections` open (the connection is then closed) or its runtime is stopping; `storage_unavailable`: the PostgreSQL store cannot be reached now. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            504: components["responses"]["Timeout"];
         };
     };
     listTenants: {

@@ -111,6 +111,9 @@ struct exchange_result {
   /// The reply was cancelled (`runtime::cancel_exchange`); it is stored
   /// as interrupted.
   bool cancelled = false;
+  /// What the exchange spent (docs/usage.md), as stored with its
+  /// assistant turn; source `none` when nothing counted it.
+  turn_usage usage;
   /// The query the rewriter produced (the original when none).
   std::string rewritten_query;
   /// The thread actor's ID, for logs.

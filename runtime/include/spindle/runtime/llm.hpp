@@ -85,6 +85,12 @@ struct completion {
   /// The tools the model called, whole, in order (finish reason
   /// "tool_calls"); empty for a text reply.
   std::vector<tool_call> tool_calls;
+  /// The upstream's own count of the call's tokens, when it reported one
+  /// (OpenAI's `usage`; a streamed call asks for it with
+  /// `stream_options.include_usage`). False: the caller counts them.
+  bool usage_reported = false;
+  uint64_t prompt_tokens = 0;
+  uint64_t completion_tokens = 0;
 };
 
 /// Receives each piece of a reply as it is generated, in order. Returning

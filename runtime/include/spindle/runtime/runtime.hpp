@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -38,6 +39,50 @@ class compactor;
 class event_log;
 class exchange_set;
 class storage_counters;
+class token_counter;
+
+/// How `runtime::usage` groups a tenant's usage.
+enum class usage_grouping { none, thread, user, day };
+
+/// A question to the usage counters (docs/usage.md).
+struct usage_query {
+  /// The tenant ("" for the default one).
+  std::string tenant;
+  /// Seconds since the Unix epoch: [from_s, to_s), widened to whole hours
+  /// (the counters' unit).
+  int64_t from_s = 0;
+  int64_t to_s = std::numeric_limits<int64_t>::max();
+  usage_grouping group_by = usage_grouping::none;
+  /// Only this thread's or this user's exchanges (qualified); empty: all.
+  std::string thread_id;
+  std::string user_id;
+  /// At most this many groups, after the group `after` (a thread or user
+  /// ID, or a day's first second as decimal text); empty: from the first.
+  size_t limit = 1000;
+  std::string after;
+};
+
+/// What exchanges spent, by one source.
+struct usage_figures {
+  uint64_t exchanges = 0;
+  uint64_t prompt_tokens = 0;
+  uint64_t completion_tokens = 0;
+};
+
+/// One group of `runtime::usage`: its key (the thread or user ID,
+/// qualified; a day's first second as decimal text; "" without grouping)
+/// and its figures by source, never added together.
+struct usage_group {
+  std::string key;
+  usage_figures counted;
+  usage_figures upstream;
+};
+
+struct usage_page {
+  std::vector<usage_group> groups;
+  /// More groups follow the last one.
+  bool more = false;
+};
 
 /// Everything a runtime is started with.
 struct runtime_options {
@@ -127,6 +172,12 @@ public:
 
   /// The state store of threads, context windows and tasks; invalid when
   /// the runtime keeps its state in memory only (docs/storage.md).
+  /// The encoding turns and usage are counted with (null before the
+  /// runtime started).
+  std::shared_ptr<const spindle::token_counter> token_counter() const {
+    return tokens_;
+  }
+
   storage_actor state_store() const noexcept {
     return state_store_;
   }
@@ -442,6 +493,21 @@ public:
   caf::expected<uint64_t> delete_tenant_memories(
     const std::string& tenant_prefix, bool dry_run = false);
 
+  /// What a tenant's exchanges spent (docs/usage.md), read from the usage
+  /// counters (one row per hour, thread, user and source), never from the
+  /// turns. Errors: invalid_argument, storage_failure, timeout,
+  /// unavailable (no state store).
+  caf::expected<usage_page> usage(const usage_query& query);
+
+  /// Adds the usage of a call that stores no turn (a chat completion
+  /// without a thread) to `tenant`'s counters, under thread "", without
+  /// waiting for the write (a failure is logged). Nothing without usage.
+  void record_usage(const std::string& tenant, const turn_usage& usage);
+
+  /// Deletes the tenant's usage counters; returns how many rows went.
+  /// Errors: storage_failure, timeout, unavailable.
+  caf::expected<uint64_t> delete_usage(const std::string& tenant);
+
   /// Sends one user message and waits for the reply: the whole exchange of
   /// docs/threads.md (history read before the message is stored, user turn
   /// stored before the reply, reply streamed through `on_delta`, assistant
@@ -732,6 +798,8 @@ private:
   std::shared_ptr<exchange_set> exchanges_;
   /// Folds what leaves the prompts into summaries (null: off).
   std::shared_ptr<compactor> compactor_;
+  /// The encoding turns and usage are counted with.
+  std::shared_ptr<const spindle::token_counter> tokens_;
   // orchestration:
   caf::error start_orchestration();
   /// Starts a scheduler (its load runs behind it); in a cluster, writing
