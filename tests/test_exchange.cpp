@@ -343,6 +343,56 @@ TEST_CASE("exchange: cancel_exchange stops the running reply at once, "
   CHECK(next->turns == 4);
 }
 
+TEST_CASE("exchange: a cancel that answered true always ends its reply as "
+          "cancelled, however closely it races the reply's end") {
+  // Instant replies, cancels sent without pause from the moment the
+  // message starts until it ended: some land before the provider ends,
+  // some after the reply settled, some in between. Four threads at once.
+  runtime rt;
+  constexpr int threads = 4;
+  constexpr int rounds = 150;
+  std::atomic<int> cancelled{0}, completed{0}, wrong{0};
+  std::vector<std::thread> clients;
+  for (int t = 0; t < threads; ++t)
+    clients.emplace_back([&, t] {
+      for (int i = 0; i < rounds; ++i) {
+        auto id = "race-" + std::to_string(t) + "-" + std::to_string(i);
+        std::promise<caf::expected<exchange_result>> ended;
+        auto result = ended.get_future();
+        exchange_request req;
+        req.thread_id = id;
+        req.content = "hello";
+        std::atomic<bool> done{false};
+        rt.send_message_async(
+          req, [](std::string_view) { return true; },
+          [&](caf::expected<exchange_result> r) {
+            ended.set_value(std::move(r));
+            done = true;
+          });
+        int answered_true = 0;
+        while (!done)
+          if (rt.cancel_exchange(id))
+            ++answered_true;
+        auto r = result.get();
+        if (!r || answered_true > 1 || r->cancelled != (answered_true == 1)) {
+          ++wrong;
+          continue;
+        }
+        ++(r->cancelled ? cancelled : completed);
+        // What was stored says the same.
+        auto snap = rt.snapshot(id);
+        if (!snap || snap->turns.size() != 2
+            || snap->turns[1].interrupted != r->cancelled)
+          ++wrong;
+      }
+    });
+  for (auto& c : clients)
+    c.join();
+  INFO("cancelled " << cancelled << ", completed " << completed);
+  CHECK(wrong == 0);
+  CHECK(cancelled + completed == threads * rounds);
+}
+
 TEST_CASE("exchange: a provider failure keeps the user turn, returns "
           "upstream_failure and frees the thread") {
   auto failing = std::make_shared<test::failing_provider>();

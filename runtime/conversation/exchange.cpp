@@ -190,7 +190,11 @@ public:
                                      + "' failed: "
                                      + describe(reply.error())));
     }
-    if (st_->cb.flow->cancelled()) {
+    // From here on the reply cannot be cancelled: it was, or it is
+    // complete (a cancel that answered true always ends as cancelled).
+    if (st_->svc.live ? st_->svc.live->settle(st_->res.thread_id,
+                                              st_->cb.flow.get())
+                      : st_->cb.flow->cancelled()) {
       st_->res.cancelled = true;
       reply->interrupted = true;
     }
@@ -669,6 +673,21 @@ void exchange_set::hold(const std::string& thread_id,
 
 void exchange_set::let_go(const std::string& thread_id,
                           const flow_control* flow) {
+  settle(thread_id, flow);
+}
+
+bool exchange_set::cancel(const std::string& thread_id) {
+  // Under the lock, so that `settle` sees it or it finds nothing: the
+  // flow's abort only posts to the producer's loop.
+  std::lock_guard<std::mutex> guard{mx_};
+  auto it = holding_.find(thread_id);
+  if (it == holding_.end())
+    return false;
+  return it->second->cancel();
+}
+
+bool exchange_set::settle(const std::string& thread_id,
+                          const flow_control* flow) {
   std::shared_ptr<flow_control> gone;
   std::lock_guard<std::mutex> guard{mx_};
   auto it = holding_.find(thread_id);
@@ -676,18 +695,7 @@ void exchange_set::let_go(const std::string& thread_id,
     gone = std::move(it->second);
     holding_.erase(it);
   }
-}
-
-bool exchange_set::cancel(const std::string& thread_id) {
-  std::shared_ptr<flow_control> flow;
-  {
-    std::lock_guard<std::mutex> guard{mx_};
-    auto it = holding_.find(thread_id);
-    if (it == holding_.end())
-      return false;
-    flow = it->second;
-  }
-  return flow->cancel();
+  return flow->cancelled();
 }
 
 size_t exchange_set::running() {

@@ -59,8 +59,14 @@ public:
   void hold(const std::string& thread_id, std::shared_ptr<flow_control> flow);
   void let_go(const std::string& thread_id, const flow_control* flow);
   /// Cancels the reply of the exchange holding `thread_id`: false when no
-  /// exchange holds it, or its reply was cancelled already.
+  /// exchange holds it, its reply ended (`settle`), or it was cancelled
+  /// already.
   bool cancel(const std::string& thread_id);
+  /// The reply of the exchange holding `thread_id` with `flow` ended: a
+  /// later `cancel` finds none. True when it was cancelled before. One
+  /// lock orders the two, so a cancel that answered true always ends its
+  /// reply as cancelled.
+  bool settle(const std::string& thread_id, const flow_control* flow);
 
 private:
   std::mutex mx_;
