@@ -981,15 +981,15 @@ TEST_CASE("tenants across two nodes: each key sees only its tenant on every "
   CHECK(call(p1, key_of["b"], "GET", "/v1/threads").first == 200);
 }
 
-TEST_CASE("tenants across two nodes: randomized isolation: 20 tenants with "
-          "two end users each, 4,000 requests through either node with IDs "
+TEST_CASE("tenants across two nodes: randomized isolation: 50 tenants with "
+          "two end users each, 10,000 requests through either node with IDs "
           "of other tenants and end users: no foreign byte, and a foreign "
           "ID answers as a missing one",
           "[postgres]") {
   cluster c{2, {"--admin-token", test::tenants_admin_token}};
   std::vector<int> ports{c.node(0).port(), c.node(1).port()};
-  auto world = test::isolation_world(ports, 20);
-  constexpr int requests = 4000;
+  auto world = test::isolation_world(ports, 50);
+  constexpr int requests = 10000;
   auto compared = test::isolation_requests(ports, world, requests, 4242);
   CHECK(compared > requests / 3);
 }
