@@ -78,7 +78,7 @@ export function signOut() {
 
 // The routes of a tenant's data, where the admin token names its tenant,
 // and GET /v1/me, which then names that tenant too.
-const TENANT_ROUTES = /^\/v1\/(threads|memories|orchestrations|tasks|events|ids|chat|me)(\/|\?|$)/;
+const TENANT_ROUTES = /^\/v1\/(threads|memories|orchestrations|tasks|events|ids|chat|usage|me)(\/|\?|$)/;
 
 /**
  * How a call is sent: `ask: false` answers a 401 as an error instead of

@@ -1,13 +1,16 @@
 // Conversations: the list of threads (search by ID or metadata, paging),
-// a thread's turns as a chat with replies streamed in, its context window
-// and its memory entries; fork, clear and delete. The admin token acting
-// in no tenant is offered a choice of tenant instead.
+// a thread's turns as a chat with replies streamed in (each reply with
+// what its exchange spent), its context window and its memory entries;
+// fork, clear and delete; and, for a token with usage:read, what the
+// tenant spent today and in the last 30 days and what the open thread
+// spent (GET /v1/usage). The admin token acting in no tenant is offered a
+// choice of tenant instead.
 
 import { api, followEvents, postStream, seg } from "./api.js";
 import { $, h, replace, timeEl } from "./dom.js";
 import { markdown } from "./markdown.js";
 import { confirmDialog, notify, setLive } from "./main.js";
-import { needsTenant, refusal } from "./session.js";
+import { needsTenant, principal, refusal } from "./session.js";
 import { chooser } from "./tenants.js";
 /** @typedef {import("./api.js").Schemas} Schemas */
 
@@ -17,11 +20,15 @@ const state = {
   cursor: null,
   filter: "",
   thread: null, // ID shown
+  threadRead: null, // ID shown whose GET /v1/threads/{id} answered (its usage may be asked for)
   tab: "chat",
   streaming: false,
   stopEvents: null,
   refreshTimer: 0,
   listTimer: 0,
+  usageTimer: 0,
+  /** @type {Record<string, number>} the last request of each usage row */
+  usageSeq: {},
 };
 
 const TABS = [
@@ -42,7 +49,9 @@ export function show(root, args, first) {
   if (id !== undefined && id !== "") openThread(id);
   else {
     state.thread = null;
+    state.threadRead = null;
     replace($("#thread", root), h("p", { class: "empty", text: "Pick a conversation, or start a new one." }));
+    loadUsage(["thread"]);
   }
   if (!state.stopEvents) {
     state.stopEvents = followEvents("types=thread", onEvent, setLive);
@@ -52,6 +61,7 @@ export function show(root, args, first) {
 export function leave() {
   state.stopEvents?.();
   state.stopEvents = null;
+  clearTimeout(state.usageTimer);
 }
 
 function build(root) {
@@ -89,7 +99,9 @@ function build(root) {
       h("article", { id: "thread", class: "pane thread-pane", "aria-live": "off" }),
     ),
   );
-  loadList(true);
+  // The usage panel once the list answered: by then the server said who
+  // the token is (a token asked for by the list's call is learned first).
+  loadList(true).then(() => loadUsage());
 }
 
 // -- the list ----------------------------------------------------------------
@@ -174,6 +186,7 @@ function onEvent(type, data) {
     state.listTimer = setTimeout(() => loadList(true), 300);
   }
   if (data.thread !== state.thread) return;
+  if (type === "thread.turn_appended") scheduleUsage();
   clearTimeout(state.refreshTimer);
   state.refreshTimer = setTimeout(() => {
     if (!state.streaming) {
@@ -196,6 +209,8 @@ async function openThread(id) {
   }
   if (!same) {
     pane.dataset.thread = id;
+    state.threadRead = null;
+    loadUsage(["thread"]);
     replace(
       pane,
       h("header", { class: "thread-head" }, h("h2", null, h("code", { class: "tid", text: id })), h("div", { id: "thread-info", class: "sub" })),
@@ -206,6 +221,8 @@ async function openThread(id) {
       const t = await api("GET", "/v1/threads/" + seg(id));
       if (state.thread !== id) return;
       renderThread(pane, t);
+      state.threadRead = id;
+      loadUsage(["thread"]);
     } catch (err) {
       if (state.thread !== id) return;
       replace(pane, h("header", { class: "thread-head" }, h("h2", null, h("code", { class: "tid", text: id }))), refusal(err, "This conversation", "p"));
@@ -335,6 +352,7 @@ function turnItem(t) {
       timeEl(t.timestamp),
     ),
     h("div", { class: "content md" }, markdown(t.content)),
+    t.usage ? usageLine(t.usage) : null,
   );
 }
 
@@ -399,6 +417,9 @@ async function sendMessage(text) {
         status.textContent = "Receiving…";
       } else if (e.event === "done" || e.event === "cancelled") {
         if (data.interrupted) reply.classList.add("interrupted");
+        /** @type {Schemas["Usage"] | undefined} */
+        const usage = data.usage;
+        if (usage) reply.append(usageLine(usage));
       } else if (e.event === "error") {
         throw Object.assign(new Error(data.error?.message || "the reply failed"), { toString: () => `${data.error?.code}: ${data.error?.message}` });
       }
@@ -409,6 +430,7 @@ async function sendMessage(text) {
     replace(body, markdown(full));
     body.className = "content md";
     reply.removeAttribute("id");
+    scheduleUsage();
   } catch (err) {
     reply.remove();
     list.lastElementChild?.classList.add("failed");
@@ -419,6 +441,133 @@ async function sendMessage(text) {
     button.disabled = false;
     refreshInfo();
   }
+}
+
+// -- usage ---------------------------------------------------------------------
+// What exchanges spent (docs/usage.md): on each assistant turn an exchange
+// stored, and in a panel below the list (GET /v1/usage, scope usage:read).
+
+const fmt = (n) => Number(n).toLocaleString("en-US");
+
+const SOURCES = {
+  counted: "counted by spindle with its tokenizer",
+  upstream: "as the upstream model reported them",
+};
+
+/** "412 in · 96 out · counted": what one exchange spent. @param {Schemas["Usage"]} u */
+function usageLine(u) {
+  return h("div", {
+    class: "turn-usage",
+    "data-source": u.source,
+    title: `This exchange: ${fmt(u.prompt_tokens)} prompt tokens, ${fmt(u.completion_tokens)} completion tokens (${fmt(u.total_tokens)} in all), ${SOURCES[u.source] || u.source}.`,
+    text: `${fmt(u.prompt_tokens)} in · ${fmt(u.completion_tokens)} out · ${u.source}`,
+  });
+}
+
+/** The panel's rows: what the tenant spent today, in 30 days, and the open thread. */
+const USAGE_ROWS = [
+  ["today", "Today (UTC)"],
+  ["month", "Last 30 days"],
+  ["thread", "This conversation"],
+];
+const DAY_MS = 86400000;
+
+/** Whether the token may read usage reports (its scopes, from GET /v1/me). */
+const mayReadUsage = () => principal().scopes.includes("usage:read");
+
+function usagePanel() {
+  return h(
+    "section",
+    { id: "usage", class: "usage", "aria-labelledby": "usage-title" },
+    h("h3", { id: "usage-title", text: "Usage" }),
+    h(
+      "table",
+      { class: "usage-table" },
+      h("thead", null, h("tr", null, ["Exchanges", "Prompt tokens", "Completion tokens", "Source"].map((c) => h("th", { scope: "col", text: c })))),
+      USAGE_ROWS.map(([key]) => h("tbody", { id: "usage-" + key, hidden: true })),
+    ),
+  );
+}
+
+/** Reads the panel's rows `keys` again, a little later (coalesced). */
+function scheduleUsage() {
+  clearTimeout(state.usageTimer);
+  state.usageTimer = setTimeout(() => loadUsage(), 300);
+}
+
+/**
+ * Reads the usage panel's rows `keys` (GET /v1/usage: from today's date,
+ * from the date 30 days ago, and for the open thread). A token without
+ * usage:read has no panel, and the route is not asked.
+ */
+function loadUsage(keys = USAGE_ROWS.map(([key]) => key)) {
+  const aside = $(".list-pane", state.root);
+  let panel = $("#usage", state.root);
+  if (!aside || !mayReadUsage()) {
+    panel?.remove();
+    return;
+  }
+  if (!panel) aside.append((panel = usagePanel()));
+  const day = (ms) => new Date(ms).toISOString().slice(0, 10);
+  const now = Date.now();
+  for (const [key, label] of USAGE_ROWS) {
+    if (!keys.includes(key)) continue;
+    const body = $("#usage-" + key, panel);
+    const seq = (state.usageSeq[key] = (state.usageSeq[key] || 0) + 1);
+    const thread = state.threadRead;
+    if (key === "thread" && !thread) {
+      body.hidden = true;
+      replace(body);
+      continue;
+    }
+    const q = key === "today" ? { from: day(now) } : key === "month" ? { from: day(now - 30 * DAY_MS) } : { thread_id: thread };
+    api("GET", "/v1/usage?" + new URLSearchParams(q)).then(
+      (/** @type {Schemas["UsageReport"]} */ r) => {
+        if (state.usageSeq[key] !== seq) return;
+        body.dataset.thread = thread || "";
+        showUsage(body, label, r);
+      },
+      (err) => {
+        if (state.usageSeq[key] !== seq) return;
+        body.hidden = false;
+        replace(body, h("tr", null, h("td", { colspan: 4 }, refusal(err, "Usage"))));
+      },
+    );
+  }
+}
+
+/** @param {HTMLElement} body @param {string} label @param {Schemas["UsageReport"]} r */
+function showUsage(body, label, r) {
+  /** @type {Schemas["UsageFigures"]} */
+  const zero = { exchanges: 0, prompt_tokens: 0, completion_tokens: 0, total_tokens: 0 };
+  // Without group_by there is always one item; zeros if there were none.
+  const g = r.data[0] || { ...zero, by_source: { counted: zero, upstream: zero } };
+  const spent = (/** @type {Schemas["UsageFigures"]} */ f) => f.exchanges > 0 || f.total_tokens > 0;
+  const { counted, upstream } = g.by_source;
+  const both = spent(counted) && spent(upstream);
+  const only = both ? null : spent(counted) ? "counted" : spent(upstream) ? "upstream" : null;
+  body.hidden = false;
+  replace(
+    body,
+    h("tr", { class: "usage-period" }, h("th", { scope: "rowgroup", colspan: 4, title: `From ${r.from} to ${r.to} (whole hours, UTC).`, text: label })),
+    usageRow("usage-total", g, only, both ? "both" : only || "–"),
+    both ? [usageRow("usage-source", counted, "counted", "counted"), usageRow("usage-source", upstream, "upstream", "upstream")] : null,
+  );
+}
+
+/**
+ * A row of figures; `source` the one they are of (null for both or none).
+ * @param {string} cls @param {Schemas["UsageFigures"]} f @param {string | null} source @param {string} shown
+ */
+function usageRow(cls, f, source, shown) {
+  return h(
+    "tr",
+    { class: cls, "data-source": source },
+    h("td", { class: "num exchanges", text: fmt(f.exchanges) }),
+    h("td", { class: "num prompt", text: fmt(f.prompt_tokens) }),
+    h("td", { class: "num completion", text: fmt(f.completion_tokens) }),
+    h("td", { class: "source", title: source ? SOURCES[source] : shown === "both" ? "counted and upstream, summed; apart below" : null, text: shown }),
+  );
 }
 
 // -- context window ----------------------------------------------------------

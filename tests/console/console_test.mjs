@@ -8,7 +8,7 @@
 
 import assert from "node:assert/strict";
 import path from "node:path";
-import { call, launch, newPage, startServer, startUpstream } from "./harness.mjs";
+import { call, launch, newPage, shownUsage, startServer, startUpstream, UPSTREAM_USAGE, UPSTREAM_USAGE_MARK, usageDay, usageLine, waitForUsage } from "./harness.mjs";
 
 const [binary, shots] = process.argv.slice(2);
 if (!binary || !shots) {
@@ -50,16 +50,30 @@ async function scenario(name, f, allowed = null) {
   console.log("ok - " + name);
 }
 
-// Records each text the streamed reply shows, as it changes.
+// Records each text the streamed reply shows, as it changes, and keeps
+// the streamed reply's element (window.__reply), also once the turns are
+// read again.
 async function recordStream(page) {
   await page.evaluate(() => {
     window.__seen = [];
     new MutationObserver(() => {
-      const el = document.querySelector("#streaming-turn .content");
+      const reply = document.querySelector("#streaming-turn");
+      if (reply) window.__reply = reply;
+      const el = reply?.querySelector(".content");
       if (el && el.textContent !== window.__seen.at(-1)) window.__seen.push(el.textContent);
     }).observe(document.body, { subtree: true, childList: true, characterData: true });
   });
 }
+
+// The usage line the streamed reply showed (from the stream's `done` event).
+const streamedUsage = (page) => page.evaluate(() => window.__reply?.querySelector(".turn-usage")?.textContent ?? null);
+
+// GET /v1/usage over the API, as the console's panel asks it.
+const usage = (query) => async () => {
+  const r = await call(base, "GET", "/v1/usage?" + new URLSearchParams(query));
+  assert.equal(r.status, 200, JSON.stringify(r.body));
+  return r.body;
+};
 
 try {
   await scenario("console: served at / with its own files, the API's routes untouched", async (page) => {
@@ -104,10 +118,70 @@ try {
     assert.equal(turns.body.turns[1].content, reply);
     const strong = await page.textContent("#turns .turn.role-assistant .content strong");
     assert.equal(strong, "world");
+    // What the exchange spent (the upstream reports nothing: counted): the
+    // streamed reply showed it from the `done` event, as the history has it.
+    const spent = turns.body.turns[1].usage;
+    assert.ok(spent && spent.source === "counted" && spent.prompt_tokens > 0 && spent.completion_tokens > 0, JSON.stringify(spent));
+    assert.equal(turns.body.turns[0].usage, undefined);
+    assert.equal(await streamedUsage(page), usageLine(spent));
+    assert.equal(await page.textContent("#turns .turn.role-assistant .turn-usage"), usageLine(spent));
+    assert.equal(await page.locator("#turns .turn.role-user .turn-usage").count(), 0);
+    // The usage panel: the tenant's today and 30 days, and this thread.
+    await waitForUsage(page, "thread", usage({ thread_id: id }));
+    assert.deepEqual(await shownUsage(page, "thread"), [["total", 1, spent.prompt_tokens, spent.completion_tokens]]);
+    assert.equal(await page.textContent("#usage-thread .usage-period th"), "This conversation");
+    assert.equal(await page.textContent("#usage-thread .usage-total .source"), "counted");
+    await waitForUsage(page, "today", usage({ from: usageDay() }));
+    await waitForUsage(page, "month", usage({ from: usageDay(30) }));
+    // Each period's range is the answer's (in its tooltip): from today's
+    // first hour, and from the first hour of the day 30 days ago (UTC).
+    assert.match(await page.getAttribute("#usage-today .usage-period th", "title"), new RegExp(`^From ${usageDay()}T00:00:00Z to `));
+    assert.match(await page.getAttribute("#usage-month .usage-period th", "title"), new RegExp(`^From ${usageDay(30)}T00:00:00Z to `));
     // The list shows the new thread.
     await page.waitForSelector(`#thread-items li[data-thread="${id}"]`);
     await call(base, "POST", `/v1/threads/${id}/items`, { type: "text", content: "## Notes\n\nThe user greets the **console**." });
     await screenshots(page, "threads");
+  });
+
+  await scenario("console: each reply shows what its exchange spent, and the usage panel the tenant's and the thread's totals, counted and upstream apart", async (page) => {
+    // One exchange over the API (counted), then one from the console whose
+    // upstream reports its usage.
+    const first = (await call(base, "POST", "/v1/threads/new/messages", { content: "counted by spindle" })).body;
+    const id = first.thread_id;
+    assert.equal(first.usage.source, "counted");
+    await opened(page, `#/threads/${id}`);
+    await page.waitForSelector("#turns .turn.role-assistant .turn-usage");
+    assert.equal(await page.textContent("#turns .turn.role-assistant .turn-usage"), usageLine(first.usage));
+    await waitForUsage(page, "thread", usage({ thread_id: id }));
+    await recordStream(page);
+    await page.fill("#message", "and this one the upstream counts " + UPSTREAM_USAGE_MARK);
+    await page.click("#send");
+    await page.waitForFunction(() => document.querySelectorAll("#turns .turn.role-assistant:not(#streaming-turn)").length === 2, null, { timeout: 20000 });
+    const history = (await call(base, "GET", `/v1/threads/${id}/history`)).body.turns;
+    const spent = history.filter((t) => t.role === "assistant").map((t) => t.usage);
+    assert.deepEqual(spent[1], { ...UPSTREAM_USAGE, source: "upstream" });
+    assert.equal(await streamedUsage(page), "4,321 in · 87 out · upstream");
+    assert.deepEqual(await page.$$eval("#turns .turn.role-assistant .turn-usage", (els) => els.map((e) => e.textContent)), spent.map(usageLine));
+    // The thread's total shows both sources apart.
+    const rows = await waitForUsage(page, "thread", usage({ thread_id: id }));
+    assert.deepEqual(rows, [
+      ["total", 2, first.usage.prompt_tokens + 4321, first.usage.completion_tokens + 87],
+      ["counted", 1, first.usage.prompt_tokens, first.usage.completion_tokens],
+      ["upstream", 1, 4321, 87],
+    ]);
+    assert.deepEqual(await page.$$eval("#usage-thread .source", (els) => els.map((e) => e.textContent)), ["both", "counted", "upstream"]);
+    await screenshots(page, "usage");
+    await waitForUsage(page, "today", usage({ from: usageDay() }));
+    await waitForUsage(page, "month", usage({ from: usageDay(30) }));
+    // Read again (a reload): the history's usage on each reply.
+    await opened(page, `#/threads/${id}`);
+    await page.waitForFunction(() => document.querySelectorAll("#turns .turn-usage").length === 2);
+    assert.deepEqual(await page.$$eval("#turns .turn.role-assistant .turn-usage", (els) => els.map((e) => e.textContent)), spent.map(usageLine));
+    await waitForUsage(page, "thread", usage({ thread_id: id }));
+    // Without a thread open, no thread row.
+    await page.evaluate(() => (location.hash = "#/threads"));
+    await page.waitForSelector("#usage-thread", { state: "hidden" });
+    assert.deepEqual(await shownUsage(page, "thread"), []);
   });
 
   await scenario("console: a 51st context item evicts the first, visibly", async (page) => {
@@ -299,6 +373,8 @@ try {
         await page.waitForSelector("#message");
         assert.equal((await call(guarded.base, "GET", "/v1/threads")).status, 401);
         assert.equal((await call(guarded.base, "GET", "/v1/threads", undefined, "s3cret-token")).body.data.length, 1);
+        // The usage panel, once the server said who the token is (every scope).
+        await page.waitForSelector("#usage-today .usage-total");
         // The event stream (fetch with the header) is followed too.
         await page.waitForFunction(() => document.querySelector("#live")?.dataset.state === "live");
       },

@@ -9,6 +9,7 @@
 // server's headers: for working on the console without rebuilding spindle.
 // Unset (as CTest runs it), the files compiled into the binary are tested.
 
+import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import crypto from "node:crypto";
 import fs from "node:fs";
@@ -65,10 +66,17 @@ export async function startServer(binary, args = []) {
   };
 }
 
+/** What the upstream reports it spent for a message holding UPSTREAM_USAGE_MARK. */
+export const UPSTREAM_USAGE = { prompt_tokens: 4321, completion_tokens: 87, total_tokens: 4408 };
+export const UPSTREAM_USAGE_MARK = "[report usage]";
+
 /**
  * An OpenAI-compatible upstream: the reply is "echo: <last message>",
  * streamed a word at a time `gapMs` apart; the query rewriter's requests
- * get the latest message back at once.
+ * get the latest message back at once. It reports no usage (spindle
+ * counts it), except for a last message holding UPSTREAM_USAGE_MARK when
+ * asked for it (`stream_options.include_usage`): then a last chunk with no
+ * choices carries UPSTREAM_USAGE, as OpenAI streams it.
  */
 export async function startUpstream(gapMs = 60) {
   const server = http.createServer((req, res) => {
@@ -85,6 +93,10 @@ export async function startUpstream(gapMs = 60) {
         const chunk = { id: "chatcmpl-up", object: "chat.completion.chunk", choices: [{ index: 0, delta: { content: piece }, finish_reason: null }] };
         res.write("data: " + JSON.stringify(chunk) + "\n\n");
         if (!rewrite) await new Promise((r) => setTimeout(r, gapMs));
+      }
+      if (!rewrite && request.stream_options?.include_usage && last.includes(UPSTREAM_USAGE_MARK)) {
+        const chunk = { id: "chatcmpl-up", object: "chat.completion.chunk", choices: [], usage: UPSTREAM_USAGE };
+        res.write("data: " + JSON.stringify(chunk) + "\n\n");
       }
       res.end("data: [DONE]\n\n");
     });
@@ -164,4 +176,54 @@ const b64url = (x) => Buffer.from(typeof x === "string" ? x : JSON.stringify(x))
 export function signJwt(claims, secret) {
   const unsigned = b64url({ alg: "HS256", typ: "JWT" }) + "." + b64url(claims);
   return unsigned + "." + crypto.createHmac("sha256", secret).update(unsigned).digest("base64url");
+}
+
+// -- usage (docs/usage.md) ----------------------------------------------------
+
+/** The `from` of the console's usage rows: today's date and the date 30 days ago (UTC). */
+export const usageDay = (daysAgo = 0) => new Date(Date.now() - daysAgo * 86400000).toISOString().slice(0, 10);
+
+/** "412 in · 96 out · counted": the line the console shows under a reply. */
+export const usageLine = (u) => `${u.prompt_tokens.toLocaleString("en-US")} in · ${u.completion_tokens.toLocaleString("en-US")} out · ${u.source}`;
+
+/**
+ * The console's usage panel, row `key` ("today", "month" or "thread"), as
+ * shown: one [name, exchanges, prompt tokens, completion tokens] a table
+ * row, name "total", or the source of a row that shows one apart.
+ */
+export function shownUsage(page, key) {
+  return page.$$eval(`#usage-${key} tr.usage-total, #usage-${key} tr.usage-source`, (rows) =>
+    rows.map((r) => [r.classList.contains("usage-total") ? "total" : r.dataset.source, ...[...r.querySelectorAll("td.num")].map((td) => Number(td.textContent.replace(/,/g, "")))]),
+  );
+}
+
+/**
+ * What the panel shows for a UsageReport without group_by: its total, and
+ * counted and upstream apart when both spent something.
+ */
+export function usageRows(report) {
+  assert.equal(report.data.length, 1, JSON.stringify(report));
+  const g = report.data[0];
+  const row = (name, f) => [name, f.exchanges, f.prompt_tokens, f.completion_tokens];
+  const { counted, upstream } = g.by_source;
+  const spent = (f) => f.exchanges > 0 || f.total_tokens > 0;
+  return [row("total", g), ...(spent(counted) && spent(upstream) ? [row("counted", counted), row("upstream", upstream)] : [])];
+}
+
+/**
+ * Waits (10 s at most) until the panel's row `key` shows what `report()`
+ * (a GET /v1/usage answer, read again each time) says; fails otherwise.
+ * Resolves to the rows.
+ */
+export async function waitForUsage(page, key, report, timeout = 10000) {
+  const until = Date.now() + timeout;
+  for (;;) {
+    const want = usageRows(await report());
+    const shown = await shownUsage(page, key);
+    if (JSON.stringify(shown) === JSON.stringify(want) || Date.now() > until) {
+      assert.deepEqual(shown, want, `the usage panel's "${key}" row is GET /v1/usage's answer`);
+      return want;
+    }
+    await new Promise((r) => setTimeout(r, 200));
+  }
 }

@@ -13,7 +13,7 @@
 import assert from "node:assert/strict";
 import crypto from "node:crypto";
 import path from "node:path";
-import { call, launch, newPage, signJwt, startServer } from "./harness.mjs";
+import { call, launch, newPage, signJwt, startServer, usageDay, usageLine, waitForUsage } from "./harness.mjs";
 
 const [binary, shots] = process.argv.slice(2);
 if (!binary || !shots) {
@@ -118,6 +118,11 @@ try {
     assert.match(await text(page, "#turns"), /ALPHA-ONLY launch plan/);
     await page.waitForFunction(() => document.querySelector("#live")?.dataset.state === "live");
     await absent(page, B_TEXTS);
+    // The key lacks usage:read: no usage panel, and GET /v1/usage never
+    // asked; its replies still show what they spent (the history has it).
+    assert.equal(await page.locator("#usage").count(), 0, "no usage panel without usage:read");
+    assert.ok(!asked.includes("/v1/usage"), "GET /v1/usage is not asked without usage:read");
+    assert.equal(await page.locator("#turns .turn.role-assistant .turn-usage").count(), 1);
     await screenshots(page, "tenant-key");
 
     // Orchestration: the key lacks tasks:read. Said inline, asked once.
@@ -152,6 +157,7 @@ try {
     // The page starts again as the admin token: first, a choice of tenant.
     await page.waitForSelector(`#act-tenant option[value="${A.id}"]`, { state: "attached" });
     assert.equal(await text(page, "#who-label"), "admin");
+    assert.equal(await page.locator("#usage").count(), 0, "no usage panel in no tenant");
     assert.ok(await page.isVisible('nav a[data-view="tenants"]'));
     await page.click('nav a[data-view="tenants"]');
     await page.waitForSelector(`#tenant-items li[data-tenant="${B.id}"]`);
@@ -231,6 +237,19 @@ try {
     await page.click('#thread-items li[data-thread="plans"] a');
     await page.waitForSelector("#turns .turn.role-user");
     assert.match(await text(page, "#turns"), /BRAVO-ONLY merger memo/);
+    // Usage in B (the admin token has every scope; Spindle-Tenant names
+    // B): the reply's figures as B's history has them, the panel's as
+    // GET /v1/usage answers for B.
+    const history = (await admin("GET", "/v1/threads/plans/history", undefined, B.id)).body.turns;
+    const reply = history.find((t) => t.role === "assistant");
+    assert.ok(reply.usage, JSON.stringify(reply));
+    assert.equal(await text(page, "#turns .turn.role-assistant .turn-usage"), usageLine(reply.usage));
+    const usageOfB = (query) => async () => (await admin("GET", "/v1/usage?" + new URLSearchParams(query), undefined, B.id)).body;
+    const rows = await waitForUsage(page, "thread", usageOfB({ thread_id: "plans" }));
+    assert.equal(rows[0][1], 1, "one exchange in B's plans");
+    const month = await waitForUsage(page, "month", usageOfB({ from: usageDay(30) }));
+    assert.equal(month[0][1], 2, "B's two exchanges, not A's");
+    await waitForUsage(page, "today", usageOfB({ from: usageDay() }));
     await page.waitForFunction(() => document.querySelector("#live")?.dataset.state === "live");
     await absent(page, A_TEXTS);
     await page.click('nav a[data-view="tasks"]');
@@ -410,6 +429,8 @@ try {
     await page.waitForFunction(() => /ALICE-ONLY shopping list/.test(document.querySelector("#turns")?.textContent));
     // No event stream for an end user: said, not retried.
     await page.waitForFunction(() => document.querySelector("#live")?.dataset.state === "off");
+    // No usage:read for an end user: no usage panel.
+    assert.equal(await page.locator("#usage").count(), 0, "no usage panel for an end user");
     // Nothing of bob's or of the tenant's other data (its ID is in the
     // header's tooltip: the user's own tenant).
     await absent(page, ["BOB-ONLY", "bob-notes", ...A_TEXTS.filter((t) => t !== A.id), ...B_TEXTS]);
