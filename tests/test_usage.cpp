@@ -312,6 +312,43 @@ TEST_CASE("usage: the upstream's own figures pass through the thread "
         != std::string::npos);
 }
 
+TEST_CASE("usage: a bad stream_options is refused with 400 naming it and "
+          "nothing is stored") {
+  test::test_store store;
+  test::served_runtime s{stored(store)};
+  json base{{"model", "m"},
+            {"messages", {{{"role", "user"}, {"content", "Hi"}}}},
+            {"thread_id", "opts"},
+            {"stream", true}};
+  for (auto& [options, param] : std::vector<std::pair<json, std::string>>{
+         {"yes", "stream_options"},
+         {json::array(), "stream_options"},
+         {{{"include_usage", "yes"}}, "stream_options.include_usage"},
+         {{{"include_usage", true}, {"bogus", 1}}, "stream_options.bogus"}}) {
+    auto body = base;
+    body["stream_options"] = options;
+    httplib::Client cli{"127.0.0.1", s.port()};
+    auto r = cli.Post("/v1/chat/completions", body.dump(), "application/json");
+    REQUIRE(r);
+    INFO(options.dump() << " " << r->body);
+    CHECK(r->status == 400);
+    CHECK(json::parse(r->body)["error"]["param"] == param);
+  }
+  // Nothing was stored: the thread does not exist.
+  httplib::Client cli{"127.0.0.1", s.port()};
+  auto missing = cli.Get("/v1/threads/opts");
+  REQUIRE(missing);
+  CHECK(missing->status == 404);
+  // include_obfuscation is accepted (and changes nothing), as OpenAI's.
+  auto body = base;
+  body["stream_options"] = {{"include_obfuscation", false},
+                            {"include_usage", false}};
+  auto ok = cli.Post("/v1/chat/completions", body.dump(), "application/json");
+  REQUIRE(ok);
+  CHECK(ok->status == 200);
+  CHECK(ok->body.find("\"usage\"") == std::string::npos);
+}
+
 TEST_CASE("usage: an upstream that reports none is counted, and so is a "
           "stream without a thread") {
   test::test_store store;
@@ -506,6 +543,25 @@ TEST_CASE("usage: GET /v1/usage sums a tenant's counters by thread, user "
   CHECK(refused.status == 403);
   CHECK(refused.parsed()["error"]["code"] == "permission_denied");
   CHECK(refused.body.find("usage:read") != std::string::npos);
+  // An end user's token reaches its own threads and memories only.
+  const std::string secret = "a-secret-of-the-usage-tests-0123456789";
+  auto set = admin.put("/v1/tenants/" + a.id + "/auth",
+                       {{"issuer", "https://id.usage.example"},
+                        {"hs256_secret", secret}});
+  REQUIRE(set.status == 200);
+  client alice{s.port(),
+               test::hs256_token(secret,
+                                 test::user_claims("https://id.usage.example",
+                                                   "", "alice", 300))};
+  auto mine = alice.get("/v1/me");
+  REQUIRE(mine.status == 200);
+  auto user_refused = alice.get("/v1/usage");
+  CHECK(user_refused.status == 403);
+  CHECK(user_refused.parsed()["error"]["code"] == "permission_denied");
+  // The admin token names a tenant to read usage, or it is refused.
+  auto no_tenant = admin.get("/v1/usage");
+  CHECK(no_tenant.status == 403);
+  CHECK(no_tenant.body.find(a.id) == std::string::npos);
 
   // Bad input: a clear 400 naming the parameter, nothing changed.
   for (auto& [query, param] :
