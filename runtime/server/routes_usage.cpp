@@ -14,8 +14,6 @@ namespace spindle::http {
 
 namespace {
 
-constexpr int64_t day_s = 86400;
-
 // Two digits at `at` of `s`, or -1.
 int digits2(std::string_view s, size_t at) {
   if (at + 2 > s.size() || s[at] < '0' || s[at] > '9' || s[at + 1] < '0'
