@@ -19,7 +19,7 @@ LAYERS = [
     ["server", "cli", "stress", "console"],
     ["facade"],
     ["conversation", "memory", "cluster"],
-    ["llm", "storage", "files", "tenancy"],
+    ["llm", "storage", "files", "tenancy", "admission"],
     ["net"],
     ["core"],
     ["actors"],
@@ -42,6 +42,7 @@ PUBLIC = {
     "tokenizer.hpp": "llm",
     "storage.hpp": "storage",
     "process.hpp": "files",
+    "limits.hpp": "admission",
     "config.hpp": "core",
     "actor_pool.hpp": "core",
 }

@@ -143,6 +143,8 @@ int serve(serve_args args) {
       ? args.http.http_threads
       : std::max(1u, std::thread::hardware_concurrency()));
   args.http.loops = loops;
+  // One reply reserve, the tenants' and the upstream's.
+  args.http.upstream.reply_reserve = args.http.default_limits.reply_reserve;
   // The test suite's record of every answer, checked against
   // docs/openapi.yaml (runtime/server/recorder.hpp).
   if (auto* dir = std::getenv("SPINDLE_RECORD_RESPONSES"))
@@ -405,6 +407,47 @@ void add_serve(CLI::App& app, registry& commands) {
                   "tenants and keys, every other request needs a tenant's "
                   "key and sees only its tenant (--token is then not used)")
     ->envname("SPINDLE_ADMIN_TOKEN");
+  // Limits on the model (docs/limits.md): the implicit tenant's, and
+  // every tenant's that sets none of its own.
+  auto& limits = args->http.default_limits;
+  sub->add_option("--requests-per-min", limits.requests_per_min,
+                  "calls to the model a tenant may start in any 60 s "
+                  "(default 0: no limit; docs/limits.md)")
+    ->envname("SPINDLE_REQUESTS_PER_MIN")
+    ->check(CLI::Range(uint64_t{0}, uint64_t{1000000000}));
+  sub->add_option("--tokens-per-min", limits.tokens_per_min,
+                  "tokens a tenant's calls may use in any 60 s, reserved "
+                  "when admitted (default 0: no limit)")
+    ->envname("SPINDLE_TOKENS_PER_MIN")
+    ->check(CLI::Range(uint64_t{0}, uint64_t{1000000000000}));
+  sub->add_option("--concurrent-exchanges", limits.concurrent_exchanges,
+                  "calls to the model a tenant may have at once; the next "
+                  "waits in its queue (default 0: no limit)")
+    ->envname("SPINDLE_CONCURRENT_EXCHANGES")
+    ->check(CLI::Range(uint64_t{0}, uint64_t{100000}));
+  sub->add_option("--max-queued", limits.max_queued,
+                  "calls that may wait for one of --concurrent-exchanges; "
+                  "past it 429 (default 64)")
+    ->envname("SPINDLE_MAX_QUEUED")
+    ->check(CLI::Range(uint64_t{0}, uint64_t{100000}));
+  sub->add_option("--reply-reserve", limits.reply_reserve,
+                  "tokens reserved for a reply that sets no max_tokens, and "
+                  "with --tokens-per-min its bound (default 1024)")
+    ->envname("SPINDLE_REPLY_RESERVE")
+    ->check(CLI::Range(uint64_t{1}, uint64_t{10000000}));
+  // What goes to the upstream as a whole (docs/limits.md, "The
+  // upstream").
+  sub->add_option("--llm-concurrency", args->http.upstream.concurrency,
+                  "calls sent to the model at once; past it calls wait, "
+                  "the tenants served by their weights (default 0: no "
+                  "bound)")
+    ->envname("SPINDLE_LLM_CONCURRENCY")
+    ->check(CLI::Range(uint64_t{0}, uint64_t{100000}));
+  sub->add_option("--llm-tokens-per-min", args->http.upstream.tokens_per_min,
+                  "tokens the calls sent to the model may use in any 60 s "
+                  "(default 0: no bound)")
+    ->envname("SPINDLE_LLM_TOKENS_PER_MIN")
+    ->check(CLI::Range(uint64_t{0}, uint64_t{1000000000000}));
   sub->add_option("--log-level", args->log_level,
                   "trace, debug, info (default), warn, error, off")
     ->envname("SPINDLE_LOG_LEVEL");

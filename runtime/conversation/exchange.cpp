@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "spindle/messages/error.hpp"
+#include "spindle/messages/ids.hpp"
 #include "spindle/messages/tokens.hpp"
 #include "llm/delta.hpp"
 #include "llm/usage.hpp"
@@ -106,6 +107,20 @@ constexpr const char* after_tools_message = "(tool results)";
 
 enum class user_turn_state { storing, stored, failed };
 
+// A queued call's grant, handed to the actor with an `xadmit` message.
+struct admitted_box {
+  std::mutex mx;
+  admission::grant_ptr granted;
+  rate_state state;
+};
+
+// A call's slot toward the upstream, handed over with `xupstream`.
+struct upstream_box {
+  std::mutex mx;
+  admission::upstream_slot_ptr slot;
+  int64_t waited_ms = 0;
+};
+
 struct exchange_state {
   exchange_services svc;
   exchange_request req;
@@ -134,6 +149,26 @@ struct exchange_state {
   caf::error user_error;
   /// The provider ended before the user turn's commit did.
   bool completion_waiting = false;
+  // Limits (docs/limits.md): the tenant has some, its request as counted,
+  // the call's grant once admitted, its place in the queue meanwhile.
+  bool limited = false;
+  bool limits_reported = false;
+  /// Refused by the limits after the thread was opened: nothing may stay.
+  bool refused = false;
+  bool dropping = false;
+  std::string tenant;
+  admission::request_ticket ticket;
+  admission::grant_ptr grant;
+  uint64_t waiter = 0;
+  rate_state queued_state;
+  std::shared_ptr<admitted_box> admitted = std::make_shared<admitted_box>();
+  // The upstream's fair queue: the call's slot once sent, its ticket
+  // while it waits.
+  admission::upstream_slot_ptr slot;
+  uint64_t upstream_ticket = 0;
+  std::shared_ptr<upstream_box> upstream
+    = std::make_shared<upstream_box>();
+  bool held_reported = false;
 };
 
 using state_ptr = std::shared_ptr<exchange_state>;
@@ -162,6 +197,20 @@ public:
     if (!st_->svc.provider)
       return fail(make_error(errc::unavailable,
                              "no LLM provider is configured"));
+    auto tenant = tenant_of_id(req.thread_id);
+    st_->tenant = tenant.empty() ? std::string{"default"}
+                                 : std::string{tenant};
+    // The tenant's requests per minute are counted first, before anything
+    // is read or built for a request that is refused.
+    if (auto& limiter = st_->svc.limiter) {
+      auto s = limiter->take_request(st_->tenant, st_->ticket);
+      st_->limited = s.limited;
+      if (!s.refused_by.empty()) {
+        report_limits(s);
+        return fail(
+          make_error(errc::rate_limited, admission::refusal_text(s)));
+      }
+    }
     open_thread(req.thread_id);
   }
 
@@ -201,6 +250,17 @@ public:
     // Charged for what the provider generated, before the stored reply
     // is cut to what the client heard.
     st_->res.usage = usage_of(*reply);
+    // The tenant's slot and the upstream's are free, and their
+    // reservations become what the call used (all of it when nothing
+    // counted).
+    if (st_->grant)
+      st_->grant->settle(st_->res.usage.known()
+                           ? st_->res.usage.total_tokens()
+                           : st_->grant->reserved());
+    if (st_->slot)
+      st_->slot->settle(st_->res.usage.known()
+                          ? st_->res.usage.total_tokens()
+                          : st_->slot->reserved());
     {
       // A client that went away while the deltas waited for the user
       // turn heard less than the provider generated (which may have
@@ -221,7 +281,9 @@ public:
   static caf::behavior behavior(std::shared_ptr<exchange> x,
                                 std::chrono::milliseconds watchdog) {
     if (watchdog.count() == 0)
-      return {[x](exchange_reply_atom) { x->on_completion(); }};
+      return {[x](exchange_reply_atom) { x->on_completion(); },
+              [x](exchange_admit_atom) { x->on_admitted(); },
+              [x](exchange_upstream_atom) { x->on_upstream(); }};
     return {[x](exchange_reply_atom) { x->on_completion(); },
             caf::after(watchdog) >> [x] { x->on_watchdog(); }};
   }
@@ -323,8 +385,11 @@ private:
   void held() {
     auto st = st_;
     st->res.thread_actor_id = st->thread.id();
-    if (st->cb.on_held)
-      guarded([&] { st->cb.on_held(st->res); });
+    // With limits the client hears of the thread once the call is
+    // admitted: a refusal is an answer of its own (429), not an error in
+    // a stream.
+    if (!st->limited)
+      report_held();
     st->build = build_request{st->res.thread_id, st->req.user_id,
                               st->req.content, st->req.build};
     st->build.options.memory = st->build.options.memory && opt().memory;
@@ -361,11 +426,10 @@ private:
           st->prompt_tokens = m.total_tokens;
           st->left_out_upto = m.turns.empty() ? built.total_turns
                                               : m.turns.front();
-          if (!st->req.after_tool_results)
-            return store_user();
           // The tool results are the thread's last turns: the reply
           // follows them, with no user message after.
-          if (!st->prompt.empty() && st->prompt.back().role == "user") {
+          if (st->req.after_tool_results && !st->prompt.empty()
+              && st->prompt.back().role == "user") {
             if (st->svc.tokens) {
               auto placeholder = count_message_tokens(
                 *st->svc.tokens,
@@ -375,13 +439,213 @@ private:
             }
             st->prompt.pop_back();
           }
-          user_stored();
-          generate();
+          admit();
         },
         [this, st](caf::error& err) {
           fail(wrap(err, "cannot build the prompt for thread '"
                            + st->res.thread_id + "'"));
         });
+  }
+
+  // 3b. The tenant's limits (docs/limits.md): the prompt's exact tokens
+  // and the reply's reserve, and a slot of its calls at once, or a place
+  // in its queue until one frees or the queue timeout passes. Nothing is
+  // stored before the call is admitted.
+  void admit() {
+    auto st = st_;
+    if (!st->limited || !st->svc.limiter)
+      return to_upstream();
+    auto me = caf::actor_cast<caf::actor>(self_);
+    auto box = st->admitted;
+    auto a = st->svc.limiter->admit(
+      st->tenant, st->prompt_tokens, st->req.completion.max_tokens,
+      [me, box](admission::grant_ptr g, rate_state s) {
+        {
+          std::lock_guard<std::mutex> guard{box->mx};
+          box->granted = std::move(g);
+          box->state = std::move(s);
+        }
+        caf::anon_send(me, exchange_admit_atom::value);
+      });
+    using outcome = admission::admission::outcome;
+    switch (a.result) {
+      case outcome::admitted:
+        return granted(std::move(a.granted), a.state);
+      case outcome::queued: {
+        st->waiter = a.waiter;
+        st->queued_state = a.state;
+        auto x = shared_from_this();
+        self_->become(caf::behavior{
+          [x](exchange_reply_atom) { x->on_completion(); },
+          [x](exchange_admit_atom) { x->on_admitted(); },
+          [x](exchange_upstream_atom) { x->on_upstream(); },
+          caf::after(opt().queue_timeout) >> [x] { x->on_queue_timeout(); }});
+        return;
+      }
+      case outcome::refused:
+        st->svc.limiter->take_back(st->ticket);
+        report_limits(a.state);
+        st->refused = true;
+        return fail(make_error(errc::rate_limited,
+                               admission::refusal_text(a.state)));
+      case outcome::too_large:
+        st->svc.limiter->take_back(st->ticket);
+        report_limits(a.state);
+        st->refused = true;
+        return fail(make_error(errc::too_large, a.why));
+    }
+  }
+
+  // A slot freed for the queued call.
+  void on_admitted() {
+    auto st = st_;
+    if (st->grant)
+      return;
+    admission::grant_ptr g;
+    rate_state s;
+    {
+      std::lock_guard<std::mutex> guard{st->admitted->mx};
+      g = std::move(st->admitted->granted);
+      s = std::move(st->admitted->state);
+    }
+    if (!g)
+      return;
+    self_->become(behavior(shared_from_this(), std::chrono::milliseconds{0}));
+    granted(std::move(g), s);
+  }
+
+  // The queue timeout passed: the client's deadline.
+  void on_queue_timeout() {
+    auto st = st_;
+    self_->become(behavior(shared_from_this(), std::chrono::milliseconds{0}));
+    if (!st->svc.limiter->withdraw(st->tenant, st->waiter))
+      return; // admitted meanwhile: its `xadmit` is on its way
+    st->svc.limiter->take_back(st->ticket);
+    report_limits(st->queued_state);
+    st->refused = true;
+    fail(make_error(errc::timeout,
+                    "no slot of the tenant's concurrent_exchanges freed "
+                    "within "
+                      + std::to_string(opt().queue_timeout.count())
+                      + " ms"));
+  }
+
+  void granted(admission::grant_ptr g, const rate_state& s) {
+    auto st = st_;
+    st->grant = std::move(g);
+    // With tokens_per_min a reply that sets no bound is bounded by its
+    // reserve: what it reserved is what it may use.
+    if (st->grant && st->grant->reply_bound() != 0
+        && st->req.completion.max_tokens == 0)
+      st->req.completion.max_tokens
+        = static_cast<uint32_t>(std::min<uint64_t>(st->grant->reply_bound(),
+                                                   UINT32_MAX));
+    report_limits(s);
+    to_upstream();
+  }
+
+  // 3c. The upstream's capacity (runtime::set_upstream_limits): sent at
+  // once, or in the fair queue until the upstream has room, the client
+  // told of its place. Nothing is stored while it waits.
+  void to_upstream() {
+    auto st = st_;
+    auto& q = st->svc.upstream;
+    if (!q)
+      return admitted_go();
+    auto& l = q->limits();
+    uint64_t reserve = st->grant ? st->grant->reserved() : 0;
+    if (reserve == 0)
+      reserve = st->prompt_tokens
+                + (st->req.completion.max_tokens != 0
+                     ? st->req.completion.max_tokens
+                     : l.reply_reserve);
+    // Under the upstream's tokens per minute a reply that sets no bound
+    // is bounded by its reserve, as under a tenant's.
+    if (l.tokens_per_min != 0 && st->req.completion.max_tokens == 0)
+      st->req.completion.max_tokens = static_cast<uint32_t>(
+        std::min<uint64_t>(l.reply_reserve, UINT32_MAX));
+    auto me = caf::actor_cast<caf::actor>(self_);
+    auto box = st->upstream;
+    auto w = q->acquire(
+      st->tenant, reserve,
+      [me, box](admission::upstream_slot_ptr slot, int64_t waited) {
+        {
+          std::lock_guard<std::mutex> guard{box->mx};
+          box->slot = std::move(slot);
+          box->waited_ms = waited;
+        }
+        caf::anon_send(me, exchange_upstream_atom::value);
+      });
+    if (w.slot) {
+      st->slot = std::move(w.slot);
+      return admitted_go();
+    }
+    st->upstream_ticket = w.ticket;
+    report_held();
+    if (st->cb.on_queued) {
+      upstream_place place{w.position, w.waiting};
+      guarded([&] { st->cb.on_queued(place); });
+    }
+    auto x = shared_from_this();
+    self_->become(caf::behavior{
+      [x](exchange_reply_atom) { x->on_completion(); },
+      [x](exchange_upstream_atom) { x->on_upstream(); },
+      caf::after(opt().queue_timeout) >> [x] { x->on_upstream_timeout(); }});
+  }
+
+  void on_upstream() {
+    auto st = st_;
+    if (st->slot)
+      return;
+    {
+      std::lock_guard<std::mutex> guard{st->upstream->mx};
+      st->slot = std::move(st->upstream->slot);
+    }
+    if (!st->slot)
+      return;
+    self_->become(behavior(shared_from_this(), std::chrono::milliseconds{0}));
+    admitted_go();
+  }
+
+  void on_upstream_timeout() {
+    auto st = st_;
+    self_->become(behavior(shared_from_this(), std::chrono::milliseconds{0}));
+    if (!st->svc.upstream->withdraw(st->upstream_ticket))
+      return; // sent meanwhile: its `xupstream` is on its way
+    if (st->svc.limiter)
+      st->svc.limiter->take_back(st->ticket);
+    st->refused = true;
+    fail(make_error(errc::timeout,
+                    "the upstream had no room for the call within "
+                      + std::to_string(opt().queue_timeout.count())
+                      + " ms"));
+  }
+
+  void report_held() {
+    auto st = st_;
+    if (st->held_reported)
+      return;
+    st->held_reported = true;
+    if (st->cb.on_held)
+      guarded([&] { st->cb.on_held(st->res); });
+  }
+
+  void admitted_go() {
+    auto st = st_;
+    report_held();
+    if (!st->req.after_tool_results)
+      return store_user();
+    user_stored();
+    generate();
+  }
+
+  void report_limits(const rate_state& s) {
+    auto st = st_;
+    if (st->limits_reported || !s.limited)
+      return;
+    st->limits_reported = true;
+    if (st->cb.on_limits)
+      guarded([&] { st->cb.on_limits(s); });
   }
 
   // 4. The user turn, stored before any of the reply reaches the client.
@@ -592,7 +856,27 @@ private:
 
   // Ends the exchange with an error. The user turn, if stored, stays.
   void fail(caf::error err) {
-    release([this, st = st_, err = std::move(err)] {
+    // A call that failed is charged nothing more; its slots free.
+    if (st_->grant)
+      st_->grant->settle(0);
+    if (st_->slot)
+      st_->slot->settle(0);
+    release([this, st = st_, err = std::move(err)]() mutable {
+      // A call the tenant's limits refused stores nothing: a thread it
+      // created (a new ID, "new" or a fork) goes again, empty as it is.
+      if (st->refused && st->res.created && !st->dropping) {
+        st->dropping = true;
+        self_->request(st->svc.registry, opt().step_timeout,
+                       caf::delete_atom::value, st->res.thread_id)
+          .then([this, err](uint64_t) mutable { fail(std::move(err)); },
+                [this, st, err](caf::error& why) mutable {
+                  spdlog::warn("exchange: the empty thread '{}' of a refused "
+                               "call was not removed: {}",
+                               st->res.thread_id, describe(why));
+                  fail(std::move(err));
+                });
+        return;
+      }
       if (!st->finished) {
         st->finished = true;
         // After the reply went out only the epilogue can fail: the

@@ -14,6 +14,8 @@
 #include "spindle/runtime/conversation.hpp"
 #include "spindle/runtime/flow.hpp"
 #include "spindle/runtime/llm.hpp"
+#include "admission/limiter.hpp"
+#include "admission/upstream.hpp"
 
 // The exchange's actor and what it talks to (docs/threads.md,
 // "Exchanges"); the runtime starts exchanges through
@@ -39,6 +41,10 @@ struct exchange_services {
   /// Counts a reply's tokens when the upstream reports no usage; null:
   /// usage is not counted.
   std::shared_ptr<const token_counter> tokens;
+  /// Each tenant's limits on the model (docs/limits.md); null: none.
+  std::shared_ptr<admission::limiter> limiter;
+  /// The fair queue toward the provider; null: calls go at once.
+  std::shared_ptr<admission::upstream_queue> upstream;
 };
 
 /// The exchanges running now: entered and left in O(1) (a link or a

@@ -14,6 +14,7 @@
 #include "spindle/runtime/runtime.hpp"
 #include "spindle/runtime/tokenizer.hpp"
 #include "conversation/compaction.hpp"
+#include "admission/upstream.hpp"
 #include "conversation/exchange.hpp"
 
 namespace spindle {
@@ -345,13 +346,32 @@ void runtime::start_exchange(exchange_request request,
   }
   exchange_services services{thread_registry_, context_builder_, memory_,
                              options_.provider, options_.conversation,
-                             exchanges_, compactor_, tokens_};
+                             exchanges_, compactor_, tokens_, limiter(),
+                             upstream()};
   spawn_exchange(*system_, services, std::move(request), std::move(callbacks));
   // Spawning pins this system's logger in a thread-local of the calling
   // thread; ~actor_system waits until every such reference is gone. Drop it,
   // so a server thread that sent messages never keeps the runtime from
   // stopping on another thread.
   caf::logger::set_current_actor_system(nullptr);
+}
+
+void runtime::set_limits(limits_source source) {
+  std::atomic_store(&limiter_,
+                    source ? admission::limiter::make(std::move(source))
+                           : std::shared_ptr<admission::limiter>{});
+}
+
+void runtime::set_upstream_limits(upstream_limits limits,
+                                  weight_source weight) {
+  auto made = limits.bounded()
+                ? admission::upstream_queue::make(limits, std::move(weight))
+                : std::shared_ptr<admission::upstream_queue>{};
+  auto old = std::atomic_exchange(&upstream_, std::move(made));
+  // Calls still waiting in the old queue are never sent: they end at
+  // their deadline.
+  if (old)
+    old->stop();
 }
 
 bool runtime::cancel_exchange(const std::string& thread_id) {

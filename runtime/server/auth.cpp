@@ -64,7 +64,8 @@ const std::unordered_map<std::string, route_rule>& rules() {
          "POST /v1/tasks/{id}/subtasks", "POST /v1/ids"},
         access::tenant, scope::tasks_write);
     put({"GET /v1/events"}, access::tenant, scope::events_read);
-    put({"GET /v1/usage"}, access::tenant, scope::usage_read);
+    put({"GET /v1/usage", "GET /v1/limits"}, access::tenant,
+        scope::usage_read);
     return t;
   }();
   return table;

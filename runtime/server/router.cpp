@@ -17,6 +17,7 @@
 #include "spindle/messages/tools.hpp"
 #include "core/logging.hpp"
 #include "spindle/runtime/runtime.hpp"
+#include "admission/limiter.hpp"
 #include "tenancy/tenant_store.hpp"
 
 namespace spindle::http {
@@ -40,6 +41,8 @@ int status_of(errc code) {
       return 413;
     case errc::capacity_exceeded:
       return 422;
+    case errc::rate_limited:
+      return 429;
     case errc::upstream_failure:
       return 502;
     case errc::unavailable:
@@ -342,11 +345,30 @@ void async_call::finish(int status) {
   router_.record(route_, *req_, status, seconds, ctx.log);
 }
 
+std::function<void(const rate_state&)>
+limits_to(const std::shared_ptr<async_call>& call) {
+  return [call](const rate_state& s) {
+    call->add_headers(admission::rate_headers(s));
+  };
+}
+
+void async_call::add_headers(
+  std::vector<std::pair<std::string, std::string>> h) {
+  std::lock_guard<std::mutex> guard{headers_mx_};
+  for (auto& kv : h)
+    headers_.push_back(std::move(kv));
+}
+
 void async_call::send(response res) {
   if (done_.exchange(true))
     return;
   if (res.status == -1)
     res.status = 200;
+  {
+    std::lock_guard<std::mutex> guard{headers_mx_};
+    for (auto& [k, v] : headers_)
+      res.set_header(k, v);
+  }
   finish(res.status);
   res_->send(std::move(res));
 }
@@ -371,6 +393,11 @@ void async_call::begin_stream(
   if (done_.exchange(true))
     return;
   stream_status_ = status;
+  {
+    std::lock_guard<std::mutex> guard{headers_mx_};
+    for (auto& kv : headers_)
+      headers.push_back(kv);
+  }
   // The request line is logged as the stream starts; a handler may log
   // the rest of the exchange itself when it ends.
   finish(status);

@@ -17,12 +17,14 @@
 #include <initializer_list>
 #include <optional>
 #include <string>
+#include <mutex>
 #include <vector>
 
 #include <caf/error.hpp>
 #include <nlohmann/json.hpp>
 
 #include "http.hpp"
+#include "spindle/runtime/limits.hpp"
 #include "tenancy/scopes.hpp"
 #include "spindle/messages/threads.hpp"
 #include "server/server.hpp"
@@ -140,6 +142,11 @@ public:
   void fail(const api_error& e);
   void fail(const caf::error& err);
 
+  /// Headers the answer carries whatever it is (a reply, an error or a
+  /// stream): OpenAI's `x-ratelimit-*` (docs/limits.md). Takes effect for
+  /// an answer not yet sent.
+  void add_headers(std::vector<std::pair<std::string, std::string>> h);
+
   /// Starts a streamed reply; the request is logged when it ends.
   void begin_stream(int status, std::string content_type,
                     std::vector<std::pair<std::string, std::string>> headers);
@@ -164,10 +171,17 @@ private:
   std::chrono::steady_clock::time_point start_;
   std::atomic<bool> done_{false};
   int stream_status_ = 0;
+  std::mutex headers_mx_;
+  std::vector<std::pair<std::string, std::string>> headers_;
 };
 
 using async_handler
   = std::function<void(std::shared_ptr<async_call>)>;
+
+/// An exchange's `on_limits` that puts the tenant's `x-ratelimit-*`
+/// headers (and a refusal's `Retry-After`) on `call`'s answer.
+std::function<void(const rate_state&)>
+limits_to(const std::shared_ptr<async_call>& call);
 
 /// Parses a JSON object body. Every key must be in `allowed` (unknown
 /// fields are refused, naming them); an empty body counts as {} only if

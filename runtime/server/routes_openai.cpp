@@ -8,6 +8,8 @@
 #include <chrono>
 
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/strand.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <spdlog/spdlog.h>
 
@@ -20,6 +22,8 @@
 #include "spindle/messages/memory.hpp"
 #include "spindle/messages/tokens.hpp"
 #include "core/logging.hpp"
+#include "admission/limiter.hpp"
+#include "admission/upstream.hpp"
 #include "llm/usage.hpp"
 #include "spindle/runtime/runtime.hpp"
 
@@ -463,6 +467,7 @@ void threaded(router& r, std::shared_ptr<async_call> call, chat_request c,
   x.after_tool_results = !c.tool_results.empty();
   auto* metrics = &r.metrics();
   exchange_callbacks cb;
+  cb.on_limits = limits_to(call);
   auto shared_head = std::make_shared<completion_head>(std::move(head));
   if (!c.stream) {
     cb.on_reply = [call, metrics, shared_head](const exchange_result& res) {
@@ -500,6 +505,12 @@ void threaded(router& r, std::shared_ptr<async_call> call, chat_request c,
   cb.on_tool_call = [call, shared_head](const tool_call_delta& piece) {
     return call->write(shared_head->call_chunk(piece));
   };
+  // Waiting for the upstream's room: an SSE comment, which OpenAI's
+  // clients skip (docs/limits.md, "The upstream").
+  cb.on_queued = [call](const upstream_place& place) {
+    call->write(": queued position=" + std::to_string(place.position)
+                + " waiting=" + std::to_string(place.waiting) + "\n\n");
+  };
   cb.flow = call->flow();
   cb.on_reply = [call, metrics, shared_head](const exchange_result& res) {
     request_context line;
@@ -529,9 +540,227 @@ void threaded(router& r, std::shared_ptr<async_call> call, chat_request c,
   start(r, call, std::move(c.tool_results), std::move(x), std::move(cb));
 }
 
-// No thread: the messages go to the provider as they are.
+void stateless_call(router& r, std::shared_ptr<async_call> call,
+                    chat_request c, completion_head head,
+                    admission::grant_ptr granted,
+                    admission::upstream_slot_ptr slot);
+
+// Sends a call without a thread through the upstream's fair queue (when
+// there is one), waiting at most the queue timeout: the stream starts
+// once it is sent.
+void stateless_upstream(router& r, std::shared_ptr<async_call> call,
+                        chat_request c, completion_head head,
+                        admission::grant_ptr granted, std::string tenant,
+                        uint64_t prompt_tokens) {
+  auto q = r.rt().upstream();
+  if (!q)
+    return stateless_call(r, std::move(call), std::move(c), std::move(head),
+                          std::move(granted), nullptr);
+  auto& l = q->limits();
+  uint64_t reserve = granted ? granted->reserved() : 0;
+  if (reserve == 0)
+    reserve = prompt_tokens + (c.completion.max_tokens != 0
+                                 ? c.completion.max_tokens
+                                 : l.reply_reserve);
+  if (l.tokens_per_min != 0 && c.completion.max_tokens == 0)
+    c.completion.max_tokens = static_cast<uint32_t>(
+      std::min<uint64_t>(l.reply_reserve, UINT32_MAX));
+  struct pending {
+    router* r;
+    std::shared_ptr<async_call> call;
+    chat_request c;
+    completion_head head;
+    admission::grant_ptr granted;
+    std::mutex mx;
+    bool decided = false;
+    std::shared_ptr<boost::asio::steady_timer> timer;
+  };
+  auto p = std::make_shared<pending>();
+  p->r = &r;
+  p->call = call;
+  p->c = std::move(c);
+  p->head = std::move(head);
+  p->granted = std::move(granted);
+  auto timeout = r.rt().options().conversation.queue_timeout;
+  // On a strand of its own: cancelled (there) when the call is sent
+  // first, so that it holds nothing past that.
+  p->timer = std::make_shared<boost::asio::steady_timer>(
+    boost::asio::make_strand(r.workers()), timeout);
+  auto go = [p](admission::upstream_slot_ptr slot) {
+    {
+      std::lock_guard<std::mutex> guard{p->mx};
+      if (p->decided)
+        return;
+      p->decided = true;
+    }
+    boost::asio::post(p->timer->get_executor(),
+                      [t = p->timer] { t->cancel(); });
+    stateless_call(*p->r, p->call, std::move(p->c), std::move(p->head),
+                   std::move(p->granted), std::move(slot));
+  };
+  auto w = q->acquire(tenant, reserve,
+                      [go](admission::upstream_slot_ptr slot, int64_t) {
+                        go(std::move(slot));
+                      });
+  if (w.slot)
+    return go(std::move(w.slot));
+  boost::asio::post(p->timer->get_executor(), [p, q, ticket = w.ticket,
+                                               timeout] {
+    {
+      std::lock_guard<std::mutex> guard{p->mx};
+      if (p->decided)
+        return;
+    }
+    p->timer->async_wait([p, q, ticket, timeout](boost::system::error_code ec) {
+      if (ec || !q->withdraw(ticket))
+        return;
+      {
+        std::lock_guard<std::mutex> guard{p->mx};
+        p->decided = true;
+      }
+      p->granted.reset();
+      p->call->fail(make_error(errc::timeout,
+                               "the upstream had no room for the call "
+                               "within "
+                                 + std::to_string(timeout.count()) + " ms"));
+    });
+  });
+}
+
+// No thread: the messages go to the provider as they are, once the
+// tenant's limits admit them (docs/limits.md): counted, reserved and
+// settled as an exchange is.
 void stateless(router& r, std::shared_ptr<async_call> call, chat_request c,
                completion_head head) {
+  auto& principal = who(call->req());
+  std::string tenant = principal.tenant.empty() ? std::string{"default"}
+                                                : principal.tenant;
+  auto count_prompt = [&r](const chat_request& req) {
+    uint64_t prompt = reply_primer_tokens;
+    if (auto counter = r.rt().token_counter())
+      for (auto& m : req.messages)
+        prompt += count_message_tokens(*counter, m);
+    return prompt;
+  };
+  auto limiter = r.rt().limiter();
+  if (!limiter) {
+    auto prompt = r.rt().upstream() ? count_prompt(c) : 0;
+    return stateless_upstream(r, std::move(call), std::move(c),
+                              std::move(head), nullptr, tenant, prompt);
+  }
+  auto ticket = std::make_shared<admission::request_ticket>();
+  auto s = limiter->take_request(tenant, *ticket);
+  if (!s.refused_by.empty()) {
+    call->add_headers(admission::rate_headers(s));
+    return call->fail(
+      make_error(errc::rate_limited, admission::refusal_text(s)));
+  }
+  uint64_t prompt = s.limited || r.rt().upstream() ? count_prompt(c) : 0;
+  if (!s.limited)
+    return stateless_upstream(r, std::move(call), std::move(c),
+                              std::move(head), nullptr, tenant, prompt);
+  // A queued call goes on from the thread that freed its slot; the queue
+  // timeout withdraws it, unless it was admitted first.
+  struct pending {
+    router* r;
+    std::shared_ptr<async_call> call;
+    chat_request c;
+    completion_head head;
+    std::string tenant;
+    uint64_t prompt = 0;
+    std::mutex mx;
+    bool decided = false;
+    /// The queue timeout's, on a strand of its own: cancelled when the
+    /// call is admitted first.
+    std::shared_ptr<boost::asio::steady_timer> timer;
+  };
+  auto p = std::make_shared<pending>();
+  p->r = &r;
+  p->call = call;
+  p->head = std::move(head);
+  auto max_tokens = c.completion.max_tokens;
+  p->c = std::move(c);
+  p->tenant = tenant;
+  p->prompt = prompt;
+  auto go = [p](admission::grant_ptr g, const rate_state& state) {
+    {
+      std::lock_guard<std::mutex> guard{p->mx};
+      if (p->decided)
+        return;
+      p->decided = true;
+      if (p->timer)
+        boost::asio::post(p->timer->get_executor(),
+                          [t = p->timer] { t->cancel(); });
+    }
+    p->call->add_headers(admission::rate_headers(state));
+    if (g && g->reply_bound() != 0 && p->c.completion.max_tokens == 0)
+      p->c.completion.max_tokens = static_cast<uint32_t>(
+        std::min<uint64_t>(g->reply_bound(), UINT32_MAX));
+    stateless_upstream(*p->r, p->call, std::move(p->c), std::move(p->head),
+                       std::move(g), p->tenant, p->prompt);
+  };
+  auto a = limiter->admit(tenant, prompt, max_tokens,
+                          [go](admission::grant_ptr g, rate_state st) {
+                            go(std::move(g), st);
+                          });
+  using outcome = admission::admission::outcome;
+  switch (a.result) {
+    case outcome::admitted:
+      return go(std::move(a.granted), a.state);
+    case outcome::refused:
+    case outcome::too_large:
+      limiter->take_back(*ticket);
+      call->add_headers(admission::rate_headers(a.state));
+      return call->fail(make_error(a.result == outcome::refused
+                                     ? errc::rate_limited
+                                     : errc::too_large,
+                                   a.result == outcome::refused
+                                     ? admission::refusal_text(a.state)
+                                     : a.why));
+    case outcome::queued:
+      break;
+  }
+  auto timeout = r.rt().options().conversation.queue_timeout;
+  auto timer = std::make_shared<boost::asio::steady_timer>(
+    boost::asio::make_strand(r.workers()), timeout);
+  {
+    std::lock_guard<std::mutex> guard{p->mx};
+    if (!p->decided)
+      p->timer = timer;
+  }
+  boost::asio::post(timer->get_executor(), [p, timer, limiter, ticket, tenant,
+                                            waiter = a.waiter,
+                                            state = a.state, timeout] {
+   {
+     std::lock_guard<std::mutex> guard{p->mx};
+     if (p->decided) {
+       p->timer.reset();
+       return;
+     }
+   }
+   timer->async_wait([p, limiter, ticket, tenant, waiter, state,
+                      timeout](boost::system::error_code ec) {
+    {
+      std::lock_guard<std::mutex> guard{p->mx};
+      p->timer.reset();
+      if (ec || p->decided || !limiter->withdraw(tenant, waiter))
+        return;
+      p->decided = true;
+    }
+    limiter->take_back(*ticket);
+    p->call->add_headers(admission::rate_headers(state));
+    p->call->fail(make_error(errc::timeout,
+                             "no slot of the tenant's concurrent_exchanges "
+                             "freed within "
+                               + std::to_string(timeout.count()) + " ms"));
+   });
+  });
+}
+
+void stateless_call(router& r, std::shared_ptr<async_call> call,
+                    chat_request c, completion_head head,
+                    admission::grant_ptr granted,
+                    admission::upstream_slot_ptr slot) {
   auto provider = r.rt().provider();
   if (!provider)
     provider = std::make_shared<offline_provider>();
@@ -561,11 +790,20 @@ void stateless(router& r, std::shared_ptr<async_call> call, chat_request c,
     std::move(c.messages));
   auto* rt = &r.rt();
   auto* metrics = &r.metrics();
-  completion_done done = [call, shared_head, stream, messages, rt,
-                          metrics](caf::expected<completion> res) {
+  completion_done done = [call, shared_head, stream, messages, rt, metrics,
+                          granted, slot](caf::expected<completion> res) {
     turn_usage usage;
-    if (res) {
+    if (res)
       usage = stateless_usage(*rt, *messages, *res);
+    if (granted)
+      granted->settle(!res ? 0
+                      : usage.known() ? usage.total_tokens()
+                                      : granted->reserved());
+    if (slot)
+      slot->settle(!res ? 0
+                   : usage.known() ? usage.total_tokens()
+                                   : slot->reserved());
+    if (res) {
       metrics->count_usage(static_cast<uint8_t>(usage.source),
                            usage.prompt_tokens, usage.completion_tokens);
       // No turn keeps it: the tenant's counters do, under thread "".

@@ -2,9 +2,11 @@
 // admin token manages tenants; it and a tenant's keys with `keys:admin`
 // manage that tenant's keys.
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <iterator>
 #include <sstream>
 #include <thread>
 
@@ -46,12 +48,83 @@ json time_or_null(int64_t ms) {
   return ms == 0 ? json(nullptr) : json(ms);
 }
 
+json limit_json(const std::optional<uint64_t>& v) {
+  return v ? json(*v) : json(nullptr);
+}
+
+// The tenant's own limits: null where the server's default applies.
+json limits_json(const tenancy::limit_settings& l) {
+  return json{{"requests_per_min", limit_json(l.requests_per_min)},
+              {"tokens_per_min", limit_json(l.tokens_per_min)},
+              {"concurrent_exchanges", limit_json(l.concurrent_exchanges)},
+              {"max_queued", limit_json(l.max_queued)},
+              {"reply_reserve", limit_json(l.reply_reserve)}};
+}
+
 json tenant_json(const tenancy::tenant_record& t) {
   return json{{"id", t.id},
               {"object", "tenant"},
               {"name", t.name},
               {"weight", t.weight},
+              {"limits", limits_json(t.limits)},
               {"created_at", t.created_ms}};
+}
+
+// The body's `limits` over `base`: each field an integer, or null for the
+// server's default; `"limits": null` puts every field back to it. Nullopt
+// when the body has none.
+std::optional<tenancy::limit_settings>
+limits_of_body(const json& body, tenancy::limit_settings base) {
+  auto i = body.find("limits");
+  if (i == body.end())
+    return std::nullopt;
+  if (i->is_null())
+    return tenancy::limit_settings{};
+  if (!i->is_object())
+    throw api_error{400, "malformed",
+                    "limits must be an object of integers (or null)",
+                    "limits"};
+  static const std::pair<const char*,
+                         std::optional<uint64_t> tenancy::limit_settings::*>
+    fields[] = {
+      {"requests_per_min", &tenancy::limit_settings::requests_per_min},
+      {"tokens_per_min", &tenancy::limit_settings::tokens_per_min},
+      {"concurrent_exchanges", &tenancy::limit_settings::concurrent_exchanges},
+      {"max_queued", &tenancy::limit_settings::max_queued},
+      {"reply_reserve", &tenancy::limit_settings::reply_reserve},
+    };
+  for (auto& [key, value] : i->items()) {
+    auto f = std::find_if(std::begin(fields), std::end(fields),
+                          [&](const auto& x) { return key == x.first; });
+    if (f == std::end(fields))
+      throw api_error{400, "malformed",
+                      "limits has no field '" + key.substr(0, 64)
+                        + "' (requests_per_min, tokens_per_min, "
+                          "concurrent_exchanges, max_queued, "
+                          "reply_reserve)",
+                      "limits." + key.substr(0, 64)};
+    auto param = "limits." + key;
+    if (value.is_null()) {
+      base.*(f->second) = std::nullopt;
+      continue;
+    }
+    if (!value.is_number_integer())
+      throw api_error{400, "malformed",
+                      param + " must be an integer (or null)", param};
+    if (value.is_number_unsigned())
+      base.*(f->second) = value.get<uint64_t>();
+    else {
+      auto v = value.get<int64_t>();
+      if (v < 0)
+        throw api_error{400, "invalid_argument",
+                        param + " must not be negative", param};
+      base.*(f->second) = static_cast<uint64_t>(v);
+    }
+  }
+  if (auto problem = base.check(); !problem.empty())
+    throw api_error{400, "invalid_argument", problem,
+                    problem.substr(0, problem.find(' '))};
+  return base;
 }
 
 json key_json(const tenancy::key_record& k) {
@@ -240,10 +313,12 @@ void add_tenant_routes(router& r) {
   r.post(R"(/v1/tenants)", "POST /v1/tenants",
          [&r](const request& req, response& res, request_context& ctx) {
            auto& store = store_of(r);
-           auto body = parse_body(req, {"name", "weight"});
+           auto body = parse_body(req, {"name", "weight", "limits"});
            auto name = name_of_body(body, true);
-           auto created = store.create_tenant(name,
-                                              weight_of(body).value_or(1));
+           auto weight = weight_of(body).value_or(1);
+           auto limits = limits_of_body(body, {});
+           auto created = store.create_tenant(
+             name, weight, limits.value_or(tenancy::limit_settings{}));
            if (!created)
              fail(created.error());
            ctx.log["tenant"] = created->id;
@@ -273,10 +348,12 @@ void add_tenant_routes(router& r) {
           [&r](const request& req, response& res, request_context&) {
             auto& store = store_of(r);
             auto& id = path_tenant(req);
-            auto body = parse_body(req, {"name", "weight"});
-            if (!body.contains("name") && !body.contains("weight"))
+            auto body = parse_body(req, {"name", "weight", "limits"});
+            if (!body.contains("name") && !body.contains("weight")
+                && !body.contains("limits"))
               throw api_error{400, "malformed",
-                              "give name and/or weight to change", "name"};
+                              "give name, weight and/or limits to change",
+                              "name"};
             std::optional<std::string> name;
             if (body.contains("name"))
               name = name_of_body(body, true);
@@ -284,7 +361,12 @@ void add_tenant_routes(router& r) {
             if (id == tenancy::default_tenant && name)
               throw api_error{400, "invalid_argument",
                               "the default tenant keeps its name", "name"};
-            auto updated = store.update_tenant(id, name, weight);
+            // Limits change field by field: those the body names.
+            std::optional<tenancy::limit_settings> limits;
+            if (body.contains("limits"))
+              limits = limits_of_body(body,
+                                      found_tenant(store, id).limits);
+            auto updated = store.update_tenant(id, name, weight, limits);
             if (!updated)
               fail(updated.error());
             if (!*updated)

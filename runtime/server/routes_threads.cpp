@@ -245,6 +245,7 @@ void add_thread_routes(router& r) {
       call->ctx.log["thread_id"] = x.thread_id;
       auto* metrics = &r.metrics();
       exchange_callbacks cb;
+      cb.on_limits = limits_to(call);
       // The reply goes out once the assistant turn is stored, without
       // waiting for long-term memory.
       cb.on_reply = [call, metrics](const exchange_result& result) {
@@ -274,13 +275,20 @@ void add_thread_routes(router& r) {
       auto requested = x.thread_id;
       auto* metrics = &r.metrics();
       exchange_callbacks cb;
+      cb.on_limits = limits_to(call);
       // The first event goes out as soon as the thread is held, before the
-      // prompt is built; an error before it is a plain JSON error.
+      // prompt is built (for a tenant with limits, once it is admitted);
+      // an error before it is a plain JSON error.
       cb.on_held = [call, requested](const exchange_result&) {
         call->ctx.log["streamed"] = true;
         call->begin_stream(200, "text/event-stream",
                            {{"Cache-Control", "no-cache"}});
         call->write(sse("thread", {{"thread_id", local(call->req(), requested)}}));
+      };
+      // Waiting for the upstream's room (docs/limits.md, "The upstream").
+      cb.on_queued = [call](const upstream_place& place) {
+        call->write(sse("queued", {{"position", place.position},
+                                   {"waiting", place.waiting}}));
       };
       cb.on_delta = [call](std::string_view delta) {
         // False stops the generation: nobody is listening.

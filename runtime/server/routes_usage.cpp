@@ -1,9 +1,12 @@
 // GET /v1/usage: what the caller's tenant spent, from the usage counters
-// (docs/usage.md).
+// (docs/usage.md); GET /v1/limits: where its limits on the model stand now
+// (docs/limits.md). Both are the tenant's fair use of the model.
 
 #include <ctime>
 #include <string>
 
+#include "admission/limiter.hpp"
+#include "admission/upstream.hpp"
 #include "auth.hpp"
 #include "router.hpp"
 #include "spindle/messages/ids.hpp"
@@ -205,6 +208,58 @@ void add_usage_routes(router& r) {
                    {"data", std::move(data)},
                    {"has_more", page->more}};
           reply(res, 200, out);
+        });
+
+  // Where the caller's tenant stands: the limits in force, what is left of
+  // its rates, its calls running and waiting, and the upstream's queue.
+  r.get(R"(/v1/limits)", "GET /v1/limits",
+        [&r](const request& req, response& res, request_context&) {
+          only_params(req, {});
+          auto& principal = who(req);
+          std::string tenant{tenant_of_id(principal.prefix + "x")};
+          if (tenant.empty())
+            tenant = tenancy::default_tenant;
+          auto limiter = r.rt().limiter();
+          rate_limits l = limiter ? limiter->limits_of(tenant) : rate_limits{};
+          auto s = limiter ? limiter->state_of(tenant) : rate_state{};
+          auto load = limiter ? limiter->load_of(tenant)
+                              : std::pair<uint64_t, uint64_t>{0, 0};
+          auto window = [](bool on, uint64_t limit, uint64_t remaining,
+                           int64_t reset_ms) {
+            return on ? json{{"limit", limit},
+                             {"remaining", remaining},
+                             {"reset_ms", reset_ms}}
+                      : json(nullptr);
+          };
+          json upstream = nullptr;
+          if (auto q = r.rt().upstream()) {
+            auto c = q->counts();
+            uint64_t mine = 0;
+            for (auto& [t, n] : q->waiting_by_tenant())
+              if (t == tenant)
+                mine = n;
+            upstream = {{"concurrency", q->limits().concurrency},
+                        {"tokens_per_min", q->limits().tokens_per_min},
+                        {"running", c.running},
+                        {"waiting", c.waiting},
+                        {"waiting_tenant", mine}};
+          }
+          reply(res, 200,
+                {{"object", "limits"},
+                 {"limits",
+                  {{"requests_per_min", l.requests_per_min},
+                   {"tokens_per_min", l.tokens_per_min},
+                   {"concurrent_exchanges", l.concurrent_exchanges},
+                   {"max_queued", l.max_queued},
+                   {"reply_reserve", l.reply_reserve}}},
+                 {"requests", window(s.requests, s.limit_requests,
+                                     s.remaining_requests,
+                                     s.reset_requests_ms)},
+                 {"tokens", window(s.tokens, s.limit_tokens,
+                                   s.remaining_tokens, s.reset_tokens_ms)},
+                 {"exchanges",
+                  {{"running", load.first}, {"queued", load.second}}},
+                 {"upstream", std::move(upstream)}});
         });
 }
 

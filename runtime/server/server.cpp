@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include <unistd.h>
@@ -13,6 +14,8 @@
 #include "spindle/actors/event_log.hpp"
 #include "http_server.hpp"
 #include "idempotency.hpp"
+#include "admission/limiter.hpp"
+#include "admission/upstream.hpp"
 #include "tenancy/tenant_store.hpp"
 #include "metrics.hpp"
 #include "recorder.hpp"
@@ -151,6 +154,74 @@ void add_gauges(http_metrics& metrics, runtime& rt) {
                       return http_metrics::samples{
                         {{}, static_cast<double>(rt.events()->subscribers())}};
                     });
+  // Limits on the model (docs/limits.md): refusals by limit, and calls
+  // that waited for a slot of concurrent_exchanges.
+  metrics.add_gauge(
+    "spindle_limit_refusals",
+    "Calls to the model refused by a tenant's limit since start, by limit",
+    [&rt] {
+      auto limiter = rt.limiter();
+      auto c = limiter ? limiter->counts() : admission::limiter::totals{};
+      return http_metrics::samples{
+        {{{"limit", "requests_per_min"}},
+         static_cast<double>(c.refused_requests)},
+        {{{"limit", "tokens_per_min"}}, static_cast<double>(c.refused_tokens)},
+        {{{"limit", "max_queued"}}, static_cast<double>(c.refused_queue)}};
+    });
+  metrics.add_gauge(
+    "spindle_limit_queue",
+    "Calls that waited for one of their tenant's concurrent_exchanges: "
+    "since start (queued) and now (waiting)",
+    [&rt] {
+      auto limiter = rt.limiter();
+      auto c = limiter ? limiter->counts() : admission::limiter::totals{};
+      return http_metrics::samples{
+        {{{"kind", "queued"}}, static_cast<double>(c.queued)},
+        {{{"kind", "waiting"}}, static_cast<double>(c.waiting)}};
+    });
+  // The fair queue toward the upstream (docs/limits.md, "The upstream").
+  metrics.add_gauge(
+    "spindle_upstream_calls",
+    "Calls to the model through the upstream's fair queue: sending now "
+    "(running), waiting now, sent since start and of those queued first",
+    [&rt] {
+      auto q = rt.upstream();
+      auto c = q ? q->counts() : admission::upstream_queue::totals{};
+      return http_metrics::samples{
+        {{{"state", "running"}}, static_cast<double>(c.running)},
+        {{{"state", "waiting"}}, static_cast<double>(c.waiting)},
+        {{{"state", "sent"}}, static_cast<double>(c.sent)},
+        {{{"state", "queued"}}, static_cast<double>(c.queued)}};
+    });
+  metrics.add_gauge(
+    "spindle_upstream_wait_seconds",
+    "Waits for the upstream's room since start: their sum and the longest",
+    [&rt] {
+      auto q = rt.upstream();
+      auto c = q ? q->counts() : admission::upstream_queue::totals{};
+      return http_metrics::samples{
+        {{{"stat", "sum"}}, static_cast<double>(c.waited_ms) / 1000.0},
+        {{{"stat", "max"}}, static_cast<double>(c.max_wait_ms) / 1000.0}};
+    });
+  metrics.add_gauge(
+    "spindle_upstream_waiting",
+    "Calls waiting for the upstream's room now, by tenant (those waiting)",
+    // A tenant that waited once and waits no more is told as 0 (a
+    // series, once made, stays).
+    [&rt, shown = std::make_shared<std::set<std::string>>()] {
+      http_metrics::samples out;
+      std::set<std::string> now;
+      if (auto q = rt.upstream())
+        for (auto& [tenant, n] : q->waiting_by_tenant()) {
+          out.push_back({{{"tenant", tenant}}, static_cast<double>(n)});
+          now.insert(tenant);
+        }
+      for (auto& t : *shown)
+        if (!now.count(t))
+          out.push_back({{{"tenant", t}}, 0.0});
+      shown->insert(now.begin(), now.end());
+      return out;
+    });
   // Compaction (docs/threads.md, "Compaction").
   metrics.add_gauge("spindle_compactions",
                     "Compaction jobs since start by result (stored, failed) "
@@ -534,6 +605,10 @@ void server::add_connection_gauges() {
 
 server::~server() {
   stop();
+  // The runtime may serve on without this server's limits.
+  impl_->rt.set_limits({});
+  if (impl_->options.upstream.bounded())
+    impl_->rt.set_upstream_limits({});
 }
 
 caf::expected<int> server::bind() {
@@ -547,7 +622,26 @@ caf::expected<int> server::bind() {
     auto tenants = tenancy::tenant_store::open(impl_->rt.options().storage);
     if (!tenants)
       return tenants.error();
-    impl_->routes.set_tenants(std::move(*tenants));
+    // Each tenant's own limits over the server's defaults.
+    std::shared_ptr<tenancy::tenant_store> store = std::move(*tenants);
+    impl_->rt.set_limits(
+      [store, defaults = opts.default_limits](std::string_view tenant) {
+        return store->limits_of(tenant, defaults);
+      });
+    if (opts.upstream.bounded())
+      impl_->rt.set_upstream_limits(opts.upstream,
+                                    [store](std::string_view tenant) {
+                                      return store->weight_of(tenant);
+                                    });
+    impl_->routes.set_tenants(std::move(store));
+  } else {
+    if (opts.default_limits.limited())
+      impl_->rt.set_limits(
+        [defaults = opts.default_limits](std::string_view) {
+          return defaults;
+        });
+    if (opts.upstream.bounded())
+      impl_->rt.set_upstream_limits(opts.upstream);
   }
   auto port = impl_->http->listen(opts.bind, opts.port);
   if (port)

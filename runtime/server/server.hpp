@@ -8,6 +8,8 @@
 
 #include <caf/expected.hpp>
 
+#include "spindle/runtime/limits.hpp"
+
 namespace spindle {
 
 class runtime;
@@ -29,6 +31,14 @@ struct server_options {
   /// and keys, every other request needs a tenant's key, and each acts in
   /// its tenant only. `token` is then not used.
   std::string admin_token;
+  /// Each tenant's limits on the model where it sets none of its own, and
+  /// the implicit tenant's without tenancy (docs/limits.md); none by
+  /// default.
+  rate_limits default_limits;
+  /// What is sent the provider as a whole; past it calls wait, tenants
+  /// served by their weights (docs/limits.md, "The upstream"). Unbounded
+  /// by default.
+  upstream_limits upstream;
   /// Largest request body accepted; larger ones get 413.
   size_t body_limit = 1024 * 1024;
   /// Event-loop threads holding the connections; 0: one per core. Ignored

@@ -30,6 +30,7 @@
 #include <caf/expected.hpp>
 
 #include "core/digest.hpp"
+#include "spindle/runtime/limits.hpp"
 #include "spindle/runtime/storage.hpp"
 #include "tenancy/jwt.hpp"
 #include "tenancy/principal.hpp"
@@ -41,12 +42,40 @@ class sql_connection;
 
 namespace tenancy {
 
+/// The largest values a tenant's limits take.
+inline constexpr uint64_t max_requests_per_min = 1000000000;
+inline constexpr uint64_t max_tokens_per_min = 1000000000000;
+inline constexpr uint64_t max_concurrent_exchanges = 100000;
+inline constexpr uint64_t max_queued_limit = 100000;
+inline constexpr uint64_t max_reply_reserve = 10000000;
+
+/// A tenant's own limits on the model (docs/limits.md): a field without
+/// a value takes the server's default (`spindle serve --requests-per-min`
+/// and the others); 0 is no limit of that kind.
+struct limit_settings {
+  std::optional<uint64_t> requests_per_min;
+  std::optional<uint64_t> tokens_per_min;
+  std::optional<uint64_t> concurrent_exchanges;
+  std::optional<uint64_t> max_queued;
+  std::optional<uint64_t> reply_reserve;
+
+  /// The limits in force: these over `defaults`.
+  rate_limits over(const rate_limits& defaults) const;
+  bool empty() const noexcept {
+    return !requests_per_min && !tokens_per_min && !concurrent_exchanges
+           && !max_queued && !reply_reserve;
+  }
+  /// An error message when a value is out of its range, else empty.
+  std::string check() const;
+};
+
 struct tenant_record {
   std::string id;
   std::string name;
   /// Its share of the model when the upstream is contended (1 to 1000).
   int64_t weight = 1;
   int64_t created_ms = 0;
+  limit_settings limits;
 };
 
 struct key_record {
@@ -107,7 +136,8 @@ public:
   /// Errors: invalid_argument, conflict (the name is taken),
   /// too_large (max_tenants), storage_failure.
   caf::expected<tenant_record> create_tenant(const std::string& name,
-                                             int64_t weight);
+                                             int64_t weight,
+                                             const limit_settings& limits = {});
   caf::expected<std::vector<tenant_record>> list_tenants();
   caf::expected<std::optional<tenant_record>>
   find_tenant(const std::string& id);
@@ -115,7 +145,16 @@ public:
   /// tenant. Errors as for `create_tenant`.
   caf::expected<std::optional<tenant_record>>
   update_tenant(const std::string& id, const std::optional<std::string>& name,
-                std::optional<int64_t> weight);
+                std::optional<int64_t> weight,
+                const std::optional<limit_settings>& limits = std::nullopt);
+  /// The limits in force for `tenant`: its own over `defaults`, from
+  /// memory (every process reloads a tenant's limits within `refresh` of
+  /// a change). Thread-safe and quick: called for every call to the model.
+  rate_limits limits_of(std::string_view tenant,
+                        const rate_limits& defaults) const;
+  /// The tenant's weight toward the upstream (1 for one unknown), from
+  /// memory as `limits_of`.
+  uint64_t weight_of(std::string_view tenant) const;
   /// Revokes every key of `tenant` (at once here, within `refresh`
   /// elsewhere); returns how many. Errors: storage_failure.
   caf::expected<uint64_t> revoke_keys(const std::string& tenant);
@@ -231,12 +270,20 @@ private:
   end_user_of(std::string_view token, bool may_block, bool& needs_store);
 
   caf::error create_schema();
+  caf::expected<tenant_record> create_tenant_row(const std::string& name,
+                                                 int64_t weight,
+                                                 const limit_settings& limits);
   /// Revokes every key of `tenant` and, `with_tenant`, removes the tenant
   /// in the same transaction (`tenant_found` says whether it was there).
   caf::expected<uint64_t> drop_keys(const std::string& tenant,
                                     bool with_tenant, bool& tenant_found);
   void refresher();
   void refresh_once();
+  /// Reads `tenant`'s limits (all tenants' when empty) into `limits_`.
+  void load_limits(const std::string& tenant);
+  /// Writes `tenant`'s limits (`db_mx_` held, in a transaction).
+  caf::error store_limits(const std::string& tenant,
+                          const limit_settings& limits);
   /// Drops `key_id` from the cache ("auth:TENANT": that tenant's end-user
   /// settings).
   void evict(const std::string& key_id);
@@ -284,6 +331,11 @@ private:
   /// Issuers found to be no tenant's, with when.
   std::unordered_map<std::string, std::chrono::steady_clock::time_point>
     unknown_issuers_;
+  /// Each tenant's own limits (those with any).
+  mutable std::shared_mutex limits_mx_;
+  std::unordered_map<std::string, limit_settings> limits_;
+  /// Each tenant's weight, but those of weight 1.
+  std::unordered_map<std::string, uint64_t> weights_;
   /// Tokens verified, by verified_key_of.
   mutable std::shared_mutex verified_mx_;
   std::unordered_map<siphash_digest, verified_token, siphash_digest_hash>

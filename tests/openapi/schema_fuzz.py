@@ -95,14 +95,15 @@ ERROR_TYPE_OF_STATUS = {400: "invalid_request_error", 413: "invalid_request_erro
                         414: "invalid_request_error", 422: "invalid_request_error",
                         431: "invalid_request_error", 401: "authentication_error",
                         403: "permission_error", 404: "not_found_error", 409: "conflict_error",
-                        504: "timeout_error"}
+                        429: "rate_limit_error", 504: "timeout_error"}
 # ErrorCode's description: the statuses each code comes with.
 STATUS_OF_CODE = {
     "malformed": {400}, "unknown_field": {400}, "invalid_argument": {400}, "invalid_id": {400},
     "unauthorized": {401}, "permission_denied": {403}, "not_found": {404}, "conflict": {409},
     "exhausted": {409},
     "already_exists": {409}, "lease_lost": {409}, "too_large": {413, 414, 431},
-    "idempotency_mismatch": {422}, "capacity_exceeded": {422}, "storage_failure": {500},
+    "idempotency_mismatch": {422}, "capacity_exceeded": {422}, "rate_limited": {429},
+    "storage_failure": {500},
     "io_failure": {500}, "internal": {500}, "upstream_failure": {502}, "unavailable": {503},
     "storage_unavailable": {503}, "not_owner": {503}, "timeout": {504}, "storage_full": {507},
 }
@@ -162,6 +163,11 @@ INVALID_KINDS = [
 #   admin@key  the admin token acting in that tenant (`Spindle-Tenant: <its id>`)
 PRINCIPAL_WEIGHTS = (("admin", 0.7), ("key", 0.2), ("admin@key", 0.1))
 MAX_LIVE_TENANTS = 300         # tenants the fuzzer made and did not delete (the server takes 100000)
+# Limits on the model (docs/limits.md) that no run comes near, for the tenants
+# the valid requests act in (`default` and the key's): their calls to the model
+# are never refused or queued, and their answers carry x-ratelimit-* headers.
+HARMLESS_LIMITS = {"requests_per_min": (10 ** 6, 10 ** 9), "tokens_per_min": (10 ** 10, 10 ** 12),
+                   "concurrent_exchanges": (1000, 100000)}
 
 # Thread IDs (components.parameters.ThreadId): a tenant's own clients may name an
 # end user's thread USER~ID; in the tenant `default` (the admin token's `default`)
@@ -2429,6 +2435,13 @@ class Fuzzer:
                 b["name"] = self.tenant_name(rng, b.get("name"))
         if not b:
             b["weight"] = rng.choice([None, 1, rng.randint(1, 1000), 1000])
+        limits = b.get("limits")
+        if tid in ("default", self.ten.key_tenant) and isinstance(limits, dict):
+            # 0 (no limit) or one no run comes near (HARMLESS_LIMITS)
+            for k, (lo, hi) in HARMLESS_LIMITS.items():
+                v = limits.get(k)
+                if type(v) is int and v != 0 and not lo <= v <= hi:
+                    limits[k] = rng.choice([0, lo, rng.randint(lo, hi), hi])
 
     def fix_setTenantAuth(self, rng, req):
         """An issuer no other tenant has (sometimes a taken one: 409), exactly one

@@ -24,6 +24,7 @@ type Check<Events, Op extends string> =
 
 export const messageStream: Check<MessageStreamEvents, "streamMessage"> = {
   thread: true,
+  queued: true,
   delta: true,
   tool_call: true,
   done: true,

@@ -63,6 +63,10 @@ enum class errc : uint8_t {
   /// request succeeds when sent again, through any node (HTTP 503,
   /// docs/cluster.md).
   not_owner,
+  /// Over one of the tenant's limits on the model (requests or tokens per
+  /// minute, or its queue is full): nothing was stored; the same request
+  /// succeeds after the wait it was given (HTTP 429, docs/limits.md).
+  rate_limited,
 };
 
 /// Returns the stable snake_case name of `x`, e.g. "invalid_id".

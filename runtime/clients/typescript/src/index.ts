@@ -23,6 +23,8 @@ export type MessageRequest = Schemas["MessageRequest"];
 
 export interface MessageStreamEvents {
   thread: { thread_id: string };
+  /** The call waits for the upstream's room (docs/limits.md). */
+  queued: { position: number; waiting: number };
   delta: { content: string };
   tool_call: { index: number; id?: string; name?: string; arguments: string };
   done: {

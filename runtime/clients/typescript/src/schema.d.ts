@@ -247,7 +247,7 @@ export interface paths {
         put?: never;
         /**
          * Send a message
-         * @description One exchange: the history is read before the message is stored, the user turn is stored before the reply is asked for, the assistant turn after it; the reply is sent once the assistant turn is stored. `thread_id` `new` creates a thread. Concurrent messages of one thread follow `on_conflict`.
+         * @description One exchange: the history is read before the message is stored, the user turn is stored before the reply is asked for, the assistant turn after it; the reply is sent once the assistant turn is stored. `thread_id` `new` creates a thread. Concurrent messages of one thread follow `on_conflict`. The call to the model is held to the tenant's limits (docs/limits.md): the user turn is stored once the call is admitted, a call over a rate or past a full queue is 429 `rate_limited`, and the answer carries `x-ratelimit-*` headers for the kinds of limit the tenant has.
          */
         post: operations["sendMessage"];
         delete?: never;
@@ -267,7 +267,7 @@ export interface paths {
         put?: never;
         /**
          * Send a message, streaming the reply
-         * @description As `POST /v1/threads/{id}/messages`, with the reply as a `text/event-stream`: `thread` first, as soon as the thread is held (for `new` the created thread's ID; with `on_conflict: fork` the requested thread), then `delta` and `tool_call` pieces as the provider streams them, then `done` after the assistant turn is stored (naming the fork, if any), or `cancelled` instead when the reply was cancelled, or `error` instead when a step failed after the stream began (the user turn, if stored, stays). An error found before the thread is held is an ordinary JSON error with its status. A replayed stream (`Idempotency-Key`) is one body with the same events.
+         * @description As `POST /v1/threads/{id}/messages`, with the reply as a `text/event-stream`: `thread` first, as soon as the thread is held (for a tenant with limits, once the call is admitted; for `new` the created thread's ID; with `on_conflict: fork` the requested thread), then `queued` (`{"position", "waiting"}`) when the call waits for the upstream's room (docs/limits.md, "The upstream"), then `delta` and `tool_call` pieces as the provider streams them, then `done` after the assistant turn is stored (naming the fork, if any), or `cancelled` instead when the reply was cancelled, or `error` instead when a step failed after the stream began (the user turn, if stored, stays). An error found before the thread is held (or the call admitted) is an ordinary JSON error with its status: a refusal by the tenant's limits is 429 `rate_limited`, never an event (docs/limits.md). A replayed stream (`Idempotency-Key`) is one body with the same events.
          */
         post: operations["streamMessage"];
         delete?: never;
@@ -687,7 +687,7 @@ export interface paths {
         put?: never;
         /**
          * OpenAI-compatible chat completion
-         * @description OpenAI's Chat Completions request and response. With a thread (a `thread_id` field or the `Spindle-Thread-Id` header) spindle keeps the conversation: the last message is the new user turn (or the results of the thread's last tool calls, appended first), leading system or developer messages replace the system prompt, both turns are stored; the thread's ID comes back in the `Spindle-Thread-Id` header and a `thread_id` field. Without a thread the messages go to the provider as they are and nothing is stored. With `stream: true` the reply is a `text/event-stream` of `data:` chunks ending with `data: [DONE]`; a failure after the stream began is a `data: {"error": ...}` event that ends it. `usage` is what the exchange spent (docs/usage.md), in OpenAI's form; streamed with `stream_options: {"include_usage": true}`, every chunk carries `"usage": null` and a last chunk with no choices carries the usage before `[DONE]`, as OpenAI streams it.
+         * @description OpenAI's Chat Completions request and response. With a thread (a `thread_id` field or the `Spindle-Thread-Id` header) spindle keeps the conversation: the last message is the new user turn (or the results of the thread's last tool calls, appended first), leading system or developer messages replace the system prompt, both turns are stored; the thread's ID comes back in the `Spindle-Thread-Id` header and a `thread_id` field. Without a thread the messages go to the provider as they are and nothing is stored. With `stream: true` the reply is a `text/event-stream` of `data:` chunks ending with `data: [DONE]`; a failure after the stream began is a `data: {"error": ...}` event that ends it. `usage` is what the exchange spent (docs/usage.md), in OpenAI's form; streamed with `stream_options: {"include_usage": true}`, every chunk carries `"usage": null` and a last chunk with no choices carries the usage before `[DONE]`, as OpenAI streams it. The call to the model, with or without a thread, is held to the tenant's limits (docs/limits.md): a call over a rate or past a full queue is 429 `rate_limited` (before any chunk: a stream starts once the call is admitted), and the answer carries OpenAI's `x-ratelimit-*` headers for the kinds of limit the tenant has.
          */
         post: operations["createChatCompletion"];
         delete?: never;
@@ -736,6 +736,26 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/limits": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Where the tenant's limits on the model stand
+         * @description The limits in force for the caller's tenant (its own over the server's defaults; 0 is no limit), what is left of its requests and tokens in the last 60 s, its calls to the model running and waiting for one of its `concurrent_exchanges`, and the upstream's fair queue when there is one (docs/limits.md). The admin token names a tenant with `Spindle-Tenant`. Needs the scope `usage:read`.
+         */
+        get: operations["getLimits"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/tenants": {
         parameters: {
             query?: never;
@@ -751,7 +771,7 @@ export interface paths {
         put?: never;
         /**
          * Create a tenant
-         * @description A tenant with an ID spindle makes (`t` and 11 characters of `[a-z0-9]`) and no keys yet. For the admin token; there are at most 100000 tenants.
+         * @description A tenant with an ID spindle makes (`t` and 11 characters of `[a-z0-9]`) and no keys yet, with its own limits on the model if `limits` sets any (docs/limits.md). For the admin token; there are at most 100000 tenants.
          */
         post: operations["createTenant"];
         delete?: never;
@@ -782,8 +802,8 @@ export interface paths {
         options?: never;
         head?: never;
         /**
-         * Rename a tenant or change its weight
-         * @description Changes the name, the weight or both; the tenant `default` keeps its name. For the admin token.
+         * Change a tenant's name, weight or limits
+         * @description Changes any of the name, the weight and the limits on the model (docs/limits.md); the tenant `default` keeps its name. A change of limits is in force for the next call on this node, and on the other nodes of a cluster within half a second. For the admin token.
          */
         patch: operations["updateTenant"];
         trace?: never;
@@ -891,10 +911,10 @@ export interface components {
                 /** @description What went wrong, naming the field or value at fault. */
                 message: string;
                 /**
-                 * @description OpenAI's error type, from the status: invalid_request_error (400, 413, 414, 422, 431), authentication_error (401), permission_error (403), not_found_error (404), conflict_error (409), timeout_error (504), api_error (other 5xx).
+                 * @description OpenAI's error type, from the status: invalid_request_error (400, 413, 414, 422, 431), authentication_error (401), permission_error (403), not_found_error (404), conflict_error (409), rate_limit_error (429), timeout_error (504), api_error (other 5xx).
                  * @enum {string}
                  */
-                type: "invalid_request_error" | "authentication_error" | "permission_error" | "not_found_error" | "conflict_error" | "timeout_error" | "api_error";
+                type: "invalid_request_error" | "authentication_error" | "permission_error" | "not_found_error" | "conflict_error" | "rate_limit_error" | "timeout_error" | "api_error";
                 /** @description The offending field, query parameter or header (`messages[2].role`, `Idempotency-Key`), or null. */
                 param: string | null;
             };
@@ -910,10 +930,10 @@ export interface components {
             };
         };
         /**
-         * @description 400 `malformed` (not JSON, not an object, invalid UTF-8, a missing or mistyped field, an HTTP request that cannot be parsed), 400 `unknown_field`, 400 `invalid_argument`, 400 `invalid_id`, 401 `unauthorized`, 403 `permission_denied`, 404 `not_found`, 409 `conflict` / `exhausted` / `already_exists` / `lease_lost`, 413 / 414 / 431 `too_large`, 422 `idempotency_mismatch` / `capacity_exceeded`, 500 `storage_failure` / `io_failure` / `internal`, 502 `upstream_failure`, 503 `unavailable` / `storage_unavailable` / `not_owner`, 504 `timeout`, 507 `storage_full` (docs/errors.md).
+         * @description 400 `malformed` (not JSON, not an object, invalid UTF-8, a missing or mistyped field, an HTTP request that cannot be parsed), 400 `unknown_field`, 400 `invalid_argument`, 400 `invalid_id`, 401 `unauthorized`, 403 `permission_denied`, 404 `not_found`, 409 `conflict` / `exhausted` / `already_exists` / `lease_lost`, 413 / 414 / 431 `too_large`, 422 `idempotency_mismatch` / `capacity_exceeded`, 429 `rate_limited`, 500 `storage_failure` / `io_failure` / `internal`, 502 `upstream_failure`, 503 `unavailable` / `storage_unavailable` / `not_owner`, 504 `timeout`, 507 `storage_full` (docs/errors.md).
          * @enum {string}
          */
-        ErrorCode: "malformed" | "unknown_field" | "invalid_argument" | "invalid_id" | "unauthorized" | "permission_denied" | "not_found" | "conflict" | "exhausted" | "already_exists" | "lease_lost" | "too_large" | "idempotency_mismatch" | "capacity_exceeded" | "storage_failure" | "io_failure" | "internal" | "upstream_failure" | "unavailable" | "storage_unavailable" | "not_owner" | "timeout" | "storage_full";
+        ErrorCode: "malformed" | "unknown_field" | "invalid_argument" | "invalid_id" | "unauthorized" | "permission_denied" | "not_found" | "conflict" | "exhausted" | "already_exists" | "lease_lost" | "too_large" | "idempotency_mismatch" | "capacity_exceeded" | "rate_limited" | "storage_failure" | "io_failure" | "internal" | "upstream_failure" | "unavailable" | "storage_unavailable" | "not_owner" | "timeout" | "storage_full";
         /**
          * Context Item
          * @description A piece of code or text with metadata for LLM context
@@ -1876,6 +1896,73 @@ export interface components {
                 upstream: components["schemas"]["UsageFigures"];
             };
         };
+        /** @description One rate's 60-second window. */
+        LimitWindow: {
+            /** Format: int64 */
+            limit: number;
+            /**
+             * Format: int64
+             * @description What is left of it (for tokens, less what calls not yet settled reserved).
+             */
+            remaining: number;
+            /**
+             * Format: int64
+             * @description Milliseconds until the window holds none of its charges.
+             */
+            reset_ms: number;
+        };
+        LimitsStanding: {
+            /** @constant */
+            object: "limits";
+            /** @description The limits in force; 0 is no limit of that kind. */
+            limits: {
+                /** Format: int64 */
+                requests_per_min: number;
+                /** Format: int64 */
+                tokens_per_min: number;
+                /** Format: int64 */
+                concurrent_exchanges: number;
+                /** Format: int64 */
+                max_queued: number;
+                /** Format: int64 */
+                reply_reserve: number;
+            };
+            /** @description The requests' window; null without `requests_per_min`. */
+            requests: components["schemas"]["LimitWindow"] | null;
+            /** @description The tokens' window; null without `tokens_per_min`. */
+            tokens: components["schemas"]["LimitWindow"] | null;
+            exchanges: {
+                /**
+                 * Format: int64
+                 * @description Calls holding one of its `concurrent_exchanges`.
+                 */
+                running: number;
+                /**
+                 * Format: int64
+                 * @description Calls waiting for one.
+                 */
+                queued: number;
+            };
+            /** @description The upstream's fair queue (`--llm-concurrency`, `--llm-tokens-per-min`); null without. */
+            upstream: {
+                /** Format: int64 */
+                concurrency: number;
+                /** Format: int64 */
+                tokens_per_min: number;
+                /** Format: int64 */
+                running: number;
+                /**
+                 * Format: int64
+                 * @description Calls waiting, all tenants.
+                 */
+                waiting: number;
+                /**
+                 * Format: int64
+                 * @description Calls of this tenant waiting.
+                 */
+                waiting_tenant: number;
+            } | null;
+        };
         /** @description What the tenant's exchanges spent (docs/usage.md), over whole hours: one total without `group_by` (zeros when nothing was spent), else a page of groups in the order of their keys. */
         UsageReport: {
             /** @constant */
@@ -1913,11 +2000,44 @@ export interface components {
             name: string;
             /** @description Its share of the model when the upstream is contended, 1 to 1000. */
             weight: number;
+            limits: components["schemas"]["TenantLimits"];
             /**
              * Format: int64
              * @description Milliseconds since the Unix epoch.
              */
             created_at: number;
+        };
+        /** @description The tenant's own limits on the model (docs/limits.md): null where the server's default applies (`--requests-per-min`, `--tokens-per-min`, `--concurrent-exchanges`, `--max-queued`, `--reply-reserve`); `0` is no limit of that kind. */
+        TenantLimits: {
+            /** @description Calls to the model started in any 60 s. */
+            requests_per_min: number | null;
+            /**
+             * Format: int64
+             * @description Tokens the calls to the model use in any 60 s, prompt and reply.
+             */
+            tokens_per_min: number | null;
+            /** @description Calls to the model at once; the next waits in the tenant's queue. */
+            concurrent_exchanges: number | null;
+            /** @description Calls that may wait for one of `concurrent_exchanges`; past it 429 `rate_limited`. */
+            max_queued: number | null;
+            /** @description Tokens reserved for a reply that sets no `max_tokens`; with `tokens_per_min`, also its bound. */
+            reply_reserve: number | null;
+        };
+        /** @description Limits to set, field by field (docs/limits.md): a field named is set to its integer, or back to the server's default by `null`; `0` is no limit of that kind. A field not named keeps its value (on `POST /v1/tenants`: the server's default). A negative or out-of-range value is 400 `invalid_argument`; one that is no integer, or a field not listed here, is 400 `malformed`; either names the field in `param` (`limits.tokens_per_min`) and nothing changes. */
+        TenantLimitsInput: {
+            /** @description Calls to the model started in any 60 s. */
+            requests_per_min?: number | null;
+            /**
+             * Format: int64
+             * @description Tokens the calls to the model use in any 60 s, prompt and reply.
+             */
+            tokens_per_min?: number | null;
+            /** @description Calls to the model at once; the next waits in the tenant's queue. */
+            concurrent_exchanges?: number | null;
+            /** @description Calls that may wait for one of `concurrent_exchanges`; past it 429 `rate_limited`. */
+            max_queued?: number | null;
+            /** @description Tokens reserved for a reply that sets no `max_tokens`; with `tokens_per_min`, also its bound. */
+            reply_reserve?: number | null;
         };
         TenantList: {
             /** @constant */
@@ -1932,13 +2052,17 @@ export interface components {
              * @default 1
              */
             weight?: number | null;
+            /** @description Its own limits on the model (docs/limits.md); absent or null: the server's defaults. */
+            limits?: components["schemas"]["TenantLimitsInput"] | null;
         };
-        /** @description At least one of `name` and `weight` (400 `malformed` otherwise). */
+        /** @description At least one of `name`, `weight` and `limits` (400 `malformed` otherwise). */
         TenantPatch: {
             /** @description The new name: 1 to 64 characters of `A-Z a-z 0-9`, space, `.`, `_` and `-`, no space first or last (400 `invalid_argument` otherwise, and for the tenant `default`); taken is 409 `conflict`. */
             name?: string;
             /** @description The new weight (400 `invalid_argument` out of range); null: unchanged. */
             weight?: number | null;
+            /** @description The limits it names change and the others keep their values (docs/limits.md); null: every limit back to the server's default. */
+            limits?: components["schemas"]["TenantLimitsInput"] | null;
         };
         TenantDeleted: {
             /** @description The tenant deleted. */
@@ -2212,6 +2336,22 @@ export interface components {
                 "application/json": components["schemas"]["Error"];
             };
         };
+        /** @description `rate_limited`: over the tenant's `requests_per_min` or `tokens_per_min`, or its queue of calls waiting for one of its `concurrent_exchanges` is full (`max_queued`); the message names the limit. Nothing was stored; send the request again after `Retry-After` seconds (docs/limits.md). */
+        RateLimited: {
+            headers: {
+                "Retry-After": components["headers"]["RetryAfterRateLimited"];
+                "x-ratelimit-limit-requests": components["headers"]["XRateLimitLimitRequests"];
+                "x-ratelimit-remaining-requests": components["headers"]["XRateLimitRemainingRequests"];
+                "x-ratelimit-reset-requests": components["headers"]["XRateLimitResetRequests"];
+                "x-ratelimit-limit-tokens": components["headers"]["XRateLimitLimitTokens"];
+                "x-ratelimit-remaining-tokens": components["headers"]["XRateLimitRemainingTokens"];
+                "x-ratelimit-reset-tokens": components["headers"]["XRateLimitResetTokens"];
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["Error"];
+            };
+        };
         /** @description `storage_full`: the data directory's disk is full; nothing of the write was stored. */
         StorageFull: {
             headers: {
@@ -2269,6 +2409,20 @@ export interface components {
         SpindleThreadId: string;
         /** @description Seconds to wait before sending the request again: `1` when no node holds the cluster's scheduler seat now. */
         RetryAfter: "1";
+        /** @description Seconds to wait before sending the request again, at least 1: until enough of the tenant's charges have left its 60-second window for this same call to be admitted; `1` when its queue is full (docs/limits.md). */
+        RetryAfterRateLimited: string;
+        /** @description The tenant's `requests_per_min` (docs/limits.md). Present, as each `x-ratelimit-*-requests` header, only when the tenant has one. */
+        XRateLimitLimitRequests: string;
+        /** @description What is left of the tenant's `requests_per_min` in the last 60 s. */
+        XRateLimitRemainingRequests: string;
+        /** @description How long until the last 60 s hold none of the tenant's requests, as OpenAI writes it: `120ms`, `1.5s`, `1m0s`. */
+        XRateLimitResetRequests: string;
+        /** @description The tenant's `tokens_per_min` (docs/limits.md). Present, as each `x-ratelimit-*-tokens` header, only when the tenant has one. */
+        XRateLimitLimitTokens: string;
+        /** @description What is left of the tenant's `tokens_per_min`: the limit less what the last 60 s hold and what is reserved, this call's reservation included. */
+        XRateLimitRemainingTokens: string;
+        /** @description How long until the last 60 s hold none of the tenant's charges, as OpenAI writes it: `120ms`, `1.5s`, `1m0s`. */
+        XRateLimitResetTokens: string;
         /** @description `no-cache`. */
         CacheControlNoCache: "no-cache";
         /** @description `no`: proxies must not buffer the stream. */
@@ -3180,6 +3334,12 @@ export interface operations {
             200: {
                 headers: {
                     "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                    "x-ratelimit-limit-requests": components["headers"]["XRateLimitLimitRequests"];
+                    "x-ratelimit-remaining-requests": components["headers"]["XRateLimitRemainingRequests"];
+                    "x-ratelimit-reset-requests": components["headers"]["XRateLimitResetRequests"];
+                    "x-ratelimit-limit-tokens": components["headers"]["XRateLimitLimitTokens"];
+                    "x-ratelimit-remaining-tokens": components["headers"]["XRateLimitRemainingTokens"];
+                    "x-ratelimit-reset-tokens": components["headers"]["XRateLimitResetTokens"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -3215,7 +3375,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description `too_large`: the body is over `--body-limit`; more than 128 tools or 256 KiB of them; or the system prompt and the message alone exceed the token budget (nothing is stored). */
+            /** @description `too_large`: the body is over `--body-limit`; more than 128 tools or 256 KiB of them; the system prompt and the message alone exceed the token budget; or, with the tenant's `tokens_per_min`, the call's reservation (its prompt and the tenant's `reply_reserve`) alone exceeds it, without `Retry-After` (docs/limits.md). Nothing is stored. */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -3234,6 +3394,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            429: components["responses"]["RateLimited"];
             431: components["responses"]["HeadersTooLarge"];
             500: components["responses"]["InternalError"];
             /** @description `upstream_failure`: the LLM provider failed, or called tools with calls a thread cannot keep (the user turn stays stored). */
@@ -3254,7 +3415,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description `timeout`: the provider or an internal call did not answer in time. */
+            /** @description `timeout`: the provider or an internal call did not answer in time, or the call waited in the tenant's queue, behind its `concurrent_exchanges`, longer than the queue timeout of five minutes (docs/limits.md); nothing was stored then. */
             504: {
                 headers: {
                     [name: string]: unknown;
@@ -3292,6 +3453,12 @@ export interface operations {
                 headers: {
                     "Cache-Control": components["headers"]["CacheControlNoCache"];
                     "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                    "x-ratelimit-limit-requests": components["headers"]["XRateLimitLimitRequests"];
+                    "x-ratelimit-remaining-requests": components["headers"]["XRateLimitRemainingRequests"];
+                    "x-ratelimit-reset-requests": components["headers"]["XRateLimitResetRequests"];
+                    "x-ratelimit-limit-tokens": components["headers"]["XRateLimitLimitTokens"];
+                    "x-ratelimit-remaining-tokens": components["headers"]["XRateLimitRemainingTokens"];
+                    "x-ratelimit-reset-tokens": components["headers"]["XRateLimitResetTokens"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -3327,7 +3494,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description `too_large`: the body is over `--body-limit`; more than 128 tools or 256 KiB of them; or the system prompt and the message alone exceed the token budget (nothing is stored). */
+            /** @description `too_large`: the body is over `--body-limit`; more than 128 tools or 256 KiB of them; the system prompt and the message alone exceed the token budget; or, with the tenant's `tokens_per_min`, the call's reservation (its prompt and the tenant's `reply_reserve`) alone exceeds it, without `Retry-After` (docs/limits.md). Nothing is stored. */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -3346,6 +3513,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            429: components["responses"]["RateLimited"];
             431: components["responses"]["HeadersTooLarge"];
             500: components["responses"]["InternalError"];
             /** @description `upstream_failure`: the LLM provider failed, or called tools with calls a thread cannot keep (the user turn stays stored). */
@@ -3366,7 +3534,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description `timeout`: the provider or an internal call did not answer in time. */
+            /** @description `timeout`: the provider or an internal call did not answer in time, or the call waited in the tenant's queue, behind its `concurrent_exchanges`, longer than the queue timeout of five minutes (docs/limits.md); nothing was stored then. */
             504: {
                 headers: {
                     [name: string]: unknown;
@@ -5052,6 +5220,12 @@ export interface operations {
                     "Spindle-Thread-Id": components["headers"]["SpindleThreadId"];
                     "Cache-Control": components["headers"]["CacheControlNoCache"];
                     "Idempotent-Replayed": components["headers"]["IdempotentReplayed"];
+                    "x-ratelimit-limit-requests": components["headers"]["XRateLimitLimitRequests"];
+                    "x-ratelimit-remaining-requests": components["headers"]["XRateLimitRemainingRequests"];
+                    "x-ratelimit-reset-requests": components["headers"]["XRateLimitResetRequests"];
+                    "x-ratelimit-limit-tokens": components["headers"]["XRateLimitLimitTokens"];
+                    "x-ratelimit-remaining-tokens": components["headers"]["XRateLimitRemainingTokens"];
+                    "x-ratelimit-reset-tokens": components["headers"]["XRateLimitResetTokens"];
                     [name: string]: unknown;
                 };
                 content: {
@@ -5088,7 +5262,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description `too_large`: the body is over `--body-limit`; more than 128 tools or 256 KiB of them; with a thread, tool results the thread cannot take (a turn over 1 MiB), or the system prompt and the message alone exceed the token budget. */
+            /** @description `too_large`: the body is over `--body-limit`; more than 128 tools or 256 KiB of them; with a thread, tool results the thread cannot take (a turn over 1 MiB), or the system prompt and the message alone exceed the token budget; with the tenant's `tokens_per_min`, the call's reservation (its prompt and `max_tokens`, else the tenant's `reply_reserve`) alone exceeds it, without `Retry-After` (docs/limits.md). Nothing is stored. */
             413: {
                 headers: {
                     [name: string]: unknown;
@@ -5107,6 +5281,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            429: components["responses"]["RateLimited"];
             431: components["responses"]["HeadersTooLarge"];
             500: components["responses"]["InternalError"];
             /** @description `upstream_failure`: the LLM provider failed. */
@@ -5127,7 +5302,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
-            /** @description `timeout`: the provider or an internal call did not answer in time. */
+            /** @description `timeout`: the provider or an internal call did not answer in time, or the call waited in the tenant's queue, behind its `concurrent_exchanges`, longer than the queue timeout of five minutes (docs/limits.md); nothing was stored then. */
             504: {
                 headers: {
                     [name: string]: unknown;
@@ -5268,6 +5443,62 @@ export interface operations {
             504: components["responses"]["Timeout"];
         };
     };
+    getLimits: {
+        parameters: {
+            query?: never;
+            header?: {
+                /** @description With tenancy on (`--admin-token`), the tenant the request acts in, by its ID (`default` for the built-in one). The admin token must name one on a route of a tenant's data (403 `permission_denied` otherwise) and acts in it with every scope; an ID of no tenant is 404 `not_found` (`param` `Spindle-Tenant`). A key, or an end user's token, acts in its own tenant and may send only its ID (403 `permission_denied`, `param` `Spindle-Tenant`, otherwise). Ignored while tenancy is off. */
+                "Spindle-Tenant"?: components["parameters"]["SpindleTenant"];
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Where the limits stand. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["LimitsStanding"];
+                };
+            };
+            /** @description `malformed`: the request could not be parsed as HTTP; `unknown_field`: a query parameter (the route takes none). */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            /** @description `not_found`: with tenancy on, `Spindle-Tenant` names no tenant (`param` `Spindle-Tenant`). */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+            413: components["responses"]["ContentTooLarge"];
+            414: components["responses"]["UriTooLong"];
+            431: components["responses"]["HeadersTooLarge"];
+            500: components["responses"]["InternalError"];
+            /** @description `unavailable`: the server has `--max-connections` open (the connection is then closed) or its runtime is stopping. */
+            503: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
+        };
+    };
     listTenants: {
         parameters: {
             query?: never;
@@ -5351,7 +5582,7 @@ export interface operations {
                     "application/json": components["schemas"]["Tenant"];
                 };
             };
-            /** @description `malformed`: the request could not be parsed as HTTP; `malformed`: not a JSON object, `name` missing or not a string, `weight` not an integer; `unknown_field`; `invalid_argument`: a `name` off its grammar, a `weight` out of range (named in `param`). */
+            /** @description `malformed`: the request could not be parsed as HTTP; `malformed`: not a JSON object, `name` missing or not a string, `weight` not an integer, `limits` not an object or null, a field of `limits` unknown or not an integer or null; `unknown_field`; `invalid_argument`: a `name` off its grammar, a `weight` or a field of `limits` out of range (named in `param`). */
             400: {
                 headers: {
                     [name: string]: unknown;
@@ -5579,7 +5810,7 @@ export interface operations {
                     "application/json": components["schemas"]["Tenant"];
                 };
             };
-            /** @description `malformed`: the request could not be parsed as HTTP; `malformed`: not a JSON object, neither `name` nor `weight`, `name` not a string, `weight` not an integer; `unknown_field`; `invalid_argument`: a `name` off its grammar, a `weight` out of range, a new name for `default`. */
+            /** @description `malformed`: the request could not be parsed as HTTP; `malformed`: not a JSON object, none of `name`, `weight` and `limits`, `name` not a string, `weight` not an integer, `limits` not an object or null, a field of `limits` unknown or not an integer or null; `unknown_field`; `invalid_argument`: a `name` off its grammar, a `weight` or a field of `limits` out of range (named in `param`), a new name for `default`. */
             400: {
                 headers: {
                     [name: string]: unknown;

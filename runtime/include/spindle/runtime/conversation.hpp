@@ -15,6 +15,7 @@
 #include "spindle/messages/memory.hpp"
 #include "spindle/messages/options.hpp"
 #include "spindle/messages/threads.hpp"
+#include "spindle/runtime/limits.hpp"
 #include "spindle/runtime/llm.hpp"
 #include "spindle/runtime/memory.hpp"
 #include "spindle/runtime/rewriter.hpp"
@@ -127,8 +128,18 @@ using exchange_done = std::function<void(caf::expected<exchange_result>)>;
 /// on a runtime thread (`on_delta` on the provider's) and must not block.
 struct exchange_callbacks {
   /// The thread is held (D9): `thread_id`, `created` and `forked_from` of
-  /// the result are final. Runs before the prompt is built.
+  /// the result are final. Runs before the prompt is built; for a tenant
+  /// with limits (limits.hpp), once the call is admitted, after the
+  /// prompt is built (a refusal comes before it).
   std::function<void(const exchange_result&)> on_held;
+  /// For a tenant with limits: where they stand, once, when the call was
+  /// admitted or refused (before `on_held`); for OpenAI's `x-ratelimit-*`
+  /// headers.
+  std::function<void(const rate_state&)> on_limits;
+  /// The call waits for the upstream's capacity (runtime's
+  /// `set_upstream_limits`): its place, once, after `on_held` and before
+  /// any of the reply.
+  std::function<void(const upstream_place&)> on_queued;
   /// Each piece of the reply; false stops the generation (the client went
   /// away) and the reply is stored as interrupted.
   delta_callback on_delta;

@@ -30,9 +30,15 @@
 #include "spindle/runtime/config.hpp"
 #include "spindle/runtime/storage.hpp"
 #include "spindle/runtime/conversation.hpp"
+#include "spindle/runtime/limits.hpp"
 #include "spindle/runtime/llm.hpp"
 
 namespace spindle {
+
+namespace admission {
+class limiter;
+class upstream_queue;
+} // namespace admission
 
 // Held by the runtime, defined by the parts that own them (internal).
 class compactor;
@@ -170,14 +176,14 @@ public:
 
   // -- IDs (the ID allocator) -------------------------------------------------
 
-  /// The state store of threads, context windows and tasks; invalid when
-  /// the runtime keeps its state in memory only (docs/storage.md).
   /// The encoding turns and usage are counted with (null before the
   /// runtime started).
   std::shared_ptr<const spindle::token_counter> token_counter() const {
     return tokens_;
   }
 
+  /// The state store of threads, context windows and tasks; invalid when
+  /// the runtime keeps its state in memory only (docs/storage.md).
   storage_actor state_store() const noexcept {
     return state_store_;
   }
@@ -504,6 +510,27 @@ public:
   /// waiting for the write (a failure is logged). Nothing without usage.
   void record_usage(const std::string& tenant, const turn_usage& usage);
 
+  /// Holds each tenant's calls to the model to the limits `source` gives
+  /// (docs/limits.md): exchanges started after this call count against
+  /// them, and are refused (`rate_limited`), queued or bounded as the
+  /// limits say. An empty `source` turns limits off. Thread-safe.
+  void set_limits(limits_source source);
+  /// What `set_limits` made; null without limits. Internal type: for
+  /// spindle's own HTTP layer.
+  std::shared_ptr<admission::limiter> limiter() const {
+    return std::atomic_load(&limiter_);
+  }
+  /// Bounds what the runtime sends its provider as a whole (docs/limits.md,
+  /// "The upstream"): past `limits` calls wait, the tenants served by
+  /// their `weight` (null: all 1) and each tenant's calls in arrival
+  /// order. Exchanges started after this call count. Unbounded limits
+  /// turn it off. Thread-safe.
+  void set_upstream_limits(upstream_limits limits, weight_source weight = {});
+  /// What `set_upstream_limits` made; null without. Internal type.
+  std::shared_ptr<admission::upstream_queue> upstream() const {
+    return std::atomic_load(&upstream_);
+  }
+
   /// Deletes the tenant's usage counters; returns how many rows went.
   /// Errors: storage_failure, timeout, unavailable.
   caf::expected<uint64_t> delete_usage(const std::string& tenant);
@@ -800,6 +827,10 @@ private:
   std::shared_ptr<compactor> compactor_;
   /// The encoding turns and usage are counted with.
   std::shared_ptr<const spindle::token_counter> tokens_;
+  /// Each tenant's limits on the model (null: none).
+  std::shared_ptr<admission::limiter> limiter_;
+  /// The fair queue toward the provider (null: none).
+  std::shared_ptr<admission::upstream_queue> upstream_;
   // orchestration:
   caf::error start_orchestration();
   /// Starts a scheduler (its load runs behind it); in a cluster, writing
