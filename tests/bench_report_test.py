@@ -372,16 +372,22 @@ class RunReport(unittest.TestCase):
         # The Python benchmarks ran after the executables, on the fake
         # build (--build-dir), and their failures are in the report.
         areas = [line.split("\t")[0] for line in runs.splitlines()[1:]]
+        scripts = ["cluster", "http", "limits", "streams", "sustained",
+                   "tenants"]
+        # bench_usage.py runs only beside the binary of the commit before
+        # usage, when bench/build-baseline built it in this tree.
+        if os.access(os.path.join(SOURCE, "build-baseline-usage",
+                                  "spindle"), os.X_OK):
+            scripts.append("usage")
         self.assertEqual(areas, ["broken", "ids", "orchestration",
-                                 "server", "threads", "cluster", "http",
-                                 "streams", "sustained", "tenants"])
+                                 "server", "threads"] + scripts)
         # bench_orchestration got the running Redis, for BLPOP beside a
         # waiting claim.
         with open(args) as f:
             self.assertIn("--redis-port %s " % facts["redis_port"],
                           f.read())
         missing = os.path.join(work, "build", "spindle") + " not found"
-        for name in ("cluster", "http", "streams", "sustained", "tenants"):
+        for name in scripts:
             self.assertIn("- `bench/bench_%s.py`: exit status 1, no figures"
                           % name, md)
             with open(os.path.join(results, name + ".log")) as f:
