@@ -561,6 +561,10 @@ TEST_CASE("upstream: past --llm-concurrency a stream hears `queued` before "
                 {{"content", "second"}})
       ->body;
   });
+  // The second waits before the third is sent: their places are known.
+  for (int i = 0; i < 500 && q->counts().waiting < 1; ++i)
+    std::this_thread::sleep_for(10ms);
+  REQUIRE(q->counts().waiting == 1);
   auto third = std::async(std::launch::async, [&] {
     return call(s.port(), "POST", "/v1/chat/completions",
                 {{"model", "m"},

@@ -93,9 +93,11 @@ limits_of_body(const json& body, tenancy::limit_settings base) {
       {"max_queued", &tenancy::limit_settings::max_queued},
       {"reply_reserve", &tenancy::limit_settings::reply_reserve},
     };
-  for (auto& [key, value] : i->items()) {
+  for (auto& item : i->items()) {
+    const std::string& key = item.key();
+    const json& value = item.value();
     auto f = std::find_if(std::begin(fields), std::end(fields),
-                          [&](const auto& x) { return key == x.first; });
+                          [&key](const auto& x) { return key == x.first; });
     if (f == std::end(fields))
       throw api_error{400, "malformed",
                       "limits has no field '" + key.substr(0, 64)
