@@ -505,6 +505,54 @@ def lat(r, p):
     return fmt_ms(r["latency_ms"].get(p))
 
 
+def paired_point(c, rounds, orders, measure, test, base):
+    """One connection count `c` of two servers measured one right after
+    the other in each of `rounds` rounds, in the order `orders` gives each
+    round (alternating); `measure(name)` measures one server and returns
+    its wrk figures with "cpu_us_per_request". "ratio" is the median of
+    the rounds' `test` / `base` requests per second, "cpu_ratio" of their
+    CPU per request; each server's figures are its median round's, its
+    CPU per request the median of its rounds', its errors the sum over
+    every round (bench_usage.py, bench_limits.py)."""
+    def ratio(a, b):
+        return a / b if b else float("nan")
+
+    names = (base, test)
+    runs = []
+    for r in range(rounds):
+        order = orders[r % len(orders)]
+        got = {name: measure(name) for name in order}
+        got["order"] = list(order)
+        got["ratio"] = ratio(got[test]["requests_per_sec"],
+                             got[base]["requests_per_sec"])
+        got["cpu_ratio"] = ratio(got[test]["cpu_us_per_request"],
+                                 got[base]["cpu_us_per_request"])
+        runs.append(got)
+
+    def median_run(name):
+        by = sorted(runs, key=lambda g: g[name]["requests_per_sec"])
+        return by[len(by) // 2][name]
+
+    return {"connections": c,
+            base: median_run(base),
+            test: median_run(test),
+            "ratio": statistics.median(g["ratio"] for g in runs),
+            "round_ratios": [g["ratio"] for g in runs],
+            "cpu_ratio": statistics.median(g["cpu_ratio"] for g in runs),
+            "round_cpu_ratios": [g["cpu_ratio"] for g in runs],
+            "orders": [g["order"] for g in runs],
+            "cpu_us": {name: statistics.median(
+                g[name]["cpu_us_per_request"] for g in runs)
+                for name in names},
+            "errors": {name: sum(g[name]["errors"] for g in runs)
+                       for name in names},
+            "rounds": [{name: {k: g[name][k] for k in
+                               ("requests_per_sec", "requests",
+                                "cpu_us_per_request", "errors",
+                                "latency_ms") if k in g[name]}
+                        for name in names} for g in runs]}
+
+
 def table(headers, rows):
     lines = ["| " + " | ".join(headers) + " |",
              "|" + "---:|" * len(headers)]

@@ -112,7 +112,6 @@ import resource
 import secrets
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -501,10 +500,6 @@ def measured(url, c, seconds, script, pid):
     return r
 
 
-def ratio(a, b):
-    return a / b if b else float("nan")
-
-
 def bench(urls, pids, scripts, conns, seconds, rounds, log):
     """`rounds` rounds per connection count, the two servers one right
     after the other in the order ORDERS gives each round. "ratio" is the
@@ -513,42 +508,11 @@ def bench(urls, pids, scripts, conns, seconds, rounds, log):
     CPU per request the median of its rounds'."""
     points = []
     for c in conns:
-        runs = []
-        for r in range(rounds):
-            order = ORDERS[r % len(ORDERS)]
-            got = {name: measured(urls[name], c, seconds, scripts[name],
-                                  pids[name])
-                   for name in order}
-            got["order"] = list(order)
-            got["ratio"] = ratio(got["on"]["requests_per_sec"],
-                                 got["off"]["requests_per_sec"])
-            got["cpu_ratio"] = ratio(got["on"]["cpu_us_per_request"],
-                                     got["off"]["cpu_us_per_request"])
-            runs.append(got)
-
-        def median_run(name):
-            by = sorted(runs, key=lambda g: g[name]["requests_per_sec"])
-            return by[len(by) // 2][name]
-
-        p = {"connections": c,
-             "off": median_run("off"),
-             "on": median_run("on"),
-             "ratio": statistics.median(g["ratio"] for g in runs),
-             "round_ratios": [g["ratio"] for g in runs],
-             "cpu_ratio": statistics.median(g["cpu_ratio"] for g in runs),
-             "round_cpu_ratios": [g["cpu_ratio"] for g in runs],
-             "orders": [g["order"] for g in runs],
-             "cpu_us": {name: statistics.median(
-                 g[name]["cpu_us_per_request"] for g in runs)
-                 for name in SERVERS},
-             # Over every round, not only the median one.
-             "errors": {name: sum(g[name]["errors"] for g in runs)
-                        for name in SERVERS},
-             "rounds": [{name: {k: g[name][k] for k in
-                                ("requests_per_sec", "requests",
-                                 "cpu_us_per_request", "errors",
-                                 "latency_ms") if k in g[name]}
-                         for name in SERVERS} for g in runs]}
+        p = bh.paired_point(
+            c, rounds, ORDERS,
+            lambda name: measured(urls[name], c, seconds, scripts[name],
+                                  pids[name]),
+            "on", "off")
         log(f"  c={c}: off {p['off']['requests_per_sec']:,.0f}/s, "
             f"on {p['on']['requests_per_sec']:,.0f}/s; on/off rounds "
             + " ".join(f"{x:.2f}x" for x in p["round_ratios"])

@@ -87,8 +87,8 @@ Options:
 Needs wrk (.ci/install-deps installs it). The servers and the Lua script
 run from a temporary directory that is removed at the end; both servers
 are stopped on exit, failure and Ctrl-C. Python 3 standard library only;
-self-contained (the process, wrk and table helpers are bench_http.py's,
-copied).
+the rounds of a point are bench_http.py's (`paired_point`), the rest is
+its own.
 """
 
 import argparse
@@ -102,7 +102,6 @@ import re
 import resource
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -110,6 +109,9 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_http as bh  # noqa: E402  (the rounds of a point)
 
 BASELINE_COMMIT = "ca4395d"   # the last commit before usage was recorded
 BASELINE_DIR = "build-baseline-usage"
@@ -478,10 +480,6 @@ def measured(url, c, seconds, script, pid):
     return r
 
 
-def ratio(a, b):
-    return a / b if b else float("nan")
-
-
 def bench(urls, pids, script, conns, seconds, rounds, log, tally):
     """`rounds` rounds per connection count, the two servers one right
     after the other in the order ORDERS gives each round. "ratio" is the
@@ -491,45 +489,14 @@ def bench(urls, pids, script, conns, seconds, rounds, log, tally):
     `tally` counts each server's 2xx replies and connections."""
     points = []
     for c in conns:
-        runs = []
-        for r in range(rounds):
-            order = ORDERS[r % len(ORDERS)]
-            got = {}
-            for name in order:
-                got[name] = measured(urls[name], c, seconds, script,
-                                     pids[name])
-                tally[name]["ok"] += got[name]["ok"]
-                tally[name]["connections"] += c
-            got["order"] = list(order)
-            got["ratio"] = ratio(got["current"]["requests_per_sec"],
-                                 got["baseline"]["requests_per_sec"])
-            got["cpu_ratio"] = ratio(got["current"]["cpu_us_per_request"],
-                                     got["baseline"]["cpu_us_per_request"])
-            runs.append(got)
+        def measure(name):
+            got = measured(urls[name], c, seconds, script, pids[name])
+            tally[name]["ok"] += got["ok"]
+            tally[name]["connections"] += c
+            return got
 
-        def median_run(name):
-            by = sorted(runs, key=lambda g: g[name]["requests_per_sec"])
-            return by[len(by) // 2][name]
-
-        p = {"connections": c,
-             "baseline": median_run("baseline"),
-             "current": median_run("current"),
-             "ratio": statistics.median(g["ratio"] for g in runs),
-             "round_ratios": [g["ratio"] for g in runs],
-             "cpu_ratio": statistics.median(g["cpu_ratio"] for g in runs),
-             "round_cpu_ratios": [g["cpu_ratio"] for g in runs],
-             "orders": [g["order"] for g in runs],
-             "cpu_us": {name: statistics.median(
-                 g[name]["cpu_us_per_request"] for g in runs)
-                 for name in SERVERS},
-             # Over every round, not only the median one.
-             "errors": {name: sum(g[name]["errors"] for g in runs)
-                        for name in SERVERS},
-             "rounds": [{name: {k: g[name][k] for k in
-                                ("requests_per_sec", "requests",
-                                 "cpu_us_per_request", "errors",
-                                 "latency_ms") if k in g[name]}
-                         for name in SERVERS} for g in runs]}
+        p = bh.paired_point(c, rounds, ORDERS, measure, "current",
+                            "baseline")
         log(f"  c={c}: baseline {p['baseline']['requests_per_sec']:,.0f}/s, "
             f"current {p['current']['requests_per_sec']:,.0f}/s; "
             f"current/baseline rounds "
