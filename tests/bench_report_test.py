@@ -373,7 +373,7 @@ class RunReport(unittest.TestCase):
         # build (--build-dir), and their failures are in the report.
         areas = [line.split("\t")[0] for line in runs.splitlines()[1:]]
         scripts = ["cluster", "http", "limits", "streams", "sustained",
-                   "tenants"]
+                   "tenants", "token_overshoot"]
         # bench_usage.py runs only beside the binary of the commit before
         # usage, when bench/build-baseline built it in this tree.
         if os.access(os.path.join(SOURCE, "build-baseline-usage",

@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <httplib.h>
@@ -27,10 +28,31 @@ public:
     svr_.Post("/v1/chat/completions", [this](const httplib::Request& req,
                                              httplib::Response& res) {
       auto body = nlohmann::json::parse(req.body, nullptr, false);
+      auto now = std::chrono::steady_clock::now();
+      bool refuse = false;
       {
         std::lock_guard<std::mutex> guard{mx_};
         requests_.push_back(body);
         auth_.push_back(req.get_header_value("Authorization"));
+        refuse = now < refuse_until_;
+        std::string last;
+        if (body.is_object() && body.contains("messages")
+            && body["messages"].is_array() && !body["messages"].empty()
+            && body["messages"].back().is_object())
+          last = body["messages"].back().value("content", std::string{});
+        arrivals_.push_back({now, refuse ? refuse_status_ : 200, last});
+        if (!refuse)
+          for (auto& [k, v] : headers_)
+            res.set_header(k, v);
+        else if (!retry_after_.empty())
+          res.set_header("Retry-After", retry_after_);
+      }
+      if (refuse) {
+        res.status = refuse_status_;
+        res.set_content(R"({"error":{"message":"Rate limit reached",)"
+                        R"("type":"requests","code":"rate_limit_exceeded"}})",
+                        "application/json");
+        return;
       }
       auto message = next_message();
       auto reply = message.value("content", std::string{});
@@ -171,6 +193,34 @@ public:
               {"total_tokens", prompt_tokens + completion_tokens}};
   }
 
+  /// Answers `status` (429, 503) with `Retry-After: retry_after` (none
+  /// when empty) to every request until `until`.
+  void refuse_until(std::chrono::steady_clock::time_point until,
+                    int status = 429, std::string retry_after = "2") {
+    std::lock_guard<std::mutex> guard{mx_};
+    refuse_until_ = until;
+    refuse_status_ = status;
+    retry_after_ = std::move(retry_after);
+  }
+
+  /// Headers every answer that is not refused carries (x-ratelimit-*).
+  void set_headers(std::vector<std::pair<std::string, std::string>> h) {
+    std::lock_guard<std::mutex> guard{mx_};
+    headers_ = std::move(h);
+  }
+
+  /// A request as it arrived: when, the status it was answered with, and
+  /// its last message's content.
+  struct arrival {
+    std::chrono::steady_clock::time_point at;
+    int status;
+    std::string last;
+  };
+  std::vector<arrival> arrivals() const {
+    std::lock_guard<std::mutex> guard{mx_};
+    return arrivals_;
+  }
+
   std::vector<nlohmann::json> requests() const {
     std::lock_guard<std::mutex> guard{mx_};
     return requests_;
@@ -209,6 +259,11 @@ private:
   std::vector<nlohmann::json> messages_;
   nlohmann::json usage_;
   size_t served_ = 0;
+  std::chrono::steady_clock::time_point refuse_until_{};
+  int refuse_status_ = 429;
+  std::string retry_after_;
+  std::vector<std::pair<std::string, std::string>> headers_;
+  std::vector<arrival> arrivals_;
 };
 
 } // namespace spindle::test

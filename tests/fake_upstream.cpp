@@ -58,6 +58,7 @@ struct settings {
   bool plain = false;
   bool stamp = false;
   size_t reply_bytes = 0;
+  bool use_max_tokens = false;
   std::string tls_cert;
   std::string tls_key;
   bool exit_with_parent = false;
@@ -105,6 +106,27 @@ std::string reply_for(const json& request, size_t min_bytes) {
   static const std::string filler = " lorem ipsum dolor sit amet";
   for (size_t i = 0; reply.size() < min_bytes; ++i)
     reply += filler[i % filler.size()];
+  return reply;
+}
+
+// With --use-max-tokens: a reply of " the" said k times, k tokens in
+// every tokenizer spindle has (cl100k, o200k), for k from half of the
+// request's max_tokens to all of it, in turn; a request without
+// max_tokens gets 16.
+std::string tokens_reply(const json& request, uint64_t n) {
+  uint64_t max = 0;
+  auto m = request.find("max_tokens");
+  if (m != request.end() && m->is_number_unsigned())
+    max = m->get<uint64_t>();
+  uint64_t k = 16;
+  if (max > 0) {
+    auto low = std::max<uint64_t>(1, max / 2);
+    k = low + n % (max - low + 1);
+  }
+  std::string reply;
+  reply.reserve(4 * k);
+  for (uint64_t i = 0; i < k; ++i)
+    reply += i == 0 ? "the" : " the";
   return reply;
 }
 
@@ -224,7 +246,9 @@ private:
     if (!request.is_object())
       return answer(400, "application/json",
                     R"({"error":{"message":"the body is not a JSON object"}})");
-    auto reply = reply_for(request, server_.config.reply_bytes);
+    auto reply = server_.config.use_max_tokens
+                   ? tokens_reply(request, server_.stats.requests.load())
+                   : reply_for(request, server_.config.reply_bytes);
     auto delay = std::chrono::milliseconds(server_.config.first_byte_ms);
     if (delay.count() == 0)
       return respond(std::move(reply));
@@ -498,6 +522,9 @@ int main(int argc, char** argv) {
                "answer with a plain JSON completion instead of a stream");
   app.add_option("--reply-bytes", config.reply_bytes,
                  "pad each reply with a filler to at least this many bytes");
+  app.add_flag("--use-max-tokens", config.use_max_tokens,
+               "reply with \"the\" said from half of the request's "
+               "max_tokens to all of it, in turn (token accounting)");
   app.add_option("--tls-cert", config.tls_cert,
                  "serve https with this PEM certificate chain");
   app.add_option("--tls-key", config.tls_key, "the certificate's PEM key");

@@ -1021,3 +1021,66 @@ TEST_CASE("a listing on a node that writes nothing shows the threads "
     CHECK(listed == made);
   }
 }
+
+TEST_CASE("limits across two nodes: each node holds a tenant to its share, "
+          "and the share grows when a node leaves, within the documented "
+          "bound",
+          "[postgres]") {
+  // 20 requests a minute for the implicit tenant: 10 a node while two
+  // serve (docs/limits.md, "In a cluster").
+  cluster c{2, {"--requests-per-min", "20"}};
+  // `n` completions through `port`: how many were admitted (the others
+  // 429 rate_limited); an admitted one tells the node's share, `limit`.
+  auto ask = [](int port, int n, const std::string& limit) {
+    auto cli = client_of(port);
+    int admitted = 0;
+    for (int i = 0; i < n; ++i) {
+      auto r = cli->Post("/v1/chat/completions",
+                         json{{"model", "m"},
+                              {"messages",
+                               {{{"role", "user"}, {"content", "hi"}}}}}
+                           .dump(),
+                         "application/json");
+      REQUIRE(r);
+      INFO(r->body);
+      if (r->status == 200) {
+        ++admitted;
+        CHECK(r->get_header_value("x-ratelimit-limit-requests") == limit);
+      } else {
+        REQUIRE(r->status == 429);
+        CHECK(r->body.find("rate_limited") != std::string::npos);
+        CHECK(r->has_header("Retry-After"));
+      }
+    }
+    return admitted;
+  };
+  auto limit_on = [](int port) {
+    auto cli = client_of(port);
+    auto r = cli->Get("/v1/limits");
+    REQUIRE(r);
+    REQUIRE(r->status == 200);
+    return json::parse(r->body)["limits"]["requests_per_min"].get<int>();
+  };
+  auto p0 = c.node(0).port();
+  auto p1 = c.node(1).port();
+  // Each node counts the others at its heartbeat (1 s): the first to
+  // start sees the second within one.
+  auto settle = std::chrono::steady_clock::now() + 10s;
+  while (limit_on(p0) != 10 || limit_on(p1) != 10) {
+    REQUIRE(std::chrono::steady_clock::now() < settle);
+    std::this_thread::sleep_for(100ms);
+  }
+  CHECK(ask(p0, 15, "10") == 10);
+  CHECK(ask(p1, 15, "10") == 10);
+  // Node 1 leaves: node 0 holds all 20 after its next heartbeat; the 10
+  // it admitted stay in its window, so it admits 10 more: 30 in the
+  // minute over the cluster, the limit plus the share of the node that
+  // left (the bound for a change of membership).
+  REQUIRE(c.node(1).stop(SIGTERM) == 0);
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (limit_on(p0) != 20) {
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
+    std::this_thread::sleep_for(100ms);
+  }
+  CHECK(ask(p0, 15, "20") == 10);
+}

@@ -214,7 +214,11 @@ TEST_CASE("limits: the request past requests_per_min is 429 rate_limited "
   CHECK(st["requests"]["reset_ms"].get<int64_t>() > 0);
   CHECK(st["tokens"].is_null());
   CHECK(st["exchanges"]["running"] == 0);
-  CHECK(st["upstream"].is_null());
+  // The upstream's queue without bounds, and its gate, open.
+  CHECK(st["upstream"]["concurrency"] == 0);
+  CHECK(st["upstream"]["gate"] == "open");
+  CHECK(st["upstream"]["reopens_in_ms"] == 0);
+  CHECK(st["upstream"]["refused"] == 0);
   // Routes that do not reach the model are not limited.
   auto read = call(s.port(), "GET", "/v1/threads/t1");
   CHECK(read->status == 200);

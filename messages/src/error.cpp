@@ -11,7 +11,7 @@ namespace spindle {
 
 namespace {
 
-constexpr std::array<std::pair<errc, const char*>, 19> names{{
+constexpr std::array<std::pair<errc, const char*>, 20> names{{
   {errc::invalid_argument, "invalid_argument"},
   {errc::invalid_id, "invalid_id"},
   {errc::exhausted, "exhausted"},
@@ -31,6 +31,7 @@ constexpr std::array<std::pair<errc, const char*>, 19> names{{
   {errc::storage_unavailable, "storage_unavailable"},
   {errc::not_owner, "not_owner"},
   {errc::rate_limited, "rate_limited"},
+  {errc::upstream_busy, "upstream_busy"},
 }};
 
 } // namespace

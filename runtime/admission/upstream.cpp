@@ -21,16 +21,26 @@ int64_t second_of(int64_t ms) {
 
 // -- upstream_slot --------------------------------------------------------------
 
+// The longest the gate stays closed on one refusal, and the shortest.
+constexpr int64_t max_closed_ms = 60000;
+constexpr int64_t min_closed_ms = 10;
+// Without a Retry-After: the first closing's length (doubling).
+constexpr int64_t default_closed_ms = 1000;
+
 upstream_slot::~upstream_slot() {
   if (!settled_)
-    owner_->release(reserved_, 0);
+    owner_->release(*this, 0);
 }
 
 void upstream_slot::settle(uint64_t tokens) {
   if (settled_)
     return;
   settled_ = true;
-  owner_->release(reserved_, tokens);
+  owner_->release(*this, tokens);
+}
+
+void upstream_slot::signal(const upstream_signal& s) {
+  owner_->on_signal(*this, s);
 }
 
 // -- upstream_queue -------------------------------------------------------------
@@ -38,14 +48,10 @@ void upstream_slot::settle(uint64_t tokens) {
 std::shared_ptr<upstream_queue>
 upstream_queue::make(upstream_limits limits, weight_fn weight,
                      limiter::clock_fn clock) {
-  std::shared_ptr<upstream_queue> out{
+  // The timer starts when something first waits for time (a tokens
+  // window, the gate, the upstream's pacing).
+  return std::shared_ptr<upstream_queue>{
     new upstream_queue(limits, std::move(weight), std::move(clock))};
-  // Only a tokens window frees on its own: only it needs the timer.
-  if (limits.tokens_per_min != 0)
-    out->timer_ = std::thread{run_timer, out->timer_state_,
-                              std::weak_ptr<upstream_queue>{out},
-                              out->clock_};
-  return out;
 }
 
 upstream_queue::upstream_queue(upstream_limits limits, weight_fn weight,
@@ -58,23 +64,38 @@ upstream_queue::~upstream_queue() {
 }
 
 void upstream_queue::stop() {
+  std::thread timer;
   {
     std::lock_guard<std::mutex> guard{mx_};
     stopping_ = true;
+    timer = std::move(timer_);
   }
   {
     std::lock_guard<std::mutex> guard{timer_state_->mx};
     timer_state_->stopping = true;
   }
   timer_state_->cv.notify_all();
-  if (!timer_.joinable())
+  if (!timer.joinable())
     return;
   // The last owner let go on the timer's thread (a callback it ran): that
   // thread ends on its own, touching only the state it shares.
-  if (timer_.get_id() == std::this_thread::get_id())
-    timer_.detach();
+  if (timer.get_id() == std::this_thread::get_id())
+    timer.detach();
   else
-    timer_.join();
+    timer.join();
+}
+
+void upstream_queue::arm(int64_t at) {
+  if (stopping_)
+    return;
+  if (!timer_.joinable())
+    timer_ = std::thread{run_timer, timer_state_, weak_from_this(), clock_};
+  auto& ts = *timer_state_;
+  std::lock_guard<std::mutex> guard{ts.mx};
+  if (ts.wake_at == 0 || at < ts.wake_at) {
+    ts.wake_at = at;
+    ts.cv.notify_all();
+  }
 }
 
 int64_t upstream_queue::now_ms() const {
@@ -83,7 +104,7 @@ int64_t upstream_queue::now_ms() const {
 
 upstream_wait upstream_queue::acquire(std::string_view tenant,
                                       uint64_t tokens,
-                                      upstream_callback then) {
+                                      upstream_callback then, bool again) {
   uint64_t weight = weight_ ? std::clamp<uint64_t>(weight_(tenant), 1, 1000)
                             : 1;
   upstream_wait out;
@@ -95,7 +116,10 @@ upstream_wait upstream_queue::acquire(std::string_view tenant,
     auto [i, fresh] = tenants_.try_emplace(std::string{tenant});
     auto& t = i->second;
     t.weight = weight;
-    t.calls.push_back(waiter{ticket, tokens, now, std::move(then)});
+    if (again)
+      t.calls.push_front(waiter{ticket, tokens, now, std::move(then)});
+    else
+      t.calls.push_back(waiter{ticket, tokens, now, std::move(then)});
     tickets_.emplace(ticket, i->first);
     if (!t.ready) {
       // A tenant that starts waiting starts at the virtual time now: it
@@ -116,7 +140,7 @@ upstream_wait upstream_queue::acquire(std::string_view tenant,
       }
     if (!out.slot) {
       out.ticket = ticket;
-      out.position = t.calls.size();
+      out.position = again ? 1 : t.calls.size();
       out.waiting = totals_.waiting;
       ++totals_.queued;
     }
@@ -136,6 +160,8 @@ void upstream_queue::dispatch(int64_t now, std::vector<sent_call>& out) {
     auto& name = *std::get<2>(*first);
     auto& t = tenants_.find(name)->second;
     auto& w = t.calls.front();
+    if (!gate_allows(now) || !pacing_allows(now, w.tokens))
+      break;
     if (limits_.tokens_per_min != 0) {
       auto used = tokens_.sum() + reserved_;
       // A call larger than the whole window goes alone.
@@ -147,15 +173,8 @@ void upstream_queue::dispatch(int64_t now, std::vector<sent_call>& out) {
         auto after = tokens_.freed_after(now, need);
         if (after < 0)
           after = tokens_.empty_after(now);
-        if (after > 0 || reserved_ == 0) {
-          auto at = now + std::max<int64_t>(after, 1);
-          auto& ts = *timer_state_;
-          std::lock_guard<std::mutex> guard{ts.mx};
-          if (ts.wake_at == 0 || at < ts.wake_at) {
-            ts.wake_at = at;
-            ts.cv.notify_all();
-          }
-        }
+        if (after > 0 || reserved_ == 0)
+          arm(now + std::max<int64_t>(after, 1));
         break;
       }
     }
@@ -167,6 +186,21 @@ void upstream_queue::dispatch(int64_t now, std::vector<sent_call>& out) {
     reserved_ += w.tokens;
     s.slot = upstream_slot_ptr{
       new upstream_slot(shared_from_this(), w.tokens)};
+    if (gate_ == gate_state::probing) {
+      s.slot->probe_ = true;
+      probe_out_ = true;
+      ++probes_;
+    } else if (gate_ == gate_state::releasing) {
+      if (++released_ >= release_total_)
+        gate_ = gate_state::open;
+      else
+        next_release_at_ = next_release(released_);
+    }
+    if (requests_left_ > 0)
+      --requests_left_;
+    if (tokens_left_ >= 0)
+      tokens_left_ -= std::min<int64_t>(tokens_left_,
+                                        static_cast<int64_t>(w.tokens));
     tickets_.erase(w.ticket);
     t.calls.pop_front();
     --totals_.waiting;
@@ -224,7 +258,7 @@ bool upstream_queue::withdraw(uint64_t ticket) {
   return true;
 }
 
-void upstream_queue::release(uint64_t reserved, uint64_t charged) {
+void upstream_queue::release(upstream_slot& slot, uint64_t charged) {
   std::vector<sent_call> sent;
   {
     std::lock_guard<std::mutex> guard{mx_};
@@ -232,13 +266,177 @@ void upstream_queue::release(uint64_t reserved, uint64_t charged) {
     tokens_.advance(second_of(now));
     if (running_ > 0)
       --running_;
-    reserved_ -= std::min(reserved_, reserved);
+    reserved_ -= std::min(reserved_, slot.reserved_);
     if (charged != 0)
       tokens_.add(second_of(now), charged);
+    // A probe that ended without the upstream refusing it (it failed on
+    // its own, or was cancelled) does not hold the gate shut.
+    if (slot.probe_ && !slot.signalled_ && gate_ == gate_state::probing) {
+      probe_out_ = false;
+      start_release(now);
+    }
+    slot.probe_ = false;
     dispatch(now, sent);
   }
   for (auto& s : sent)
     s.then(std::move(s.slot), s.waited);
+}
+
+void upstream_queue::on_signal(upstream_slot& slot,
+                               const upstream_signal& s) {
+  std::vector<sent_call> sent;
+  {
+    std::lock_guard<std::mutex> guard{mx_};
+    if (slot.signalled_)
+      return;
+    slot.signalled_ = true;
+    auto now = now_ms();
+    bool probe = slot.probe_;
+    slot.probe_ = false;
+    if (probe)
+      probe_out_ = false;
+    if (s.refused()) {
+      ++refused_;
+      close_gate(now, s.retry_after_ms);
+    } else {
+      if (probe && gate_ == gate_state::probing)
+        start_release(now);
+      // An answer (of any status) paces what follows by what it says
+      // remains, for at most a minute.
+      auto until = [now](int64_t reset_ms) {
+        return now + std::clamp<int64_t>(reset_ms < 0 ? 1000 : reset_ms, 1,
+                                         max_closed_ms);
+      };
+      if (s.remaining_requests >= 0) {
+        requests_left_ = s.remaining_requests;
+        requests_reset_at_ = until(s.reset_requests_ms);
+      }
+      if (s.remaining_tokens >= 0) {
+        tokens_left_ = s.remaining_tokens;
+        tokens_reset_at_ = until(s.reset_tokens_ms);
+      }
+    }
+    dispatch(now, sent);
+  }
+  for (auto& c : sent)
+    c.then(std::move(c.slot), c.waited);
+}
+
+void upstream_queue::close_gate(int64_t now, int64_t retry_after_ms) {
+  if (gate_ == gate_state::open) {
+    closed_since_ = now;
+    closings_ = 0;
+  }
+  ++closings_;
+  int64_t wait = retry_after_ms >= 0
+                   ? retry_after_ms
+                   : default_closed_ms << std::min<uint32_t>(closings_ - 1, 6);
+  wait = std::clamp<int64_t>(wait, min_closed_ms, max_closed_ms);
+  // A later refusal of a call sent before the gate closed never shortens
+  // the wait.
+  gate_until_ = gate_ == gate_state::closed ? std::max(gate_until_, now + wait)
+                                            : now + wait;
+  gate_ = gate_state::closed;
+  arm(gate_until_);
+}
+
+void upstream_queue::start_release(int64_t now) {
+  // Over a quarter of the time the gate was closed, each waiting call at
+  // a jittered moment of its own slice of that span.
+  release_total_ = totals_.waiting;
+  release_start_ = now;
+  release_span_ = std::max<int64_t>(0, now - closed_since_) / 4;
+  released_ = 0;
+  closings_ = 0;
+  if (release_total_ == 0 || release_span_ == 0) {
+    gate_ = gate_state::open;
+    return;
+  }
+  gate_ = gate_state::releasing;
+  next_release_at_ = next_release(0);
+}
+
+int64_t upstream_queue::next_release(uint64_t k) {
+  std::uniform_real_distribution<double> jitter{0.0, 1.0};
+  auto at = (static_cast<double>(k) + jitter(rng_))
+            / static_cast<double>(release_total_)
+            * static_cast<double>(release_span_);
+  return release_start_ + static_cast<int64_t>(at);
+}
+
+bool upstream_queue::gate_allows(int64_t now) {
+  switch (gate_) {
+    case gate_state::open:
+      return true;
+    case gate_state::closed:
+      if (now < gate_until_) {
+        arm(gate_until_);
+        return false;
+      }
+      gate_ = gate_state::probing;
+      probe_out_ = false;
+      [[fallthrough]];
+    case gate_state::probing:
+      return !probe_out_;
+    case gate_state::releasing:
+      if (released_ >= release_total_
+          || now >= release_start_ + release_span_) {
+        gate_ = gate_state::open;
+        return true;
+      }
+      if (now >= next_release_at_)
+        return true;
+      arm(next_release_at_);
+      return false;
+  }
+  return true;
+}
+
+bool upstream_queue::pacing_allows(int64_t now, uint64_t tokens) {
+  if (requests_left_ >= 0 && now >= requests_reset_at_)
+    requests_left_ = -1;
+  if (tokens_left_ >= 0 && now >= tokens_reset_at_)
+    tokens_left_ = -1;
+  if (requests_left_ == 0) {
+    arm(requests_reset_at_);
+    return false;
+  }
+  // A call larger than all the upstream said remains waits for the reset
+  // (then goes: nothing is known of the new window).
+  if (tokens_left_ >= 0 && static_cast<int64_t>(tokens) > tokens_left_) {
+    arm(tokens_reset_at_);
+    return false;
+  }
+  return true;
+}
+
+upstream_queue::gate_view upstream_queue::gate() {
+  std::lock_guard<std::mutex> guard{mx_};
+  auto now = now_ms();
+  gate_view g;
+  g.state = gate_;
+  if (gate_ == gate_state::closed)
+    g.reopens_in_ms = std::max<int64_t>(0, gate_until_ - now);
+  g.refused = refused_;
+  g.probes = probes_;
+  int64_t paced = 0;
+  if (requests_left_ == 0)
+    paced = std::max(paced, requests_reset_at_ - now);
+  if (tokens_left_ == 0)
+    paced = std::max(paced, tokens_reset_at_ - now);
+  g.paced_for_ms = std::max<int64_t>(0, paced);
+  return g;
+}
+
+int64_t upstream_queue::retry_after_s() {
+  std::lock_guard<std::mutex> guard{mx_};
+  auto now = now_ms();
+  int64_t ms = 0;
+  if (gate_ == gate_state::closed)
+    ms = gate_until_ - now + std::max<int64_t>(0, gate_until_ - closed_since_) / 4;
+  else if (gate_ == gate_state::releasing)
+    ms = release_start_ + release_span_ - now;
+  return std::max<int64_t>(1, (ms + 999) / 1000);
 }
 
 void upstream_queue::poke() {

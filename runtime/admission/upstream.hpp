@@ -8,6 +8,16 @@
 // tenant's calls in arrival order. Event-driven: a call is sent when
 // another ends, or when the tokens window frees (one timer thread, which
 // sleeps until then). Thread-safe.
+//
+// One gate per upstream (docs/limits.md, "When the upstream refuses"): a
+// 429 or 503 closes it for the upstream's Retry-After (at most 60 s;
+// without one 1 s, doubling while it keeps refusing); when it reopens one
+// call goes alone (the probe); once the probe is answered the calls that
+// waited are released spread over a quarter of the time it was closed,
+// each at a jittered moment of its own slice. A waiting call is never
+// failed by the gate: only by its client's deadline (`withdraw`). The
+// upstream's `x-ratelimit-remaining-*` headers pace the calls sent until
+// their reset, so that it rarely has to refuse.
 
 #include <condition_variable>
 #include <cstdint>
@@ -15,6 +25,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <set>
 #include <string>
 #include <string_view>
@@ -25,6 +36,7 @@
 #include <vector>
 
 #include "admission/limiter.hpp"
+#include "spindle/runtime/llm.hpp"
 
 namespace spindle::admission {
 
@@ -42,6 +54,14 @@ public:
   uint64_t reserved() const noexcept {
     return reserved_;
   }
+  /// What the upstream said with the call's answer (the provider's
+  /// `on_signal`): a refusal closes the gate, the probe's answer opens
+  /// it, rate-limit headers pace what follows. Any thread.
+  void signal(const upstream_signal& s);
+  /// The call went alone after the gate reopened.
+  bool probe() const noexcept {
+    return probe_;
+  }
 
 private:
   friend class upstream_queue;
@@ -51,6 +71,9 @@ private:
   std::shared_ptr<upstream_queue> owner_;
   uint64_t reserved_;
   bool settled_ = false;
+  // Guarded by the queue's lock.
+  bool probe_ = false;
+  bool signalled_ = false;
 };
 
 using upstream_slot_ptr = std::shared_ptr<upstream_slot>;
@@ -85,9 +108,10 @@ public:
     return limits_;
   }
 
-  /// A call of `tenant` reserving `tokens` asks to be sent.
+  /// A call of `tenant` reserving `tokens` asks to be sent; `again`: it
+  /// was sent and refused, and goes first of its tenant's calls.
   upstream_wait acquire(std::string_view tenant, uint64_t tokens,
-                        upstream_callback then);
+                        upstream_callback then, bool again = false);
   /// Takes a queued call out (its client's deadline passed): false when
   /// it was sent already.
   bool withdraw(uint64_t ticket);
@@ -108,6 +132,23 @@ public:
     uint64_t max_wait_ms = 0;
   };
   totals counts();
+
+  enum class gate_state : uint8_t { open, closed, probing, releasing };
+  /// Where the gate stands.
+  struct gate_view {
+    gate_state state = gate_state::open;
+    /// Closed: until the probe may go.
+    int64_t reopens_in_ms = 0;
+    /// Answers that refused (429, 503) and probes sent, since start.
+    uint64_t refused = 0;
+    uint64_t probes = 0;
+    /// Paced by the upstream's rate-limit headers: until then.
+    int64_t paced_for_ms = 0;
+  };
+  gate_view gate();
+  /// What a client refused for the upstream's load waits: until the gate
+  /// reopens and the release that follows (at least 1 s).
+  int64_t retry_after_s();
   /// Calls waiting now, by tenant (those with any).
   std::vector<std::pair<std::string, uint64_t>> waiting_by_tenant();
 
@@ -150,7 +191,17 @@ private:
   int64_t now_ms() const;
   /// Sends what fits now (`mx_` held), into `out`.
   void dispatch(int64_t now, std::vector<sent_call>& out);
-  void release(uint64_t reserved, uint64_t charged);
+  void release(upstream_slot& slot, uint64_t charged);
+  void on_signal(upstream_slot& slot, const upstream_signal& s);
+  /// The gate lets the next call go now (`mx_` held); else arms the timer.
+  bool gate_allows(int64_t now);
+  /// The upstream's rate-limit headers let a call of `tokens` go now.
+  bool pacing_allows(int64_t now, uint64_t tokens);
+  void close_gate(int64_t now, int64_t retry_after_ms);
+  void start_release(int64_t now);
+  int64_t next_release(uint64_t k);
+  /// Wakes the timer at `at` (or sooner), starting it the first time.
+  void arm(int64_t at);
   static void run_timer(std::shared_ptr<timer_state> ts,
                         std::weak_ptr<upstream_queue> queue,
                         limiter::clock_fn clock);
@@ -170,6 +221,27 @@ private:
   uint64_t reserved_ = 0;
   minute_window tokens_;
   totals totals_;
+
+  // The gate.
+  gate_state gate_ = gate_state::open;
+  int64_t gate_until_ = 0;
+  int64_t closed_since_ = 0;
+  uint32_t closings_ = 0;
+  bool probe_out_ = false;
+  int64_t release_start_ = 0;
+  int64_t release_span_ = 0;
+  uint64_t release_total_ = 0;
+  uint64_t released_ = 0;
+  int64_t next_release_at_ = 0;
+  uint64_t refused_ = 0;
+  uint64_t probes_ = 0;
+  std::minstd_rand rng_{std::random_device{}()};
+  // Pacing by the upstream's headers: what it said remains, less what was
+  // sent since, until its reset (-1: nothing known).
+  int64_t requests_left_ = -1;
+  int64_t requests_reset_at_ = 0;
+  int64_t tokens_left_ = -1;
+  int64_t tokens_reset_at_ = 0;
 
   bool stopping_ = false;
   std::shared_ptr<timer_state> timer_state_ = std::make_shared<timer_state>();

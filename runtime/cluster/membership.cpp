@@ -1,5 +1,7 @@
 #include "spindle/runtime/cluster.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <condition_variable>
@@ -129,6 +131,10 @@ constexpr const char* renew_sql
     "    + make_interval(secs => ?3::float8 / 1000), state = 'serving' "
     "WHERE name = ?1 AND incarnation = ?2;";
 
+constexpr const char* live_sql
+  = "SELECT count(*) FROM cluster_nodes "
+    "WHERE state = 'serving' AND expires_at > clock_timestamp();";
+
 constexpr const char* seat_sql
   = "SELECT 1 FROM thread_leases WHERE thread_id = '#scheduler' "
     "  AND node = ?1 AND incarnation = ?2 AND epoch = ?3;";
@@ -173,6 +179,7 @@ struct cluster_membership::impl {
   bool left = false;
   bool lost = false; // the loss of the lease was logged
   std::thread heartbeat;
+  std::atomic<uint32_t> live{1}; // nodes serving, as last counted
 
   // -- the scheduler seat --
   std::mutex seat_mtx; // guards `seat`, `seat_term`, `advertised`
@@ -313,6 +320,19 @@ struct cluster_membership::impl {
             sql_value::of(static_cast<int64_t>(standing->incarnation()))};
   }
 
+  // How many nodes serve now (the shares of tenants' limits).
+  void count_live() {
+    caf::expected<sql_rows> rows{sql_rows{}};
+    {
+      std::lock_guard<std::mutex> guard{db_mtx};
+      rows = run(*db, live_sql, {});
+    }
+    if (!rows || rows->empty() || rows->front().empty())
+      return;
+    auto n = rows->front().front().integer;
+    live = static_cast<uint32_t>(std::clamp<int64_t>(n, 1, 1 << 20));
+  }
+
   // One renewal; false when the node's row is gone or another process
   // took its name (nothing left to renew).
   bool renew(bool& failing) {
@@ -351,6 +371,7 @@ struct cluster_membership::impl {
     }
     bool lapsed = !standing->live();
     standing->renewed(sent, options.lease - options.margin);
+    count_live();
     if (failing || lapsed)
       spdlog::warn("cluster: node '{}' renews its lease again{}", name,
                    lapsed ? "; threads it held before are loaded afresh" : "");
@@ -384,6 +405,10 @@ cluster_membership::cluster_membership(std::unique_ptr<impl> p)
 
 cluster_membership::~cluster_membership() {
   leave();
+}
+
+uint32_t cluster_membership::live_nodes() const noexcept {
+  return impl_->live.load();
 }
 
 caf::error validate_cluster_options(const cluster_options& options) {
@@ -498,6 +523,7 @@ cluster_membership::join(const std::string& url, cluster_options options) {
                options.advertise.empty() ? std::string{"once bound"}
                                          : options.advertise);
   p->advertised = options.advertise;
+  p->count_live();
   auto* raw = p.get();
   p->heartbeat = std::thread{[raw] { raw->run_heartbeat(); }};
   return std::unique_ptr<cluster_membership>{

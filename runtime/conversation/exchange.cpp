@@ -169,7 +169,15 @@ struct exchange_state {
   std::shared_ptr<upstream_box> upstream
     = std::make_shared<upstream_box>();
   bool held_reported = false;
+  /// The upstream refused the call for its load this many times; `again`:
+  /// it waits to be sent again (its user turn is stored).
+  int busy_retries = 0;
+  bool again = false;
 };
+
+// The upstream refused a call at most this many times before its
+// exchange fails with `upstream_busy` (docs/limits.md).
+constexpr int max_busy_retries = 2;
 
 using state_ptr = std::shared_ptr<exchange_state>;
 
@@ -229,9 +237,26 @@ public:
       reply = std::move(st_->box->result);
     }
     if (!reply) {
-      auto code = classify(reply.error()) == errc::timeout
-                    ? errc::timeout
-                    : errc::upstream_failure;
+      auto why = classify(reply.error());
+      // Refused for the upstream's load: the gate it closed decides when
+      // the call goes again (docs/limits.md, "When the upstream refuses").
+      if (why == errc::upstream_busy && st_->slot
+          && st_->busy_retries < max_busy_retries
+          && !st_->cb.flow->cancelled()) {
+        ++st_->busy_retries;
+        st_->slot->settle(0);
+        st_->slot.reset();
+        st_->ended = std::make_shared<std::atomic<bool>>(false);
+        st_->again = true;
+        spdlog::info("exchange: the upstream refused the call for thread "
+                     "'{}' ({} of {}): {}",
+                     st_->res.thread_id, st_->busy_retries,
+                     max_busy_retries + 1, describe(reply.error()));
+        return to_upstream();
+      }
+      auto code = why == errc::timeout         ? errc::timeout
+                  : why == errc::upstream_busy ? errc::upstream_busy
+                                               : errc::upstream_failure;
       spdlog::warn("exchange: provider '{}' failed for thread '{}': {}",
                    st_->svc.provider->name(), st_->res.thread_id,
                    describe(reply.error()));
@@ -575,10 +600,11 @@ private:
           box->waited_ms = waited;
         }
         caf::anon_send(me, exchange_upstream_atom::value);
-      });
+      },
+      st->again);
     if (w.slot) {
       st->slot = std::move(w.slot);
-      return admitted_go();
+      return sent();
     }
     st->upstream_ticket = w.ticket;
     report_held();
@@ -604,6 +630,13 @@ private:
     if (!st->slot)
       return;
     self_->become(behavior(shared_from_this(), std::chrono::milliseconds{0}));
+    sent();
+  }
+
+  // The upstream has room: the call goes (again, after a refusal).
+  void sent() {
+    if (st_->again)
+      return generate();
     admitted_go();
   }
 
@@ -612,6 +645,12 @@ private:
     self_->become(behavior(shared_from_this(), std::chrono::milliseconds{0}));
     if (!st->svc.upstream->withdraw(st->upstream_ticket))
       return; // sent meanwhile: its `xupstream` is on its way
+    if (st->again) // the user turn is stored: it stays
+      return fail(make_error(errc::upstream_busy,
+                             "the upstream refused the call and did not "
+                             "take it again within "
+                               + std::to_string(opt().queue_timeout.count())
+                               + " ms"));
     if (st->svc.limiter)
       st->svc.limiter->take_back(st->ticket);
     st->refused = true;
@@ -708,6 +747,13 @@ private:
     completion_options copts = st->req.completion;
     copts.timeout = opt().reply_timeout;
     copts.flow = st->cb.flow;
+    // What the upstream says of its capacity goes to its gate.
+    if (st->slot)
+      copts.on_signal = [slot = std::weak_ptr<admission::upstream_slot>{
+                           st->slot}](const upstream_signal& s) {
+        if (auto held = slot.lock())
+          held->signal(s);
+      };
     auto sink = std::make_shared<reply_sink>(reply_sink{
       st->gate, st->cb.on_delta, st->cb.on_tool_call, st->cb.flow});
     delta_callback forward = [sink](std::string_view delta) {

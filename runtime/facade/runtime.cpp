@@ -14,6 +14,7 @@
 #include "spindle/runtime/actor_pool.hpp"
 #include "spindle/runtime/cluster.hpp"
 #include "storage/state_store.hpp"
+#include "admission/upstream.hpp"
 #include "conversation/compaction.hpp"
 #include "conversation/exchange.hpp"
 
@@ -28,7 +29,9 @@ runtime::runtime(runtime_options options, no_start_t)
   : options_(std::move(options)),
     config_(std::make_unique<config>(options_.scheduler_threads)),
     system_(std::make_unique<caf::actor_system>(*config_)),
-    storage_counters_(std::make_shared<storage_counters>()) {
+    storage_counters_(std::make_shared<storage_counters>()),
+    // Unbounded until set_upstream_limits: the upstream's gate alone.
+    upstream_(admission::upstream_queue::make({}, {})) {
 }
 
 storage_stats runtime::store_stats() const noexcept {

@@ -364,12 +364,10 @@ void runtime::set_limits(limits_source source) {
 
 void runtime::set_upstream_limits(upstream_limits limits,
                                   weight_source weight) {
-  auto made = limits.bounded()
-                ? admission::upstream_queue::make(limits, std::move(weight))
-                : std::shared_ptr<admission::upstream_queue>{};
+  auto made = admission::upstream_queue::make(limits, std::move(weight));
   auto old = std::atomic_exchange(&upstream_, std::move(made));
   // Calls still waiting in the old queue are never sent: they end at
-  // their deadline.
+  // their deadline. The new queue's gate starts open.
   if (old)
     old->stop();
 }

@@ -28,6 +28,7 @@
 #include "spindle/messages/threads.hpp"
 #include "net/io_pool.hpp"
 #include "llm/delta.hpp"
+#include "llm/signal.hpp"
 #include "net/tcp_or_tls.hpp"
 #include "net/url.hpp"
 #include "spindle/version.hpp"
@@ -392,7 +393,8 @@ public:
   upstream_call(asio::io_context& loop, std::shared_ptr<const endpoint> ep,
                 http::request<http::string_body> request, milliseconds timeout,
                 delta_callback on_delta, tool_call_callback on_call,
-                completion_done done, std::shared_ptr<flow_control> flow)
+                completion_done done, std::shared_ptr<flow_control> flow,
+                upstream_signal_callback on_signal)
     : ep_(std::move(ep)),
       request_(std::move(request)),
       timeout_(timeout),
@@ -404,7 +406,8 @@ public:
       connection_(loop),
       deadline_(loop),
       watchdog_(loop),
-      flow_(std::move(flow)) {
+      flow_(std::move(flow)),
+      on_signal_(std::move(on_signal)) {
     // Streams are bounded by the timeouts, not by their size.
     parser_.body_limit(std::numeric_limits<std::uint64_t>::max());
   }
@@ -622,6 +625,33 @@ private:
     streaming_ = status_ == 200
                  && head[http::field::content_type].find("text/event-stream")
                       != beast::string_view::npos;
+    signal_ = read_signal(head);
+    if (on_signal_) {
+      try {
+        on_signal_(signal_);
+      } catch (...) {
+        spdlog::warn("openai provider: a signal callback threw");
+      }
+    }
+  }
+
+  // What the upstream says of its capacity (docs/limits.md, "When the
+  // upstream refuses").
+  upstream_signal read_signal(const http::response_header<>& head) const {
+    upstream_signal s;
+    s.status = status_;
+    auto field = [&head](const char* name) {
+      auto v = head[name];
+      return std::string_view{v.data(), v.size()};
+    };
+    auto ms = parse_count(field("retry-after-ms"));
+    s.retry_after_ms
+      = ms >= 0 ? ms : parse_retry_after(field("retry-after"), std::time(nullptr));
+    s.remaining_requests = parse_count(field("x-ratelimit-remaining-requests"));
+    s.remaining_tokens = parse_count(field("x-ratelimit-remaining-tokens"));
+    s.reset_requests_ms = parse_duration_ms(field("x-ratelimit-reset-requests"));
+    s.reset_tokens_ms = parse_duration_ms(field("x-ratelimit-reset-tokens"));
+    return s;
   }
 
   // False when the call ended.
@@ -645,6 +675,15 @@ private:
   }
 
   void on_end() {
+    if (signal_.refused()) {
+      // Refused for its load: the caller may send it again later.
+      auto text = upstream_message(status_, answer_);
+      if (signal_.retry_after_ms >= 0)
+        text += " (retry after " + std::to_string(signal_.retry_after_ms)
+                + " ms)";
+      fail(errc::upstream_busy, std::move(text));
+      return;
+    }
     if (status_ != 200) {
       fail(errc::upstream_failure, upstream_message(status_, answer_));
       return;
@@ -820,6 +859,8 @@ private:
   bool finished_ = false;
   std::shared_ptr<flow_control> flow_;
   bool held_ = false; // paused by the consumer's flow control
+  upstream_signal_callback on_signal_;
+  upstream_signal signal_;
 };
 
 } // namespace
@@ -860,7 +901,7 @@ void openai_provider::launch(const prompt& messages,
   auto call = std::make_shared<upstream_call>(
     loop, endpoint_, make_request(*endpoint_, messages, options),
     options.timeout, std::move(on_delta), options.on_tool_call, std::move(done),
-    options.flow);
+    options.flow, options.on_signal);
   asio::post(loop, [call] { call->begin(); });
 }
 

@@ -18,6 +18,7 @@
 #include "core/logging.hpp"
 #include "spindle/runtime/runtime.hpp"
 #include "admission/limiter.hpp"
+#include "admission/upstream.hpp"
 #include "tenancy/tenant_store.hpp"
 
 namespace spindle::http {
@@ -42,6 +43,7 @@ int status_of(errc code) {
     case errc::capacity_exceeded:
       return 422;
     case errc::rate_limited:
+    case errc::upstream_busy:
       return 429;
     case errc::upstream_failure:
       return 502;
@@ -384,6 +386,10 @@ void async_call::fail(const api_error& e) {
 }
 
 void async_call::fail(const caf::error& err) {
+  // Refused for the upstream's load: back once its gate has reopened.
+  if (classify(err) == errc::upstream_busy)
+    add_headers({{"Retry-After",
+                  std::to_string(router_.rt().upstream()->retry_after_s())}});
   fail(to_api_error(err));
 }
 

@@ -540,91 +540,225 @@ void threaded(router& r, std::shared_ptr<async_call> call, chat_request c,
   start(r, call, std::move(c.tool_results), std::move(x), std::move(cb));
 }
 
-void stateless_call(router& r, std::shared_ptr<async_call> call,
-                    chat_request c, completion_head head,
-                    admission::grant_ptr granted,
-                    admission::upstream_slot_ptr slot);
+// A call without a thread, from the upstream's fair queue to its end:
+// sent once the queue has room (waiting at most the queue timeout), sent
+// again (twice at most, first of its tenant) when the upstream refuses it
+// for its load, as an exchange is (docs/limits.md, "When the upstream
+// refuses"). A stream starts once the call is first sent.
+class stateless_run : public std::enable_shared_from_this<stateless_run> {
+public:
+  stateless_run(router& r, std::shared_ptr<async_call> call, chat_request c,
+                completion_head head, admission::grant_ptr granted,
+                std::string tenant, uint64_t prompt_tokens)
+    : r_(r),
+      call_(std::move(call)),
+      head_(std::make_shared<completion_head>(std::move(head))),
+      granted_(std::move(granted)),
+      tenant_(std::move(tenant)),
+      stream_(c.stream),
+      copts_(std::move(c.completion)),
+      messages_(std::make_shared<const std::vector<chat_message>>(
+        std::move(c.messages))),
+      queue_(r.rt().upstream()) {
+    if (!queue_)
+      return;
+    auto& l = queue_->limits();
+    reserve_ = granted_ ? granted_->reserved() : 0;
+    if (reserve_ == 0)
+      reserve_ = prompt_tokens + (copts_.max_tokens != 0 ? copts_.max_tokens
+                                                         : l.reply_reserve);
+    if (l.tokens_per_min != 0 && copts_.max_tokens == 0)
+      copts_.max_tokens = static_cast<uint32_t>(
+        std::min<uint64_t>(l.reply_reserve, UINT32_MAX));
+  }
 
-// Sends a call without a thread through the upstream's fair queue (when
-// there is one), waiting at most the queue timeout: the stream starts
-// once it is sent.
+  /// Asks the upstream's queue for room (`again`: after a refusal).
+  void queue(bool again) {
+    if (!queue_)
+      return send(nullptr);
+    auto decided = std::make_shared<std::atomic<bool>>(false);
+    auto timeout = r_.rt().options().conversation.queue_timeout;
+    // On a strand of its own: cancelled (there) when the call is sent
+    // first, so that it holds nothing past that.
+    auto timer = std::make_shared<boost::asio::steady_timer>(
+      boost::asio::make_strand(r_.workers()), timeout);
+    auto self = shared_from_this();
+    auto go = [self, decided, timer](admission::upstream_slot_ptr slot) {
+      if (decided->exchange(true))
+        return;
+      boost::asio::post(timer->get_executor(), [timer] { timer->cancel(); });
+      self->send(std::move(slot));
+    };
+    auto w = queue_->acquire(
+      tenant_, reserve_,
+      [go](admission::upstream_slot_ptr slot, int64_t) { go(std::move(slot)); },
+      again);
+    if (w.slot)
+      return go(std::move(w.slot));
+    boost::asio::post(timer->get_executor(), [self, decided, timer,
+                                              ticket = w.ticket, again,
+                                              timeout] {
+      if (*decided)
+        return;
+      timer->async_wait([self, decided, ticket, again,
+                         timeout](boost::system::error_code ec) {
+        if (ec || !self->queue_->withdraw(ticket) || decided->exchange(true))
+          return;
+        self->granted_.reset();
+        self->end(make_error(
+          again ? errc::upstream_busy : errc::timeout,
+          std::string{again ? "the upstream refused the call and did not "
+                              "take it again"
+                            : "the upstream had no room for the call"}
+            + " within " + std::to_string(timeout.count()) + " ms"));
+      });
+    });
+  }
+
+private:
+  void send(admission::upstream_slot_ptr slot) {
+    slot_ = std::move(slot);
+    auto provider = r_.rt().provider();
+    if (!provider)
+      provider = std::make_shared<offline_provider>();
+    auto copts = copts_;
+    copts.timeout = r_.rt().options().conversation.reply_timeout;
+    if (!flow_) {
+      flow_ = stream_ ? call_->flow() : std::make_shared<flow_control>();
+      // A client that goes away stops the upstream call at once.
+      call_->on_gone([flow = flow_] { flow->cancel(); });
+    }
+    copts.flow = flow_;
+    if (slot_)
+      copts.on_signal = [held = std::weak_ptr<admission::upstream_slot>{
+                           slot_}](const upstream_signal& s) {
+        if (auto sl = held.lock())
+          sl->signal(s);
+      };
+    delta_callback on_delta;
+    if (stream_) {
+      if (!streaming_) {
+        streaming_ = true;
+        call_->ctx.log["streamed"] = true;
+        call_->begin_stream(200, "text/event-stream", stream_headers(*head_));
+        call_->write(head_->chunk({{"role", "assistant"}, {"content", ""}},
+                                  nullptr));
+      }
+      on_delta = [call = call_, head = head_](std::string_view delta) {
+        return call->write(
+          head->chunk({{"content", std::string{delta}}}, nullptr));
+      };
+      copts.on_tool_call = [call = call_,
+                            head = head_](const tool_call_delta& piece) {
+        return call->write(head->call_chunk(piece));
+      };
+    }
+    completion_done done = [self = shared_from_this()](
+                             caf::expected<completion> res) {
+      self->ended(std::move(res));
+    };
+    if (provider->start(*messages_, copts, on_delta, done))
+      return;
+    // A provider with only the blocking form gets a worker thread.
+    boost::asio::post(r_.workers(), [provider, messages = messages_,
+                                     copts = std::move(copts),
+                                     on_delta = std::move(on_delta),
+                                     done = std::move(done)] {
+      caf::expected<completion> res = make_error(errc::upstream_failure,
+                                                 "the provider failed");
+      try {
+        res = provider->complete(*messages, copts, on_delta);
+      } catch (const std::exception& e) {
+        res = make_error(errc::upstream_failure, e.what());
+      }
+      done(std::move(res));
+    });
+  }
+
+  void ended(caf::expected<completion> res) {
+    if (!res && classify(res.error()) == errc::upstream_busy && slot_
+        && retries_ < max_busy_retries && !flow_->cancelled()) {
+      ++retries_;
+      slot_->settle(0);
+      slot_.reset();
+      spdlog::info("chat completion: the upstream refused the call ({} of "
+                   "{}): {}",
+                   retries_, max_busy_retries + 1, describe(res.error()));
+      return queue(true);
+    }
+    end(std::move(res));
+  }
+
+  void end(caf::expected<completion> res) {
+    turn_usage usage;
+    if (res)
+      usage = stateless_usage(r_.rt(), *messages_, *res);
+    if (granted_)
+      granted_->settle(!res ? 0
+                       : usage.known() ? usage.total_tokens()
+                                       : granted_->reserved());
+    if (slot_)
+      slot_->settle(!res ? 0
+                    : usage.known() ? usage.total_tokens()
+                                    : slot_->reserved());
+    if (res) {
+      r_.metrics().count_usage(static_cast<uint8_t>(usage.source),
+                               usage.prompt_tokens, usage.completion_tokens);
+      // No turn keeps it: the tenant's counters do, under thread "".
+      auto& principal = who(call_->req());
+      usage.user_id = principal.is_end_user()
+                        ? principal.prefix + principal.user
+                        : std::string{};
+      r_.rt().record_usage(std::string{tenant_of_id(principal.prefix + "x")},
+                           usage);
+    }
+    if (!streaming_) {
+      if (!res)
+        return call_->fail(res.error());
+      call_->reply(200, head_->whole(res->text, res->interrupted,
+                                     res->tool_calls, usage));
+      return;
+    }
+    if (!res) {
+      call_->write(error_event(to_api_error(res.error())));
+    } else {
+      call_->write(head_->chunk(
+        json::object(), completion_head::finish_reason(res->tool_calls)));
+      if (head_->include_usage)
+        call_->write(head_->usage_chunk(usage));
+      call_->write("data: [DONE]\n\n");
+    }
+    call_->end_stream();
+  }
+
+  // The upstream refused a call at most this many times before its client
+  // hears `upstream_busy`.
+  static constexpr int max_busy_retries = 2;
+
+  router& r_;
+  std::shared_ptr<async_call> call_;
+  std::shared_ptr<completion_head> head_;
+  admission::grant_ptr granted_;
+  std::string tenant_;
+  bool stream_;
+  completion_options copts_;
+  std::shared_ptr<const std::vector<chat_message>> messages_;
+  std::shared_ptr<admission::upstream_queue> queue_;
+  uint64_t reserve_ = 0;
+  admission::upstream_slot_ptr slot_;
+  std::shared_ptr<flow_control> flow_;
+  bool streaming_ = false;
+  int retries_ = 0;
+};
+
 void stateless_upstream(router& r, std::shared_ptr<async_call> call,
                         chat_request c, completion_head head,
                         admission::grant_ptr granted, std::string tenant,
                         uint64_t prompt_tokens) {
-  auto q = r.rt().upstream();
-  if (!q)
-    return stateless_call(r, std::move(call), std::move(c), std::move(head),
-                          std::move(granted), nullptr);
-  auto& l = q->limits();
-  uint64_t reserve = granted ? granted->reserved() : 0;
-  if (reserve == 0)
-    reserve = prompt_tokens + (c.completion.max_tokens != 0
-                                 ? c.completion.max_tokens
-                                 : l.reply_reserve);
-  if (l.tokens_per_min != 0 && c.completion.max_tokens == 0)
-    c.completion.max_tokens = static_cast<uint32_t>(
-      std::min<uint64_t>(l.reply_reserve, UINT32_MAX));
-  struct pending {
-    router* r;
-    std::shared_ptr<async_call> call;
-    chat_request c;
-    completion_head head;
-    admission::grant_ptr granted;
-    std::mutex mx;
-    bool decided = false;
-    std::shared_ptr<boost::asio::steady_timer> timer;
-  };
-  auto p = std::make_shared<pending>();
-  p->r = &r;
-  p->call = call;
-  p->c = std::move(c);
-  p->head = std::move(head);
-  p->granted = std::move(granted);
-  auto timeout = r.rt().options().conversation.queue_timeout;
-  // On a strand of its own: cancelled (there) when the call is sent
-  // first, so that it holds nothing past that.
-  p->timer = std::make_shared<boost::asio::steady_timer>(
-    boost::asio::make_strand(r.workers()), timeout);
-  auto go = [p](admission::upstream_slot_ptr slot) {
-    {
-      std::lock_guard<std::mutex> guard{p->mx};
-      if (p->decided)
-        return;
-      p->decided = true;
-    }
-    boost::asio::post(p->timer->get_executor(),
-                      [t = p->timer] { t->cancel(); });
-    stateless_call(*p->r, p->call, std::move(p->c), std::move(p->head),
-                   std::move(p->granted), std::move(slot));
-  };
-  auto w = q->acquire(tenant, reserve,
-                      [go](admission::upstream_slot_ptr slot, int64_t) {
-                        go(std::move(slot));
-                      });
-  if (w.slot)
-    return go(std::move(w.slot));
-  boost::asio::post(p->timer->get_executor(), [p, q, ticket = w.ticket,
-                                               timeout] {
-    {
-      std::lock_guard<std::mutex> guard{p->mx};
-      if (p->decided)
-        return;
-    }
-    p->timer->async_wait([p, q, ticket, timeout](boost::system::error_code ec) {
-      if (ec || !q->withdraw(ticket))
-        return;
-      {
-        std::lock_guard<std::mutex> guard{p->mx};
-        p->decided = true;
-      }
-      p->granted.reset();
-      p->call->fail(make_error(errc::timeout,
-                               "the upstream had no room for the call "
-                               "within "
-                                 + std::to_string(timeout.count()) + " ms"));
-    });
-  });
+  std::make_shared<stateless_run>(r, std::move(call), std::move(c),
+                                  std::move(head), std::move(granted),
+                                  std::move(tenant), prompt_tokens)
+    ->queue(false);
 }
 
 // No thread: the messages go to the provider as they are, once the
@@ -644,7 +778,8 @@ void stateless(router& r, std::shared_ptr<async_call> call, chat_request c,
   };
   auto limiter = r.rt().limiter();
   if (!limiter) {
-    auto prompt = r.rt().upstream() ? count_prompt(c) : 0;
+    auto q = r.rt().upstream();
+    auto prompt = q && q->limits().bounded() ? count_prompt(c) : 0;
     return stateless_upstream(r, std::move(call), std::move(c),
                               std::move(head), nullptr, tenant, prompt);
   }
@@ -655,7 +790,10 @@ void stateless(router& r, std::shared_ptr<async_call> call, chat_request c,
     return call->fail(
       make_error(errc::rate_limited, admission::refusal_text(s)));
   }
-  uint64_t prompt = s.limited || r.rt().upstream() ? count_prompt(c) : 0;
+  auto q = r.rt().upstream();
+  uint64_t prompt = s.limited || (q && q->limits().bounded())
+                      ? count_prompt(c)
+                      : 0;
   if (!s.limited)
     return stateless_upstream(r, std::move(call), std::move(c),
                               std::move(head), nullptr, tenant, prompt);
@@ -754,99 +892,6 @@ void stateless(router& r, std::shared_ptr<async_call> call, chat_request c,
                              "freed within "
                                + std::to_string(timeout.count()) + " ms"));
    });
-  });
-}
-
-void stateless_call(router& r, std::shared_ptr<async_call> call,
-                    chat_request c, completion_head head,
-                    admission::grant_ptr granted,
-                    admission::upstream_slot_ptr slot) {
-  auto provider = r.rt().provider();
-  if (!provider)
-    provider = std::make_shared<offline_provider>();
-  auto copts = std::move(c.completion);
-  copts.timeout = r.rt().options().conversation.reply_timeout;
-  copts.flow = c.stream ? call->flow() : std::make_shared<flow_control>();
-  // A client that goes away stops the upstream call at once.
-  call->on_gone([flow = copts.flow] { flow->cancel(); });
-  auto shared_head = std::make_shared<completion_head>(std::move(head));
-  delta_callback on_delta;
-  if (c.stream) {
-    call->ctx.log["streamed"] = true;
-    call->begin_stream(200, "text/event-stream",
-                       stream_headers(*shared_head));
-    call->write(shared_head->chunk({{"role", "assistant"}, {"content", ""}},
-                                   nullptr));
-    on_delta = [call, shared_head](std::string_view delta) {
-      return call->write(
-        shared_head->chunk({{"content", std::string{delta}}}, nullptr));
-    };
-    copts.on_tool_call = [call, shared_head](const tool_call_delta& piece) {
-      return call->write(shared_head->call_chunk(piece));
-    };
-  }
-  bool stream = c.stream;
-  auto messages = std::make_shared<const std::vector<chat_message>>(
-    std::move(c.messages));
-  auto* rt = &r.rt();
-  auto* metrics = &r.metrics();
-  completion_done done = [call, shared_head, stream, messages, rt, metrics,
-                          granted, slot](caf::expected<completion> res) {
-    turn_usage usage;
-    if (res)
-      usage = stateless_usage(*rt, *messages, *res);
-    if (granted)
-      granted->settle(!res ? 0
-                      : usage.known() ? usage.total_tokens()
-                                      : granted->reserved());
-    if (slot)
-      slot->settle(!res ? 0
-                   : usage.known() ? usage.total_tokens()
-                                   : slot->reserved());
-    if (res) {
-      metrics->count_usage(static_cast<uint8_t>(usage.source),
-                           usage.prompt_tokens, usage.completion_tokens);
-      // No turn keeps it: the tenant's counters do, under thread "".
-      auto& principal = who(call->req());
-      usage.user_id = principal.is_end_user()
-                        ? principal.prefix + principal.user
-                        : std::string{};
-      rt->record_usage(std::string{tenant_of_id(principal.prefix + "x")},
-                       usage);
-    }
-    if (!stream) {
-      if (!res)
-        return call->fail(res.error());
-      call->reply(200, shared_head->whole(res->text, res->interrupted,
-                                          res->tool_calls, usage));
-      return;
-    }
-    if (!res) {
-      call->write(error_event(to_api_error(res.error())));
-    } else {
-      call->write(shared_head->chunk(
-        json::object(), completion_head::finish_reason(res->tool_calls)));
-      if (shared_head->include_usage)
-        call->write(shared_head->usage_chunk(usage));
-      call->write("data: [DONE]\n\n");
-    }
-    call->end_stream();
-  };
-  if (provider->start(*messages, copts, on_delta, done))
-    return;
-  // A provider with only the blocking form gets a worker thread.
-  boost::asio::post(r.workers(), [provider, messages,
-                                  copts = std::move(copts),
-                                  on_delta = std::move(on_delta),
-                                  done = std::move(done)] {
-    caf::expected<completion> res = make_error(errc::upstream_failure,
-                                               "the provider failed");
-    try {
-      res = provider->complete(*messages, copts, on_delta);
-    } catch (const std::exception& e) {
-      res = make_error(errc::upstream_failure, e.what());
-    }
-    done(std::move(res));
   });
 }
 

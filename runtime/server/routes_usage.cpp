@@ -17,6 +17,22 @@ namespace spindle::http {
 
 namespace {
 
+const char* gate_name(admission::upstream_queue::gate_state s) {
+  using gs = admission::upstream_queue::gate_state;
+  switch (s) {
+    case gs::open:
+      return "open";
+    case gs::closed:
+      return "closed";
+    case gs::probing:
+      return "probing";
+    case gs::releasing:
+      return "releasing";
+  }
+  return "open";
+}
+
+
 // Two digits at `at` of `s`, or -1.
 int digits2(std::string_view s, size_t at) {
   if (at + 2 > s.size() || s[at] < '0' || s[at] > '9' || s[at + 1] < '0'
@@ -231,19 +247,21 @@ void add_usage_routes(router& r) {
                              {"reset_ms", reset_ms}}
                       : json(nullptr);
           };
-          json upstream = nullptr;
-          if (auto q = r.rt().upstream()) {
-            auto c = q->counts();
-            uint64_t mine = 0;
-            for (auto& [t, n] : q->waiting_by_tenant())
-              if (t == tenant)
-                mine = n;
-            upstream = {{"concurrency", q->limits().concurrency},
-                        {"tokens_per_min", q->limits().tokens_per_min},
-                        {"running", c.running},
-                        {"waiting", c.waiting},
-                        {"waiting_tenant", mine}};
-          }
+          auto q = r.rt().upstream();
+          auto c = q->counts();
+          uint64_t mine = 0;
+          for (auto& [t, n] : q->waiting_by_tenant())
+            if (t == tenant)
+              mine = n;
+          auto g = q->gate();
+          json upstream = {{"concurrency", q->limits().concurrency},
+                           {"tokens_per_min", q->limits().tokens_per_min},
+                           {"running", c.running},
+                           {"waiting", c.waiting},
+                           {"waiting_tenant", mine},
+                           {"gate", gate_name(g.state)},
+                           {"reopens_in_ms", g.reopens_in_ms},
+                           {"refused", g.refused}};
           reply(res, 200,
                 {{"object", "limits"},
                  {"limits",

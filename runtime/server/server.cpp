@@ -70,6 +70,20 @@ struct server::impl {
 
 namespace {
 
+// In a cluster each node holds a tenant to its share of the limits
+// (docs/limits.md, "In a cluster"): each rate and the calls at once split
+// evenly among the nodes serving now, rounded up.
+rate_limits node_share(rate_limits l, const cluster_membership* cluster) {
+  uint64_t n = cluster ? cluster->live_nodes() : 1;
+  if (n <= 1)
+    return l;
+  auto share = [n](uint64_t v) { return v == 0 ? v : (v + n - 1) / n; };
+  l.requests_per_min = share(l.requests_per_min);
+  l.tokens_per_min = share(l.tokens_per_min);
+  l.concurrent_exchanges = share(l.concurrent_exchanges);
+  return l;
+}
+
 // Gauges computed at scrape time from the runtime's actors.
 void add_gauges(http_metrics& metrics, runtime& rt) {
   metrics.add_gauge(
@@ -185,8 +199,7 @@ void add_gauges(http_metrics& metrics, runtime& rt) {
     "Calls to the model through the upstream's fair queue: sending now "
     "(running), waiting now, sent since start and of those queued first",
     [&rt] {
-      auto q = rt.upstream();
-      auto c = q ? q->counts() : admission::upstream_queue::totals{};
+      auto c = rt.upstream()->counts();
       return http_metrics::samples{
         {{{"state", "running"}}, static_cast<double>(c.running)},
         {{{"state", "waiting"}}, static_cast<double>(c.waiting)},
@@ -197,11 +210,35 @@ void add_gauges(http_metrics& metrics, runtime& rt) {
     "spindle_upstream_wait_seconds",
     "Waits for the upstream's room since start: their sum and the longest",
     [&rt] {
-      auto q = rt.upstream();
-      auto c = q ? q->counts() : admission::upstream_queue::totals{};
+      auto c = rt.upstream()->counts();
       return http_metrics::samples{
         {{{"stat", "sum"}}, static_cast<double>(c.waited_ms) / 1000.0},
         {{{"stat", "max"}}, static_cast<double>(c.max_wait_ms) / 1000.0}};
+    });
+  metrics.add_gauge(
+    "spindle_upstream_gate",
+    "The upstream's gate (docs/limits.md, \"When the upstream refuses\"): "
+    "1 for the state it is in (open, closed, probing, releasing)",
+    [&rt] {
+      auto g = rt.upstream()->gate();
+      using gs = admission::upstream_queue::gate_state;
+      http_metrics::samples out;
+      for (auto [state, name] :
+           {std::pair{gs::open, "open"}, std::pair{gs::closed, "closed"},
+            std::pair{gs::probing, "probing"},
+            std::pair{gs::releasing, "releasing"}})
+        out.push_back({{{"state", name}}, g.state == state ? 1.0 : 0.0});
+      return out;
+    });
+  metrics.add_gauge(
+    "spindle_upstream_refusals",
+    "Answers of the upstream that refused a call for its load (429, 503) "
+    "since start, and the probes sent when its gate reopened",
+    [&rt] {
+      auto g = rt.upstream()->gate();
+      return http_metrics::samples{
+        {{{"kind", "refused"}}, static_cast<double>(g.refused)},
+        {{{"kind", "probes"}}, static_cast<double>(g.probes)}};
     });
   metrics.add_gauge(
     "spindle_upstream_waiting",
@@ -211,8 +248,7 @@ void add_gauges(http_metrics& metrics, runtime& rt) {
     [&rt, shown = std::make_shared<std::set<std::string>>()] {
       http_metrics::samples out;
       std::set<std::string> now;
-      if (auto q = rt.upstream())
-        for (auto& [tenant, n] : q->waiting_by_tenant()) {
+      for (auto& [tenant, n] : rt.upstream()->waiting_by_tenant()) {
           out.push_back({{{"tenant", tenant}}, static_cast<double>(n)});
           now.insert(tenant);
         }
@@ -607,7 +643,7 @@ server::~server() {
   stop();
   // The runtime may serve on without this server's limits.
   impl_->rt.set_limits({});
-  if (impl_->options.upstream.bounded())
+  if (!impl_->options.admin_token.empty() || impl_->options.upstream.bounded())
     impl_->rt.set_upstream_limits({});
 }
 
@@ -618,27 +654,30 @@ caf::expected<int> server::bind() {
   if (!keys)
     return keys.error();
   impl_->routes.set_idempotency(std::move(*keys));
+  const cluster_membership* cluster = impl_->rt.cluster();
   if (!opts.admin_token.empty()) {
     auto tenants = tenancy::tenant_store::open(impl_->rt.options().storage);
     if (!tenants)
       return tenants.error();
-    // Each tenant's own limits over the server's defaults.
+    // Each tenant's own limits over the server's defaults (this node's
+    // share of them in a cluster).
     std::shared_ptr<tenancy::tenant_store> store = std::move(*tenants);
-    impl_->rt.set_limits(
-      [store, defaults = opts.default_limits](std::string_view tenant) {
-        return store->limits_of(tenant, defaults);
-      });
-    if (opts.upstream.bounded())
-      impl_->rt.set_upstream_limits(opts.upstream,
-                                    [store](std::string_view tenant) {
-                                      return store->weight_of(tenant);
-                                    });
+    impl_->rt.set_limits([store, defaults = opts.default_limits,
+                          cluster](std::string_view tenant) {
+      return node_share(store->limits_of(tenant, defaults), cluster);
+    });
+    // The tenants' weights share the upstream when calls wait for it:
+    // for its bounds, or behind its gate.
+    impl_->rt.set_upstream_limits(opts.upstream,
+                                  [store](std::string_view tenant) {
+                                    return store->weight_of(tenant);
+                                  });
     impl_->routes.set_tenants(std::move(store));
   } else {
     if (opts.default_limits.limited())
       impl_->rt.set_limits(
-        [defaults = opts.default_limits](std::string_view) {
-          return defaults;
+        [defaults = opts.default_limits, cluster](std::string_view) {
+          return node_share(defaults, cluster);
         });
     if (opts.upstream.bounded())
       impl_->rt.set_upstream_limits(opts.upstream);

@@ -103,6 +103,7 @@ STATUS_OF_CODE = {
     "exhausted": {409},
     "already_exists": {409}, "lease_lost": {409}, "too_large": {413, 414, 431},
     "idempotency_mismatch": {422}, "capacity_exceeded": {422}, "rate_limited": {429},
+    "upstream_busy": {429},
     "storage_failure": {500},
     "io_failure": {500}, "internal": {500}, "upstream_failure": {502}, "unavailable": {503},
     "storage_unavailable": {503}, "not_owner": {503}, "timeout": {504}, "storage_full": {507},

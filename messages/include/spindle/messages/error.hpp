@@ -67,6 +67,13 @@ enum class errc : uint8_t {
   /// minute, or its queue is full): nothing was stored; the same request
   /// succeeds after the wait it was given (HTTP 429, docs/limits.md).
   rate_limited,
+  /// The model's upstream refused the call for its own load (it answered
+  /// 429 or 503). An exchange sends a refused call again (twice at most,
+  /// once the upstream's gate reopens) before it fails with this: its
+  /// user turn is stored, its reply is not. The same call succeeds after
+  /// the wait it was given (HTTP 429 with `Retry-After`, docs/limits.md,
+  /// "When the upstream refuses").
+  upstream_busy,
 };
 
 /// Returns the stable snake_case name of `x`, e.g. "invalid_id".

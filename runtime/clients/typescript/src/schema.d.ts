@@ -247,7 +247,7 @@ export interface paths {
         put?: never;
         /**
          * Send a message
-         * @description One exchange: the history is read before the message is stored, the user turn is stored before the reply is asked for, the assistant turn after it; the reply is sent once the assistant turn is stored. `thread_id` `new` creates a thread. Concurrent messages of one thread follow `on_conflict`. The call to the model is held to the tenant's limits (docs/limits.md): the user turn is stored once the call is admitted, a call over a rate or past a full queue is 429 `rate_limited`, and the answer carries `x-ratelimit-*` headers for the kinds of limit the tenant has.
+         * @description One exchange: the history is read before the message is stored, the user turn is stored before the reply is asked for, the assistant turn after it; the reply is sent once the assistant turn is stored. `thread_id` `new` creates a thread. Concurrent messages of one thread follow `on_conflict`. The call to the model is held to the tenant's limits (docs/limits.md): the user turn is stored once the call is admitted, a call over a rate or past a full queue is 429 `rate_limited`, and the answer carries `x-ratelimit-*` headers for the kinds of limit the tenant has. An upstream that refused the call for its load three times (it waits behind the upstream's gate in between) is 429 `upstream_busy` with `Retry-After`, the user turn kept.
          */
         post: operations["sendMessage"];
         delete?: never;
@@ -267,7 +267,7 @@ export interface paths {
         put?: never;
         /**
          * Send a message, streaming the reply
-         * @description As `POST /v1/threads/{id}/messages`, with the reply as a `text/event-stream`: `thread` first, as soon as the thread is held (for a tenant with limits, once the call is admitted; for `new` the created thread's ID; with `on_conflict: fork` the requested thread), then `queued` (`{"position", "waiting"}`) when the call waits for the upstream's room (docs/limits.md, "The upstream"), then `delta` and `tool_call` pieces as the provider streams them, then `done` after the assistant turn is stored (naming the fork, if any), or `cancelled` instead when the reply was cancelled, or `error` instead when a step failed after the stream began (the user turn, if stored, stays). An error found before the thread is held (or the call admitted) is an ordinary JSON error with its status: a refusal by the tenant's limits is 429 `rate_limited`, never an event (docs/limits.md). A replayed stream (`Idempotency-Key`) is one body with the same events.
+         * @description As `POST /v1/threads/{id}/messages`, with the reply as a `text/event-stream`: `thread` first, as soon as the thread is held (for a tenant with limits, once the call is admitted; for `new` the created thread's ID; with `on_conflict: fork` the requested thread), then `queued` (`{"position", "waiting"}`) when the call waits for the upstream's room (docs/limits.md, "The upstream"), then `delta` and `tool_call` pieces as the provider streams them, then `done` after the assistant turn is stored (naming the fork, if any), or `cancelled` instead when the reply was cancelled, or `error` instead when a step failed after the stream began (the user turn, if stored, stays). An error found before the thread is held (or the call admitted) is an ordinary JSON error with its status: a refusal by the tenant's limits is 429 `rate_limited`, never an event (docs/limits.md); an upstream that refused the call three times ends the stream with an `error` event `upstream_busy`. A replayed stream (`Idempotency-Key`) is one body with the same events.
          */
         post: operations["streamMessage"];
         delete?: never;
@@ -930,10 +930,10 @@ export interface components {
             };
         };
         /**
-         * @description 400 `malformed` (not JSON, not an object, invalid UTF-8, a missing or mistyped field, an HTTP request that cannot be parsed), 400 `unknown_field`, 400 `invalid_argument`, 400 `invalid_id`, 401 `unauthorized`, 403 `permission_denied`, 404 `not_found`, 409 `conflict` / `exhausted` / `already_exists` / `lease_lost`, 413 / 414 / 431 `too_large`, 422 `idempotency_mismatch` / `capacity_exceeded`, 429 `rate_limited`, 500 `storage_failure` / `io_failure` / `internal`, 502 `upstream_failure`, 503 `unavailable` / `storage_unavailable` / `not_owner`, 504 `timeout`, 507 `storage_full` (docs/errors.md).
+         * @description 400 `malformed` (not JSON, not an object, invalid UTF-8, a missing or mistyped field, an HTTP request that cannot be parsed), 400 `unknown_field`, 400 `invalid_argument`, 400 `invalid_id`, 401 `unauthorized`, 403 `permission_denied`, 404 `not_found`, 409 `conflict` / `exhausted` / `already_exists` / `lease_lost`, 413 / 414 / 431 `too_large`, 422 `idempotency_mismatch` / `capacity_exceeded`, 429 `rate_limited` / `upstream_busy`, 500 `storage_failure` / `io_failure` / `internal`, 502 `upstream_failure`, 503 `unavailable` / `storage_unavailable` / `not_owner`, 504 `timeout`, 507 `storage_full` (docs/errors.md).
          * @enum {string}
          */
-        ErrorCode: "malformed" | "unknown_field" | "invalid_argument" | "invalid_id" | "unauthorized" | "permission_denied" | "not_found" | "conflict" | "exhausted" | "already_exists" | "lease_lost" | "too_large" | "idempotency_mismatch" | "capacity_exceeded" | "rate_limited" | "storage_failure" | "io_failure" | "internal" | "upstream_failure" | "unavailable" | "storage_unavailable" | "not_owner" | "timeout" | "storage_full";
+        ErrorCode: "malformed" | "unknown_field" | "invalid_argument" | "invalid_id" | "unauthorized" | "permission_denied" | "not_found" | "conflict" | "exhausted" | "already_exists" | "lease_lost" | "too_large" | "idempotency_mismatch" | "capacity_exceeded" | "rate_limited" | "storage_failure" | "io_failure" | "internal" | "upstream_failure" | "upstream_busy" | "unavailable" | "storage_unavailable" | "not_owner" | "timeout" | "storage_full";
         /**
          * Context Item
          * @description A piece of code or text with metadata for LLM context
@@ -1943,7 +1943,7 @@ export interface components {
                  */
                 queued: number;
             };
-            /** @description The upstream's fair queue (`--llm-concurrency`, `--llm-tokens-per-min`); null without. */
+            /** @description The upstream's fair queue (`--llm-concurrency`, `--llm-tokens-per-min`; 0 for no bound) and its gate (docs/limits.md, "When the upstream refuses"). */
             upstream: {
                 /** Format: int64 */
                 concurrency: number;
@@ -1961,7 +1961,22 @@ export interface components {
                  * @description Calls of this tenant waiting.
                  */
                 waiting_tenant: number;
-            } | null;
+                /**
+                 * @description Closed after the upstream refused a call (429, 503) until its Retry-After; probing: one call went alone; releasing: the calls that waited are being sent, spread out.
+                 * @enum {string}
+                 */
+                gate: "open" | "closed" | "probing" | "releasing";
+                /**
+                 * Format: int64
+                 * @description Closed, the ms until its probe may go; else 0.
+                 */
+                reopens_in_ms: number;
+                /**
+                 * Format: int64
+                 * @description The upstream's refusals since start.
+                 */
+                refused: number;
+            };
         };
         /** @description What the tenant's exchanges spent (docs/usage.md), over whole hours: one total without `group_by` (zeros when nothing was spent), else a page of groups in the order of their keys. */
         UsageReport: {
@@ -2336,7 +2351,7 @@ export interface components {
                 "application/json": components["schemas"]["Error"];
             };
         };
-        /** @description `rate_limited`: over the tenant's `requests_per_min` or `tokens_per_min`, or its queue of calls waiting for one of its `concurrent_exchanges` is full (`max_queued`); the message names the limit. Nothing was stored; send the request again after `Retry-After` seconds (docs/limits.md). */
+        /** @description `rate_limited`: over the tenant's `requests_per_min` or `tokens_per_min`, or its queue of calls waiting for one of its `concurrent_exchanges` is full (`max_queued`); the message names the limit. Nothing was stored; send the request again after `Retry-After` seconds (docs/limits.md). Or `upstream_busy`: the model's upstream refused the call for its load three times (429 or 503; it waited behind the upstream's gate in between); a thread's user turn stays stored; `Retry-After` is the time until the gate reopens and its release (docs/limits.md, "When the upstream refuses"). */
         RateLimited: {
             headers: {
                 "Retry-After": components["headers"]["RetryAfterRateLimited"];
@@ -2409,7 +2424,7 @@ export interface components {
         SpindleThreadId: string;
         /** @description Seconds to wait before sending the request again: `1` when no node holds the cluster's scheduler seat now. */
         RetryAfter: "1";
-        /** @description Seconds to wait before sending the request again, at least 1: until enough of the tenant's charges have left its 60-second window for this same call to be admitted; `1` when its queue is full (docs/limits.md). */
+        /** @description Seconds to wait before sending the request again, at least 1: until enough of the tenant's charges have left its 60-second window for this same call to be admitted; `1` when its queue is full; for `upstream_busy`, until the upstream's gate reopens and its release ends (docs/limits.md). */
         RetryAfterRateLimited: string;
         /** @description The tenant's `requests_per_min` (docs/limits.md). Present, as each `x-ratelimit-*-requests` header, only when the tenant has one. */
         XRateLimitLimitRequests: string;

@@ -92,6 +92,12 @@ public:
   /// Every node the cluster table holds, by name.
   caf::expected<std::vector<cluster_node_info>> nodes();
 
+  /// The nodes serving now (their lease runs), this one included, as the
+  /// last renewal counted them (every heartbeat); at least 1. A tenant's
+  /// limits are shared among them (docs/limits.md, "In a cluster").
+  /// Thread-safe.
+  uint32_t live_nodes() const noexcept;
+
   /// Changes the address the node advertises in the cluster table (a
   /// server on port 0 learns its port after it joined); `options()` keeps
   /// the address it joined with.

@@ -45,6 +45,33 @@ struct tool_call_delta {
 /// deltas. Returning false stops the generation, as for `delta_callback`.
 using tool_call_callback = std::function<bool(const tool_call_delta&)>;
 
+/// What an upstream said of its own capacity with the head of its answer
+/// (docs/limits.md, "When the upstream refuses"). Figures it did not send
+/// are -1.
+struct upstream_signal {
+  /// The answer's HTTP status: 200, or 429 / 503 when it refused the call
+  /// for its load (any other status is a failure of the call alone).
+  int status = 0;
+  /// `Retry-After` (seconds or an HTTP date) or `retry-after-ms`, in ms.
+  int64_t retry_after_ms = -1;
+  /// OpenAI's `x-ratelimit-remaining-requests` / `-tokens` and
+  /// `x-ratelimit-reset-requests` / `-tokens` (durations such as "1s",
+  /// "6m0s", "20ms"), in ms.
+  int64_t remaining_requests = -1;
+  int64_t remaining_tokens = -1;
+  int64_t reset_requests_ms = -1;
+  int64_t reset_tokens_ms = -1;
+
+  /// The upstream refused the call for its load: 429 or 503.
+  bool refused() const noexcept {
+    return status == 429 || status == 503;
+  }
+};
+
+/// Receives the upstream's signal once per call, when its answer's head
+/// arrives (before any delta), on the provider's thread; must not block.
+using upstream_signal_callback = std::function<void(const upstream_signal&)>;
+
 /// Per-call settings. Zero or empty fields leave the provider's default.
 struct completion_options {
   /// The whole call, first byte to last delta. A provider returns
@@ -74,6 +101,10 @@ struct completion_options {
   /// while it is paused; its patience between bytes does not run out
   /// meanwhile, the call's `timeout` still does.
   std::shared_ptr<flow_control> flow;
+  /// Receives what the upstream says of its capacity (an HTTP provider
+  /// calls it once per call that got an answer; a provider without an
+  /// upstream never does); null: not asked.
+  upstream_signal_callback on_signal;
 };
 
 /// A finished completion.

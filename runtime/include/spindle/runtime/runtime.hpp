@@ -524,9 +524,10 @@ public:
   /// "The upstream"): past `limits` calls wait, the tenants served by
   /// their `weight` (null: all 1) and each tenant's calls in arrival
   /// order. Exchanges started after this call count. Unbounded limits
-  /// turn it off. Thread-safe.
+  /// turn the bounds off; the upstream's gate (docs/limits.md, "When the
+  /// upstream refuses") is there either way. Thread-safe.
   void set_upstream_limits(upstream_limits limits, weight_source weight = {});
-  /// What `set_upstream_limits` made; null without. Internal type.
+  /// The upstream's queue and gate (never null). Internal type.
   std::shared_ptr<admission::upstream_queue> upstream() const {
     return std::atomic_load(&upstream_);
   }
