@@ -78,19 +78,21 @@ export function signOut() {
 
 // The routes of a tenant's data, where the admin token names its tenant,
 // and GET /v1/me, which then names that tenant too.
-const TENANT_ROUTES = /^\/v1\/(threads|memories|orchestrations|tasks|events|ids|chat|usage|me)(\/|\?|$)/;
+const TENANT_ROUTES = /^\/v1\/(threads|memories|orchestrations|tasks|events|ids|chat|usage|limits|me)(\/|\?|$)/;
 
 /**
  * How a call is sent: `ask: false` answers a 401 as an error instead of
- * asking for a token (to ask the server who the token is).
- * @typedef {{ ask?: boolean }} CallOptions
+ * asking for a token (to ask the server who the token is); `tenant` names
+ * the tenant of a tenant's route for this call only (the admin token
+ * reading each tenant's limits), instead of the tenant acted in.
+ * @typedef {{ ask?: boolean, tenant?: string }} CallOptions
  */
 
-function headers(path, extra) {
+function headers(path, extra, tenantOf = "") {
   const out = { ...extra };
   const t = token();
   if (t) out.Authorization = "Bearer " + t;
-  const tenant = actingTenant();
+  const tenant = tenantOf || actingTenant();
   if (tenant && TENANT_ROUTES.test(path)) out["Spindle-Tenant"] = tenant;
   return out;
 }
@@ -101,7 +103,7 @@ function headers(path, extra) {
 async function send(path, init, opts = {}) {
   for (;;) {
     const sent = token();
-    const res = await fetch(path, { ...init, headers: headers(path, init.headers) });
+    const res = await fetch(path, { ...init, headers: headers(path, init.headers, opts.tenant) });
     if (res.status !== 401) {
       accepted = sent;
       return res;

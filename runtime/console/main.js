@@ -1,5 +1,5 @@
 // The console's shell: the sections (Conversations, Orchestration,
-// Health, Tenants) behind #/ routes, the token dialog, who the token is
+// Health, Limits, Tenants) behind #/ routes, the token dialog, who the token is
 // (in the header, with Sign out), confirmations and notices.
 
 import { actingTenant, onTokenChange, onTokenNeeded, signOut, token, wasAccepted } from "./api.js";
@@ -8,9 +8,10 @@ import { keyAdmin, learn, principal } from "./session.js";
 import * as threads from "./threads.js";
 import * as tasks from "./tasks.js";
 import * as health from "./health.js";
+import * as limits from "./limits.js";
 import * as tenants from "./tenants.js";
 
-const views = { threads, tasks, health, tenants };
+const views = { threads, tasks, health, limits, tenants };
 let current = null;
 
 let noticeTimer = 0;

@@ -2,7 +2,9 @@
 // tenant's keys (prefix, name, scopes, created, last used, expires), a key
 // created with its scopes and its secret shown once, a key revoked after a
 // confirmation; and "act in this tenant", after which the other views show
-// that tenant's data (api.js sends Spindle-Tenant).
+// that tenant's data (api.js sends Spindle-Tenant); a tenant's own limits
+// on the model, changed from a form (PATCH /v1/tenants/{id}), with a link
+// to where it stands with them (Limits).
 // Keys (a key with keys:admin): the keys of the key's own tenant only, as
 // above but for the tenant list and acting; it grants only the scopes it
 // holds (the server refuses others).
@@ -264,8 +266,58 @@ function showTenant(t, own = false) {
       ),
     ),
     own && !held.includes("keys:admin") ? null : form,
+    own ? null : limitsForm(t),
   );
   loadKeys(t);
+}
+
+// -- one tenant: its limits ----------------------------------------------------
+
+/** The limits a tenant may set (docs/limits.md), and the range of each. */
+const LIMIT_FIELDS = [
+  ["requests_per_min", "Requests per minute", 0, 1e9],
+  ["tokens_per_min", "Tokens per minute", 0, 1e12],
+  ["concurrent_exchanges", "Calls at once", 0, 100000],
+  ["max_queued", "Calls queued", 0, 100000],
+  ["reply_reserve", "Reply reserve (tokens)", 1, 1e7],
+];
+
+/**
+ * The tenant's own limits on the model as a form: a field left blank is
+ * the server's default, 0 no limit; Save sends all five (PATCH).
+ * @param {TenantRef} t
+ */
+function limitsForm(t) {
+  const inputs = LIMIT_FIELDS.map(([key, , min, max]) => {
+    const v = t.limits?.[key];
+    return h("input", { id: "limit-" + key, name: key, type: "number", min, max, step: 1, inputMode: "numeric", placeholder: "default", value: v === null || v === undefined ? "" : String(v) });
+  });
+  const form = h(
+    "form",
+    { id: "limits-form", class: "stack", onsubmit: (e) => (e.preventDefault(), saveLimits(t, inputs)) },
+    h("h3", { text: "Limits on the model" }),
+    h("p", { class: "sub" }, "Blank: the server's default. 0: no limit of that kind. ", h("a", { id: "tenant-limits-link", href: "#/limits/" + seg(t.id), text: "Where it stands now" })),
+    h("div", { class: "limit-fields" }, LIMIT_FIELDS.map(([key, label], i) => h("div", { class: "stack" }, h("label", { for: "limit-" + key, text: label }), inputs[i]))),
+    h("div", { class: "row" }, h("button", { type: "submit", class: "primary", id: "save-limits", text: "Save limits" })),
+  );
+  return form;
+}
+
+/** @param {TenantRef} t @param {HTMLInputElement[]} inputs */
+async function saveLimits(t, inputs) {
+  /** @type {Schemas["TenantLimitsInput"]} */
+  const limits = {};
+  LIMIT_FIELDS.forEach(([key], i) => (limits[key] = inputs[i].value.trim() === "" ? null : Number(inputs[i].value)));
+  try {
+    /** @type {Schemas["Tenant"]} */
+    const changed = await api("PATCH", "/v1/tenants/" + seg(t.id), { limits });
+    Object.assign(t, changed);
+    const i = state.tenants.findIndex((x) => x.id === t.id);
+    if (i >= 0) state.tenants[i] = changed;
+    notify(`Saved the limits of ${changed.name}.`, "info");
+  } catch (err) {
+    notify(err);
+  }
 }
 
 async function loadKeys(t) {

@@ -69,6 +69,8 @@ export async function startServer(binary, args = []) {
 /** What the upstream reports it spent for a message holding UPSTREAM_USAGE_MARK. */
 export const UPSTREAM_USAGE = { prompt_tokens: 4321, completion_tokens: 87, total_tokens: 4408 };
 export const UPSTREAM_USAGE_MARK = "[report usage]";
+/** A message holding this is answered only once the test releases it. */
+export const HOLD_MARK = "[hold]";
 
 /**
  * An OpenAI-compatible upstream: the reply is "echo: <last message>",
@@ -76,9 +78,15 @@ export const UPSTREAM_USAGE_MARK = "[report usage]";
  * get the latest message back at once. It reports no usage (spindle
  * counts it), except for a last message holding UPSTREAM_USAGE_MARK when
  * asked for it (`stream_options.include_usage`): then a last chunk with no
- * choices carries UPSTREAM_USAGE, as OpenAI streams it.
+ * choices carries UPSTREAM_USAGE, as OpenAI streams it. A last message
+ * holding HOLD_MARK is not answered while the upstream holds (from the
+ * start, and again after `hold()`): the call stays running until
+ * `release()`, which answers the held ones and the later ones at once.
+ * `held()` counts the calls held now.
  */
 export async function startUpstream(gapMs = 60) {
+  const holding = new Set(); // the resolvers of the held replies
+  let holds = true;
   const server = http.createServer((req, res) => {
     let body = "";
     req.on("data", (c) => (body += c));
@@ -86,6 +94,7 @@ export async function startUpstream(gapMs = 60) {
       const request = JSON.parse(body);
       const last = request.messages[request.messages.length - 1].content;
       const rewrite = request.messages[0].content.startsWith("You rewrite");
+      if (!rewrite && holds && last.includes(HOLD_MARK)) await new Promise((r) => holding.add(r));
       const text = rewrite ? last.slice(last.lastIndexOf("Latest message:\n") + 16) : "echo: " + last;
       res.writeHead(200, { "Content-Type": "text/event-stream" });
       const pieces = rewrite ? [text] : text.match(/\S+\s*|\s+/g) || [""];
@@ -102,7 +111,17 @@ export async function startUpstream(gapMs = 60) {
     });
   });
   await new Promise((ok) => server.listen(0, "127.0.0.1", ok));
-  return { url: `http://127.0.0.1:${server.address().port}`, close: () => server.close() };
+  return {
+    url: `http://127.0.0.1:${server.address().port}`,
+    close: () => server.close(),
+    held: () => holding.size,
+    hold: () => (holds = true),
+    release: () => {
+      holds = false;
+      for (const r of holding) r();
+      holding.clear();
+    },
+  };
 }
 
 /** Debian's Chromium, headless. */

@@ -3,7 +3,8 @@
 // keys:admin, the admin token, an end user's token and the token of a
 // server without tenancy each given to the page as a user would, the
 // header checked to say who each is (GET /v1/me), the API only to set the
-// scene and to check what the page did. Run by
+// scene and to check what the page did; then Limits, against a server of
+// its own whose upstream holds the replies it is told to. Run by
 // run.sh after console_test.mjs:
 //   node tenants_test.mjs SPINDLE_BINARY SCREENSHOT_DIR
 // Exits 0 when every check passed; a failed check throws and exits 1.
@@ -13,7 +14,7 @@
 import assert from "node:assert/strict";
 import crypto from "node:crypto";
 import path from "node:path";
-import { call, launch, newPage, signJwt, startServer, usageDay, usageLine, waitForUsage } from "./harness.mjs";
+import { call, HOLD_MARK, launch, newPage, signJwt, startServer, startUpstream, usageDay, usageLine, waitForUsage } from "./harness.mjs";
 
 const [binary, shots] = process.argv.slice(2);
 if (!binary || !shots) {
@@ -55,9 +56,9 @@ async function scenario(name, f, allowed = REFUSALS) {
 
 const admin = (method, p, body, tenant) => call(base, method, p, body, ADMIN, tenant);
 
-// Opens the console and gives the dialog `token`.
-async function signIn(page, token, hash = "") {
-  await page.goto(base + "/" + hash);
+// Opens the console (of the server at `at`) and gives the dialog `token`.
+async function signIn(page, token, hash = "", at = base) {
+  await page.goto(at + "/" + hash);
   await page.waitForSelector("#token-dialog[open]");
   await page.fill("#token-input", token);
   await page.click('#token-form button[type="submit"]');
@@ -75,6 +76,31 @@ async function absent(page, texts) {
 
 const go = (page, hash) => page.evaluate((h) => (location.hash = h), hash);
 const text = (page, sel) => page.textContent(sel);
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+// Waits (10 s at most) until `f()` holds; fails otherwise.
+async function until(f, what, timeout = 10000) {
+  const end = Date.now() + timeout;
+  while (!(await f())) {
+    if (Date.now() > end) assert.fail("timed out waiting for " + what);
+    await sleep(100);
+  }
+}
+
+// Waits (10 s at most) until the text of `sel` is `want` (or what
+// `want()` answers, asked again each time); fails otherwise.
+async function shows(page, sel, want, timeout = 10000) {
+  const end = Date.now() + timeout;
+  for (;;) {
+    const w = typeof want === "function" ? await want() : want;
+    const got = await page.evaluate((s) => document.querySelector(s)?.textContent ?? null, sel);
+    if (got === w || Date.now() > end) {
+      assert.equal(got, w, `the text of ${sel}`);
+      return;
+    }
+    await sleep(150);
+  }
+}
 
 // -- the scene: tenants A and B, a thread "plans" in each with text of its own
 const created = async (name) => {
@@ -100,6 +126,8 @@ assert.match(keyA.key, /^spk_[A-Za-z0-9]{40}$/);
 const keyAdminA = (await admin("POST", `/v1/tenants/${A.id}/keys`, { name: "key admin", scopes: ["threads:read", "keys:admin"] })).body;
 assert.match(keyAdminA.key, /^spk_[A-Za-z0-9]{40}$/);
 const B_TEXTS = ["BRAVO-ONLY", "bravo-4410", "bravo-extra", "Bravo Corp", B.id];
+let upstream = null; // Limits' server and its upstream
+let lim = null;
 const A_TEXTS = ["ALPHA-ONLY", "alpha-7731", A.id];
 
 try {
@@ -135,9 +163,14 @@ try {
     await page.click('nav a[data-view="health"]');
     await page.waitForSelector("#view-health .refused");
     assert.match(await text(page, "#view-health .refused"), /403 permission_denied.*admin token/);
+    // Limits: the key lacks usage:read.
+    await page.click('nav a[data-view="limits"]');
+    await page.waitForSelector("#view-limits .refused");
+    assert.match(await text(page, "#view-limits .refused"), /not for tenant Acme \(key spk_.*lacks the scope 'usage:read'/);
     await page.waitForTimeout(2500);
     assert.equal(asked.filter((p) => p === "/v1/orchestrations").length, 1, "the orchestrations asked for once");
     assert.equal(asked.filter((p) => p === "/v1/stats").length, 1, "the stats asked for once, not every second");
+    assert.equal(asked.filter((p) => p === "/v1/limits").length, 1, "the limits asked for once, not every 2 s");
     assert.equal(await page.isVisible("#token-dialog[open]"), false, "a 403 does not ask for a token");
     // Tenants by address: its own tenant's keys, refused (no keys:admin).
     await go(page, "#/tenants");
@@ -363,6 +396,11 @@ try {
       assert.equal(await page.isVisible("#sign-out"), false, "no token: nothing to sign out of");
       assert.equal(await page.isVisible('nav a[data-view="tenants"]'), false);
       assert.equal(await page.isVisible("#token-dialog[open]"), false);
+      // Limits: the one tenant's, none set.
+      await go(page, "#/limits");
+      await shows(page, "#limit-requests .figure", "no limit");
+      assert.match(await text(page, "#limits-who"), /no tenancy/);
+      assert.equal(await text(page, '#limits-in-force tr[data-limit="concurrent_exchanges"] .value'), "no limit");
     } finally {
       guarded.stop();
       open.stop();
@@ -440,10 +478,184 @@ try {
     assert.match(await text(page, "#view-tasks .refused"), /not for end user alice of Acme/);
     await page.click('nav a[data-view="health"]');
     await page.waitForSelector("#view-health .refused");
+    await page.click('nav a[data-view="limits"]');
+    await page.waitForSelector("#view-limits .refused");
+    assert.match(await text(page, "#view-limits .refused"), /not for end user alice of Acme/);
     assert.equal(await page.isVisible("#token-dialog[open]"), false);
+  });
+
+  // -- Limits (docs/limits.md): a server of its own, whose upstream holds
+  // the replies it is told to and takes two calls at once; tenant Delta
+  // with limits set over the API, tenant Echo without, and 25 more.
+  upstream = await startUpstream(5);
+  lim = await startServer(binary, ["--admin-token", ADMIN, "--llm", "openai", "--llm-url", upstream.url, "--llm-model", "m", "--llm-concurrency", "2"]);
+  const limAdmin = (method, p, body, tenant) => call(lim.base, method, p, body, ADMIN, tenant);
+  const make = async (name) => {
+    const r = await limAdmin("POST", "/v1/tenants", { name });
+    assert.equal(r.status, 201, JSON.stringify(r.body));
+    return r.body;
+  };
+  const D = await make("Delta");
+  const E = await make("Echo");
+  for (let i = 1; i <= 25; ++i) await make(`Filler ${String(i).padStart(2, "0")}`);
+  const DELTA_LIMITS = { requests_per_min: 30, tokens_per_min: 50000, concurrent_exchanges: 1, max_queued: 8 };
+  const patched = await limAdmin("PATCH", `/v1/tenants/${D.id}`, { limits: DELTA_LIMITS });
+  assert.equal(patched.status, 200, JSON.stringify(patched.body));
+  assert.deepEqual(patched.body.limits, { ...DELTA_LIMITS, reply_reserve: null });
+  const keyD = (await limAdmin("POST", `/v1/tenants/${D.id}/keys`, { name: "console", scopes: ["threads:read", "threads:write", "usage:read"] })).body;
+  assert.match(keyD.key, /^spk_[A-Za-z0-9]{40}$/);
+  /** GET /v1/limits for tenant `t`, as the admin token names it. */
+  const standing = async (t) => {
+    const r = await limAdmin("GET", "/v1/limits", undefined, t.id);
+    assert.equal(r.status, 200, JSON.stringify(r.body));
+    return r.body;
+  };
+  const send = (thread, content, token = keyD.key, tenant) => call(lim.base, "POST", `/v1/threads/${thread}/messages`, { content }, token, tenant);
+  const fmt = (n) => n.toLocaleString("en-US");
+
+  await scenario("tenants: Limits shows a tenant's key its limits, its requests going down as it sends, its calls running and queued, and the upstream's gate", async (page) => {
+    await signIn(page, keyD.key, "#/limits", lim.base);
+    await shows(page, "#limit-requests .figure", "30 of 30 left");
+    assert.equal(await text(page, "#who-label"), `tenant Delta (key ${keyD.key.slice(0, 12)}…)`);
+    assert.match(await text(page, "#limits-who"), new RegExp(`tenant Delta \\(${D.id}\\)`));
+    // The limits in force: those set on the tenant, the server's default
+    // reply reserve.
+    const s0 = await standing(D);
+    assert.equal(s0.requests.remaining, 30);
+    const inForce = await page.$$eval("#limits-in-force tbody tr", (rows) => rows.map((r) => [r.dataset.limit, r.querySelector(".value").textContent]));
+    assert.deepEqual(inForce, [
+      ["requests_per_min", "30"],
+      ["tokens_per_min", "50,000"],
+      ["concurrent_exchanges", "1"],
+      ["max_queued", "8"],
+      ["reply_reserve", fmt(s0.limits.reply_reserve)],
+    ]);
+    // A message sent: one request fewer left, and tokens spent.
+    const sent = await send("d-notes", "one message");
+    assert.equal(sent.status, 200, JSON.stringify(sent.body));
+    await shows(page, "#limit-requests .figure", "29 of 30 left");
+    assert.equal((await standing(D)).requests.remaining, 29);
+    await shows(page, "#limit-tokens .figure", async () => `${fmt((await standing(D)).tokens.remaining)} of 50,000 left`);
+    assert.ok((await standing(D)).tokens.remaining < 50000);
+
+    // Three calls at once: one runs (its reply held upstream), two wait in
+    // the tenant's queue behind its one call at once.
+    upstream.hold();
+    const held = [1, 2, 3].map((i) => send(`d-held-${i}`, `call ${i} ${HOLD_MARK}`));
+    try {
+      await until(() => upstream.held() === 1, "the first call at the upstream");
+      await until(async () => (await standing(D)).exchanges.queued === 2, "two calls queued");
+      await shows(page, "#limit-running", "1 of 1 running at once");
+      await shows(page, "#limit-queued", "2 of 8 queued");
+      await shows(page, "#limit-requests .figure", "26 of 30 left");
+      await shows(page, "#upstream-running", "1 of 2 at once");
+      await shows(page, "#upstream-waiting", "0, 0 of them this tenant's");
+      // The upstream's gate: open (it refused nothing).
+      await shows(page, "#upstream-gate", "open");
+      await screenshots(page, "limits", "#limit-calls");
+    } finally {
+      upstream.release();
+      for (const r of await Promise.all(held)) assert.equal(r.status, 200, JSON.stringify(r.body));
+    }
+    // Ended: nothing running or queued.
+    await shows(page, "#limit-running", "0 of 1 running at once");
+    await shows(page, "#limit-queued", "0 of 8 queued");
+  });
+
+  await scenario("tenants: the admin token's Limits lists the tenants' standing a page at a time, opens one, links to its limits on its page, and stops reading when left", async (page) => {
+    const asked = []; // the tenant each GET /v1/limits named
+    page.on("request", (r) => {
+      if (new URL(r.url()).pathname === "/v1/limits") asked.push(r.headers()["spindle-tenant"]);
+    });
+    // Delta: one call running, one queued; Echo: one call sent, one
+    // waiting for the upstream (two at once, Delta's and Echo's first).
+    upstream.hold();
+    const held = [send("d-held-4", `call 4 ${HOLD_MARK}`)];
+    try {
+      await until(() => upstream.held() === 1, "Delta's call at the upstream");
+      held.push(send("d-held-5", `call 5 ${HOLD_MARK}`));
+      await until(async () => (await standing(D)).exchanges.queued === 1, "Delta's second call queued");
+      held.push(send("e-1", `call 1 ${HOLD_MARK}`, ADMIN, E.id));
+      await until(() => upstream.held() === 2, "Echo's call at the upstream");
+      held.push(send("e-2", `call 2 ${HOLD_MARK}`, ADMIN, E.id));
+      await until(async () => (await standing(E)).upstream.waiting_tenant === 1, "Echo's second call waiting for the upstream");
+
+      await signIn(page, ADMIN, "#/limits", lim.base);
+      const cell = (t, f) => `#limit-rows tr[data-tenant="${t.id}"] td[data-field="${f}"]`;
+      await page.waitForSelector(cell(D, "requests"));
+      assert.equal(await text(page, "#who-label"), "admin");
+      await shows(page, cell(D, "requests"), async () => `${(await standing(D)).requests.remaining} of 30`);
+      await shows(page, cell(D, "tokens"), async () => `${fmt((await standing(D)).tokens.remaining)} of 50,000`);
+      await shows(page, cell(D, "running"), "1 of 1");
+      await shows(page, cell(D, "queued"), "1 of 8");
+      await shows(page, cell(D, "upstream"), "0");
+      await shows(page, cell(E, "requests"), "no limit");
+      await shows(page, cell(E, "upstream"), "1");
+      await shows(page, "#upstream-running", "2 of 2 at once");
+      await shows(page, "#upstream-waiting", "1");
+      await shows(page, "#upstream-gate", "open");
+      // A page at a time: the first 20 of the 28 tenants, each asked for
+      // with its own Spindle-Tenant.
+      const tenants = (await limAdmin("GET", "/v1/tenants")).body.data;
+      assert.equal(tenants.length, 28);
+      const rows = () => page.$$eval("#limit-rows tr[data-tenant]", (trs) => trs.map((tr) => tr.dataset.tenant));
+      assert.deepEqual(await rows(), tenants.slice(0, 20).map((t) => t.id));
+      assert.equal(await text(page, "#limits-range"), "1–20 of 28");
+      assert.ok(await page.isDisabled("#limits-prev"));
+      await screenshots(page, "limits-admin");
+      await page.click("#limits-next");
+      await page.waitForFunction(() => document.querySelectorAll("#limit-rows tr[data-tenant]").length === 8);
+      assert.deepEqual(await rows(), tenants.slice(20).map((t) => t.id));
+      assert.equal(await text(page, "#limits-range"), "21–28 of 28");
+      await page.waitForTimeout(300);
+      asked.length = 0;
+      await page.waitForTimeout(3000);
+      const second = tenants.slice(20).map((t) => t.id);
+      assert.ok(asked.length >= second.length && asked.length <= 2 * second.length, `one reading every 2 s of the 8 tenants shown: ${asked.length} asked`);
+      assert.ok(asked.every((t) => second.includes(t)), "only the tenants shown are asked for");
+      // Found by name.
+      await page.fill("#limits-filter", "delta");
+      await page.waitForFunction(() => document.querySelectorAll("#limit-rows tr[data-tenant]").length === 1);
+      assert.deepEqual(await rows(), [D.id]);
+
+      // One tenant: its standing, and which limits are its own.
+      await page.click(`#limit-rows tr[data-tenant="${D.id}"] a`);
+      await shows(page, "#limit-queued", "1 of 8 queued");
+      assert.equal(await page.evaluate(() => location.hash), "#/limits/" + D.id);
+      assert.equal(await text(page, "#limits-tenant-name"), "Delta");
+      await shows(page, "#limit-running", "1 of 1 running at once");
+      await shows(page, "#upstream-waiting", "1, 0 of them this tenant's");
+      await shows(page, '#limits-in-force tr[data-limit="requests_per_min"] .set-by', "this tenant");
+      await shows(page, '#limits-in-force tr[data-limit="reply_reserve"] .set-by', "the server's default");
+      // Its limits, changed on its page under Tenants, then in force here.
+      await page.click("#limits-set");
+      await page.waitForSelector("#limits-form");
+      assert.equal(await page.evaluate(() => location.hash), "#/tenants/" + D.id);
+      assert.equal(await page.inputValue("#limit-requests_per_min"), "30");
+      assert.equal(await page.inputValue("#limit-reply_reserve"), "");
+      await page.fill("#limit-requests_per_min", "40");
+      await page.click("#save-limits");
+      await until(async () => (await limAdmin("GET", `/v1/tenants/${D.id}`)).body.limits.requests_per_min === 40, "the limit saved");
+      assert.deepEqual((await limAdmin("GET", `/v1/tenants/${D.id}`)).body.limits, { ...DELTA_LIMITS, requests_per_min: 40, reply_reserve: null });
+      await page.click("#tenant-limits-link");
+      await shows(page, '#limits-in-force tr[data-limit="requests_per_min"] .value', "40");
+      await shows(page, "#limit-requests .figure", async () => `${(await standing(D)).requests.remaining} of 40 left`);
+      // Left: not read any more.
+      await go(page, "#/tenants");
+      await page.waitForTimeout(300);
+      asked.length = 0;
+      await page.waitForTimeout(2500);
+      assert.deepEqual(asked, [], "Limits is not read once left");
+    } finally {
+      upstream.release();
+      for (const r of await Promise.all(held)) assert.equal(r.status, 200, JSON.stringify(r.body));
+    }
   });
 } finally {
   await browser.close();
   server.stop();
+  lim?.stop();
+  upstream?.release();
+  upstream?.close();
 }
 console.log(`${checks} scenarios passed`);
