@@ -219,6 +219,14 @@ TEST_CASE("limits: the request past requests_per_min is 429 rate_limited "
   CHECK(st["upstream"]["gate"] == "open");
   CHECK(st["upstream"]["reopens_in_ms"] == 0);
   CHECK(st["upstream"]["refused"] == 0);
+  // Its refusals since start, by limit: the four above.
+  CHECK(st["refused"] == json{{"requests_per_min", 4},
+                              {"tokens_per_min", 0},
+                              {"max_queued", 0}});
+  auto metrics = call(s.port(), "GET", "/metrics")->body;
+  CHECK(metrics.find("spindle_tenant_refusals{limit=\"requests_per_min\","
+                     "tenant=\"default\"} 4")
+        != std::string::npos);
   // Routes that do not reach the model are not limited.
   auto read = call(s.port(), "GET", "/v1/threads/t1");
   CHECK(read->status == 200);
@@ -359,6 +367,17 @@ TEST_CASE("limits: past concurrent_exchanges calls wait in arrival order, "
   CHECK(provider->arrived()
         == std::vector<std::string>{"call 0", "call 1", "call 2"});
   CHECK(wait_load(0, 0));
+  // The tenant's standing counts the two that waited, how long, and the
+  // refusal.
+  auto st = json::parse(call(s.port(), "GET", "/v1/limits")->body);
+  CHECK(st["exchanges"]["waited"] == 2);
+  CHECK(st["exchanges"]["wait_ms"].get<int64_t>()
+        >= st["exchanges"]["max_wait_ms"].get<int64_t>());
+  CHECK(st["exchanges"]["max_wait_ms"].get<int64_t>() > 0);
+  CHECK(st["refused"]["max_queued"] == 1);
+  auto metrics = call(s.port(), "GET", "/metrics")->body;
+  CHECK(metrics.find("spindle_tenant_wait_seconds{") != std::string::npos);
+  CHECK(metrics.find("queue=\"slot\"") != std::string::npos);
 }
 
 TEST_CASE("limits: a queued call whose deadline passes is 504 with nothing "
@@ -585,6 +604,7 @@ TEST_CASE("upstream: past --llm-concurrency a stream hears `queued` before "
   CHECK(standing["upstream"]["running"] == 1);
   CHECK(standing["upstream"]["waiting"] == 2);
   CHECK(standing["upstream"]["waiting_tenant"] == 2);
+  CHECK(standing["upstream"]["waited_tenant"] == 0);
   // Nothing of theirs is stored while they wait.
   CHECK(turns_of(s.port(), "u1") == 0);
   auto metrics = call(s.port(), "GET", "/metrics")->body;
@@ -618,6 +638,16 @@ TEST_CASE("upstream: past --llm-concurrency a stream hears `queued` before "
   CHECK(after.find("spindle_upstream_waiting{tenant=\"default\"} 0")
         != std::string::npos);
   CHECK(after.find("spindle_upstream_calls{state=\"sent\"} 3")
+        != std::string::npos);
+  // The two that waited for the upstream, once sent, in the tenant's
+  // standing and the metrics.
+  auto sent = json::parse(call(s.port(), "GET", "/v1/limits")->body);
+  CHECK(sent["upstream"]["waited_tenant"] == 2);
+  CHECK(sent["upstream"]["max_wait_ms_tenant"].get<int64_t>() > 0);
+  CHECK(sent["upstream"]["wait_ms_tenant"].get<int64_t>()
+        >= sent["upstream"]["max_wait_ms_tenant"].get<int64_t>());
+  CHECK(after.find("spindle_tenant_wait_seconds{queue=\"upstream\","
+                   "stat=\"max\",tenant=\"default\"}")
         != std::string::npos);
 }
 

@@ -175,6 +175,7 @@ rate_state limiter::take_request(std::string_view tenant,
       now, t.requests.sum() - l.requests_per_min + 1);
     out.retry_after_s = std::max<int64_t>(1, (ms + 999) / 1000);
     ++totals_.refused_requests;
+    ++record_of(tenant).refused_requests;
     fill_state(t, now, out);
     return out;
   }
@@ -237,6 +238,7 @@ admission limiter::admit(std::string_view tenant, uint64_t prompt_tokens,
         ms = 60000;
       out.state.retry_after_s = std::max<int64_t>(1, (ms + 999) / 1000);
       ++totals_.refused_tokens;
+      ++record_of(tenant).refused_tokens;
       fill_state(t, now, out.state);
       return out;
     }
@@ -248,6 +250,7 @@ admission limiter::admit(std::string_view tenant, uint64_t prompt_tokens,
       out.state.refused_by = "max_queued";
       out.state.retry_after_s = 1;
       ++totals_.refused_queue;
+      ++record_of(tenant).refused_queue;
       fill_state(t, now, out.state);
       return out;
     }
@@ -322,8 +325,18 @@ void limiter::release(const std::string& tenant, uint64_t reserved,
     }
     if (!admitted.empty())
       fill_state(t, now, state);
-    for (auto& a : admitted)
+    // The tenant's `queued` counts the calls whose wait ended admitted
+    // (the server's counts each call queued, when it is).
+    auto* mine = admitted.empty() ? nullptr : &record_of(tenant);
+    for (auto& a : admitted) {
       a.first.since_ms = now - a.first.since_ms; // now: how long it waited
+      auto waited = static_cast<uint64_t>(std::max<int64_t>(0, a.first.since_ms));
+      ++mine->queued;
+      for (auto* c : {&totals_, mine}) {
+        c->waited_ms += waited;
+        c->max_wait_ms = std::max(c->max_wait_ms, waited);
+      }
+    }
   }
   for (auto& a : admitted) {
     auto s = state;
@@ -358,6 +371,34 @@ std::pair<uint64_t, uint64_t> limiter::load_of(std::string_view tenant) {
 limiter::totals limiter::counts() {
   std::lock_guard<std::mutex> guard{mx_};
   return totals_;
+}
+
+limiter::totals& limiter::record_of(std::string_view tenant) {
+  auto i = by_tenant_.find(std::string{tenant});
+  if (i == by_tenant_.end())
+    i = by_tenant_.emplace(std::string{tenant}, totals{}).first;
+  return i->second;
+}
+
+limiter::totals limiter::counts_of(std::string_view tenant) {
+  std::lock_guard<std::mutex> guard{mx_};
+  totals out;
+  auto i = by_tenant_.find(std::string{tenant});
+  if (i != by_tenant_.end())
+    out = i->second;
+  auto t = tenants_.find(std::string{tenant});
+  out.waiting = t == tenants_.end() ? 0 : t->second.queue.size();
+  return out;
+}
+
+std::vector<std::pair<std::string, limiter::totals>>
+limiter::counts_by_tenant() {
+  std::lock_guard<std::mutex> guard{mx_};
+  std::vector<std::pair<std::string, totals>> out{by_tenant_.begin(),
+                                                  by_tenant_.end()};
+  std::sort(out.begin(), out.end(),
+            [](auto& a, auto& b) { return a.first < b.first; });
+  return out;
 }
 
 // -- headers ------------------------------------------------------------------

@@ -165,8 +165,17 @@ public:
     uint64_t refused_queue = 0;
     uint64_t queued = 0;
     uint64_t waiting = 0;
+    /// Of the queued calls admitted since start: their waits' sum and the
+    /// longest, ms.
+    uint64_t waited_ms = 0;
+    uint64_t max_wait_ms = 0;
   };
   totals counts();
+  /// The same for one tenant since start (`waiting`: now; `queued`: its
+  /// calls admitted after a wait, those `waited_ms` adds up).
+  totals counts_of(std::string_view tenant);
+  /// Every tenant that was refused or queued since start, with its counts.
+  std::vector<std::pair<std::string, totals>> counts_by_tenant();
 
 private:
   friend class grant;
@@ -199,6 +208,10 @@ private:
   clock_fn clock_;
   std::mutex mx_;
   std::unordered_map<std::string, tenant_state> tenants_;
+  /// Per tenant, kept while the server runs (a few words for each tenant
+  /// ever refused or queued; `tenants_` forgets idle tenants).
+  std::unordered_map<std::string, totals> by_tenant_;
+  totals& record_of(std::string_view tenant);
   uint64_t next_waiter_ = 1;
   int64_t last_sweep_ms_ = 0;
   totals totals_;

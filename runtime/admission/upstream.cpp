@@ -143,6 +143,7 @@ upstream_wait upstream_queue::acquire(std::string_view tenant,
       out.position = again ? 1 : t.calls.size();
       out.waiting = totals_.waiting;
       ++totals_.queued;
+      (again ? t.calls.front() : t.calls.back()).queued = true;
     }
   }
   for (auto& s : sent)
@@ -202,12 +203,18 @@ void upstream_queue::dispatch(int64_t now, std::vector<sent_call>& out) {
       tokens_left_ -= std::min<int64_t>(tokens_left_,
                                         static_cast<int64_t>(w.tokens));
     tickets_.erase(w.ticket);
-    t.calls.pop_front();
+    bool was_queued = w.queued;
+    t.calls.pop_front(); // `w` is gone
     --totals_.waiting;
     ++totals_.sent;
-    totals_.waited_ms += static_cast<uint64_t>(std::max<int64_t>(0, s.waited));
-    totals_.max_wait_ms = std::max<uint64_t>(
-      totals_.max_wait_ms, static_cast<uint64_t>(std::max<int64_t>(0, s.waited)));
+    auto waited = static_cast<uint64_t>(std::max<int64_t>(0, s.waited));
+    totals_.waited_ms += waited;
+    totals_.max_wait_ms = std::max(totals_.max_wait_ms, waited);
+    if (was_queued) {
+      ++t.queued;
+      t.waited_ms += waited;
+      t.max_wait_ms = std::max(t.max_wait_ms, waited);
+    }
     // The tenant's next call starts where this one's share ends. An idle
     // tenant keeps its virtual time: one that comes back before the
     // others caught up waits its turn (a few bytes a tenant).
@@ -489,6 +496,37 @@ upstream_queue::waiting_by_tenant() {
   for (auto& [name, t] : tenants_)
     if (!t.calls.empty())
       out.emplace_back(name, t.calls.size());
+  return out;
+}
+
+upstream_queue::totals upstream_queue::counts_of(std::string_view tenant) {
+  std::lock_guard<std::mutex> guard{mx_};
+  totals out;
+  auto i = tenants_.find(std::string{tenant});
+  if (i == tenants_.end())
+    return out;
+  out.waiting = i->second.calls.size();
+  out.queued = i->second.queued;
+  out.waited_ms = i->second.waited_ms;
+  out.max_wait_ms = i->second.max_wait_ms;
+  return out;
+}
+
+std::vector<std::pair<std::string, upstream_queue::totals>>
+upstream_queue::counts_by_tenant() {
+  std::lock_guard<std::mutex> guard{mx_};
+  std::vector<std::pair<std::string, totals>> out;
+  for (auto& [name, t] : tenants_)
+    if (t.queued != 0) {
+      totals c;
+      c.waiting = t.calls.size();
+      c.queued = t.queued;
+      c.waited_ms = t.waited_ms;
+      c.max_wait_ms = t.max_wait_ms;
+      out.emplace_back(name, c);
+    }
+  std::sort(out.begin(), out.end(),
+            [](auto& a, auto& b) { return a.first < b.first; });
   return out;
 }
 

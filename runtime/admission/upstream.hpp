@@ -151,6 +151,11 @@ public:
   int64_t retry_after_s();
   /// Calls waiting now, by tenant (those with any).
   std::vector<std::pair<std::string, uint64_t>> waiting_by_tenant();
+  /// One tenant's calls since start: `waiting` now, `queued` (those that
+  /// waited), and their waits' sum and longest.
+  totals counts_of(std::string_view tenant);
+  /// The same for every tenant that ever waited, by name.
+  std::vector<std::pair<std::string, totals>> counts_by_tenant();
 
 private:
   friend class upstream_slot;
@@ -159,6 +164,8 @@ private:
     uint64_t tokens;
     int64_t since_ms;
     upstream_callback then;
+    /// It was not sent at once.
+    bool queued = false;
   };
   struct tenant_queue {
     std::deque<waiter> calls;
@@ -167,6 +174,10 @@ private:
     uint64_t weight = 1;
     uint64_t seq = 0; // its place in `ready_`
     bool ready = false;
+    /// Its calls sent after a wait since start, and their waits, ms.
+    uint64_t queued = 0;
+    uint64_t waited_ms = 0;
+    uint64_t max_wait_ms = 0;
   };
   using ready_key = std::tuple<double, uint64_t, const std::string*>;
   struct sent_call {

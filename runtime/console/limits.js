@@ -16,13 +16,9 @@ import { principal, refusal } from "./session.js";
 /** @typedef {import("./api.js").Schemas} Schemas */
 /** GET /v1/limits's answer. @typedef {Schemas["LimitsStanding"]} Standing */
 /**
- * The upstream's queue, with its gate where the server reports one (the
- * shared backoff after the upstream answered 429 or 503).
- * @typedef {NonNullable<Standing["upstream"]> & {
- *   gate?: "open" | "closed" | "probing" | "releasing",
- *   reopens_in_ms?: number,
- *   refused?: number,
- * }} Upstream
+ * The upstream's queue and its gate (the shared backoff after the upstream
+ * answered 429 or 503).
+ * @typedef {Standing["upstream"]} Upstream
  */
 
 const EVERY_MS = 2000;
@@ -187,7 +183,9 @@ function detail(setBy) {
         h("div", { class: "bar", id: "limit-running-bar" }),
         h("p", { class: "figure", id: "limit-queued" }),
         h("p", { class: "sub note", id: "limit-calls-note" }),
+        h("p", { class: "sub note", id: "limit-waited" }),
       ),
+      card("limit-refused", "Refused since the server started", h("dl", { class: "facts", id: "limit-refused-body" })),
       card("limit-upstream", "The upstream (every tenant)", h("div", { id: "upstream-body" })),
     ),
     h("h3", { text: "Limits in force" }),
@@ -262,8 +260,19 @@ function renderOne(s, t) {
     l.concurrent_exchanges > 0
       ? `A call past ${fmt(l.concurrent_exchanges)} at once waits in the tenant's queue${l.max_queued > 0 ? `; past ${fmt(l.max_queued)} waiting it is refused (429)` : ""}.`
       : "No limit of calls at once: none waits in the tenant's queue.";
+  $("#limit-waited", body).textContent =
+    x.waited > 0 ? `${fmt(x.waited)} waited for a slot since the server started, the longest ${duration(x.max_wait_ms)} (${duration(x.wait_ms)} in all)` : "None has waited for a slot since the server started.";
+  const r = s.refused;
+  replace(
+    $("#limit-refused-body", body),
+    [
+      ["requests_per_min", "Requests per minute"],
+      ["tokens_per_min", "Tokens per minute"],
+      ["max_queued", "Queue full"],
+    ].map(([key, name]) => [h("dt", { text: name }), h("dd", { id: "refused-" + key, class: r[key] > 0 ? "warn" : null, text: fmt(r[key]) })]),
+  );
 
-  upstream($("#upstream-body", body), /** @type {Upstream | null} */ (s.upstream), true);
+  upstream($("#upstream-body", body), s.upstream, true);
 
   for (const [key] of LIMITS) {
     const row = $(`tr[data-limit="${key}"]`, body);
@@ -304,26 +313,20 @@ function rate(card, w, what) {
 /**
  * The upstream's queue and gate into `el`: shared by every tenant, so the
  * tenant's own waiting calls are told apart when `mine`.
- * @param {HTMLElement} el @param {Upstream | null} u @param {boolean} mine
+ * @param {HTMLElement} el @param {Upstream} u @param {boolean} mine
  */
 function upstream(el, u, mine) {
-  if (!u) {
-    replace(el, h("p", { class: "sub", id: "upstream-none", text: "No queue for the upstream: calls go to it as they come (the server has no --llm-concurrency or --llm-tokens-per-min)." }));
-    return;
-  }
   const gate = u.gate;
   replace(
     el,
-    gate
-      ? h(
-          "p",
-          { class: "gate-line" },
-          "Gate ",
-          h("span", { id: "upstream-gate", class: "gate gate-" + gate, text: gate }),
-          gate === "closed" && u.reopens_in_ms !== undefined ? h("span", { id: "upstream-reopens", text: ` · its probe goes in ${duration(u.reopens_in_ms)}` }) : null,
-          h("span", { class: "sub gate-what", text: ": " + (GATES[gate] || "") }),
-        )
-      : null,
+    h(
+      "p",
+      { class: "gate-line" },
+      "Gate ",
+      h("span", { id: "upstream-gate", class: "gate gate-" + gate, text: gate }),
+      gate === "closed" ? h("span", { id: "upstream-reopens", text: ` · its probe goes in ${duration(u.reopens_in_ms)}` }) : null,
+      h("span", { class: "sub gate-what", text: ": " + (GATES[gate] || "") }),
+    ),
     h(
       "dl",
       { class: "facts" },
@@ -333,7 +336,9 @@ function upstream(el, u, mine) {
       h("dd", { id: "upstream-waiting", class: u.waiting > 0 ? "warn" : null, text: `${fmt(u.waiting)}${mine ? `, ${fmt(u.waiting_tenant)} of them this tenant's` : ""}` }),
       h("dt", { text: "Tokens per minute" }),
       h("dd", { id: "upstream-tpm", text: u.tokens_per_min > 0 ? fmt(u.tokens_per_min) : "no limit" }),
-      u.refused !== undefined ? [h("dt", { text: "Refused" }), h("dd", { id: "upstream-refused", title: "The upstream's refusals (429 or 503) since the server started.", text: fmt(u.refused) })] : null,
+      mine ? [h("dt", { text: "This tenant waited" }), h("dd", { id: "upstream-waited", text: u.waited_tenant > 0 ? `${fmt(u.waited_tenant)} calls since start, the longest ${duration(u.max_wait_ms_tenant)}` : "never" })] : null,
+      h("dt", { text: "Refused" }),
+      h("dd", { id: "upstream-refused", title: "The upstream's refusals (429 or 503) since the server started.", text: fmt(u.refused) }),
     ),
   );
 }
@@ -470,7 +475,7 @@ async function readList(seq) {
       continue;
     }
     if (!upstreamShown) {
-      upstream($("#upstream-body", state.root), /** @type {Upstream | null} */ (s.upstream), false);
+      upstream($("#upstream-body", state.root), s.upstream, false);
       upstreamShown = true;
     }
     const l = s.limits;
@@ -484,7 +489,7 @@ async function readList(seq) {
     set("tokens", s.tokens ? of(s.tokens.remaining, s.tokens.limit) : "no limit", s.tokens && s.tokens.remaining === 0, s.tokens ? `Clears in ${duration(s.tokens.reset_ms)}` : "");
     set("running", of(s.exchanges.running, l.concurrent_exchanges), l.concurrent_exchanges > 0 && s.exchanges.running >= l.concurrent_exchanges, l.concurrent_exchanges > 0 ? "" : "No limit of calls at once");
     set("queued", l.concurrent_exchanges > 0 ? of(s.exchanges.queued, l.max_queued) : fmt(s.exchanges.queued), s.exchanges.queued > 0);
-    set("upstream", s.upstream ? fmt(s.upstream.waiting_tenant) : "–", s.upstream && s.upstream.waiting_tenant > 0, s.upstream ? "" : "No queue for the upstream");
+    set("upstream", fmt(s.upstream.waiting_tenant), s.upstream.waiting_tenant > 0);
   }
   if (failed && !upstreamShown) setLive("down", failed);
   else setLive("live");

@@ -240,6 +240,8 @@ void add_usage_routes(router& r) {
           auto s = limiter ? limiter->state_of(tenant) : rate_state{};
           auto load = limiter ? limiter->load_of(tenant)
                               : std::pair<uint64_t, uint64_t>{0, 0};
+          auto mine_counts = limiter ? limiter->counts_of(tenant)
+                                     : admission::limiter::totals{};
           auto window = [](bool on, uint64_t limit, uint64_t remaining,
                            int64_t reset_ms) {
             return on ? json{{"limit", limit},
@@ -254,11 +256,15 @@ void add_usage_routes(router& r) {
             if (t == tenant)
               mine = n;
           auto g = q->gate();
+          auto waits = q->counts_of(tenant);
           json upstream = {{"concurrency", q->limits().concurrency},
                            {"tokens_per_min", q->limits().tokens_per_min},
                            {"running", c.running},
                            {"waiting", c.waiting},
                            {"waiting_tenant", mine},
+                           {"waited_tenant", waits.queued},
+                           {"wait_ms_tenant", waits.waited_ms},
+                           {"max_wait_ms_tenant", waits.max_wait_ms},
                            {"gate", gate_name(g.state)},
                            {"reopens_in_ms", g.reopens_in_ms},
                            {"refused", g.refused}};
@@ -276,7 +282,15 @@ void add_usage_routes(router& r) {
                  {"tokens", window(s.tokens, s.limit_tokens,
                                    s.remaining_tokens, s.reset_tokens_ms)},
                  {"exchanges",
-                  {{"running", load.first}, {"queued", load.second}}},
+                  {{"running", load.first},
+                   {"queued", load.second},
+                   {"waited", mine_counts.queued},
+                   {"wait_ms", mine_counts.waited_ms},
+                   {"max_wait_ms", mine_counts.max_wait_ms}}},
+                 {"refused",
+                  {{"requests_per_min", mine_counts.refused_requests},
+                   {"tokens_per_min", mine_counts.refused_tokens},
+                   {"max_queued", mine_counts.refused_queue}}},
                  {"upstream", std::move(upstream)}});
         });
 }

@@ -215,6 +215,50 @@ void add_gauges(http_metrics& metrics, runtime& rt) {
         {{{"stat", "sum"}}, static_cast<double>(c.waited_ms) / 1000.0},
         {{{"stat", "max"}}, static_cast<double>(c.max_wait_ms) / 1000.0}};
     });
+  // Each tenant's refusals and waits since start (those that had any).
+  metrics.add_gauge(
+    "spindle_tenant_refusals",
+    "Calls refused by a tenant's limits since start, by tenant and limit "
+    "(tenants refused at least once)",
+    [&rt] {
+      http_metrics::samples out;
+      auto limiter = rt.limiter();
+      if (!limiter)
+        return out;
+      for (auto& [tenant, c] : limiter->counts_by_tenant()) {
+        if (c.refused_requests + c.refused_tokens + c.refused_queue == 0)
+          continue;
+        for (auto [limit, n] :
+             {std::pair{"requests_per_min", c.refused_requests},
+              std::pair{"tokens_per_min", c.refused_tokens},
+              std::pair{"max_queued", c.refused_queue}})
+          out.push_back({{{"tenant", tenant}, {"limit", limit}},
+                         static_cast<double>(n)});
+      }
+      return out;
+    });
+  metrics.add_gauge(
+    "spindle_tenant_wait_seconds",
+    "Waits since start, by tenant: for a slot of its concurrent_exchanges "
+    "(queue=\"slot\") and for the upstream (queue=\"upstream\"), their "
+    "sum and the longest (tenants that waited at least once)",
+    [&rt] {
+      http_metrics::samples out;
+      auto add = [&out](const std::string& tenant, const char* queue,
+                        uint64_t sum_ms, uint64_t max_ms) {
+        out.push_back({{{"tenant", tenant}, {"queue", queue}, {"stat", "sum"}},
+                       static_cast<double>(sum_ms) / 1000.0});
+        out.push_back({{{"tenant", tenant}, {"queue", queue}, {"stat", "max"}},
+                       static_cast<double>(max_ms) / 1000.0});
+      };
+      if (auto limiter = rt.limiter())
+        for (auto& [tenant, c] : limiter->counts_by_tenant())
+          if (c.queued != 0)
+            add(tenant, "slot", c.waited_ms, c.max_wait_ms);
+      for (auto& [tenant, c] : rt.upstream()->counts_by_tenant())
+        add(tenant, "upstream", c.waited_ms, c.max_wait_ms);
+      return out;
+    });
   metrics.add_gauge(
     "spindle_upstream_gate",
     "The upstream's gate (docs/limits.md, \"When the upstream refuses\"): "

@@ -557,9 +557,17 @@ try {
       upstream.release();
       for (const r of await Promise.all(held)) assert.equal(r.status, 200, JSON.stringify(r.body));
     }
-    // Ended: nothing running or queued.
+    // Ended: nothing running or queued; the two that waited are counted,
+    // and nothing was refused.
     await shows(page, "#limit-running", "0 of 1 running at once");
     await shows(page, "#limit-queued", "0 of 8 queued");
+    const after = await standing(D);
+    assert.equal(after.exchanges.waited, 2);
+    assert.deepEqual(after.refused, { requests_per_min: 0, tokens_per_min: 0, max_queued: 0 });
+    await until(async () => (await text(page, "#limit-waited")).startsWith("2 waited"), "the waits shown");
+    assert.match(await text(page, "#limit-waited"), /^2 waited for a slot since the server started, the longest [0-9.]+ (ms|s) \([0-9.]+ (ms|s) in all\)$/);
+    await shows(page, "#refused-requests_per_min", "0");
+    await shows(page, "#refused-max_queued", "0");
   });
 
   await scenario("tenants: the admin token's Limits lists the tenants' standing a page at a time, opens one, links to its limits on its page, and stops reading when left", async (page) => {

@@ -1942,6 +1942,30 @@ export interface components {
                  * @description Calls waiting for one.
                  */
                 queued: number;
+                /**
+                 * Format: int64
+                 * @description Calls that waited for one since the server started.
+                 */
+                waited: number;
+                /**
+                 * Format: int64
+                 * @description Their waits, summed.
+                 */
+                wait_ms: number;
+                /**
+                 * Format: int64
+                 * @description The longest of them.
+                 */
+                max_wait_ms: number;
+            };
+            /** @description The tenant's calls refused since the server started (on this node), by the limit that refused them. */
+            refused: {
+                /** Format: int64 */
+                requests_per_min: number;
+                /** Format: int64 */
+                tokens_per_min: number;
+                /** Format: int64 */
+                max_queued: number;
             };
             /** @description The upstream's fair queue (`--llm-concurrency`, `--llm-tokens-per-min`; 0 for no bound) and its gate (docs/limits.md, "When the upstream refuses"). */
             upstream: {
@@ -1961,6 +1985,21 @@ export interface components {
                  * @description Calls of this tenant waiting.
                  */
                 waiting_tenant: number;
+                /**
+                 * Format: int64
+                 * @description Calls of this tenant that waited since the server started.
+                 */
+                waited_tenant: number;
+                /**
+                 * Format: int64
+                 * @description Their waits, summed.
+                 */
+                wait_ms_tenant: number;
+                /**
+                 * Format: int64
+                 * @description The longest of them.
+                 */
+                max_wait_ms_tenant: number;
                 /**
                  * @description Closed after the upstream refused a call (429, 503) until its Retry-After; probing: one call went alone; releasing: the calls that waited are being sent, spread out.
                  * @enum {string}
