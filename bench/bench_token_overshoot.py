@@ -26,8 +26,8 @@ reply_reserve, its bound.
 The load, the shape users give it, a hot tenant and others: 32 client
 threads of this script, each on a keep-alive connection, for 75 s; 16 of
 them on the hot tenant, 4 on each other. Each POSTs
-/v1/threads/T-K/messages (K over 8 threads per client, so threads grow
-to about 20 turns and their prompts with them) with the tenant's key and
+/v1/threads/tI-K/messages (K over 8 threads per client) with the
+tenant's key and
 a message of 12 words drawn from bench_usage.py's vocabulary (about one
 in four a random number); a 429
 (the tenant's window is full: the load keeps every tenant at its limit)
@@ -44,8 +44,7 @@ minute. overshoot = worst minute - tokens_per_min (0 when under); the
 largest reservation is the largest prompt charged plus the reply
 reserve. An answer arrives a few milliseconds after the server charged
 it, so a charge made at the very end of a second can be filed in the
-next one: the measured worst minute can only be later than the server's
-by those few milliseconds' charges, never smaller. Also shown: the
+next one: the figure is the server's to within such a charge. Also shown: the
 worst minute as a share of the limit (how much of its limit a saturated
 tenant gets), the calls admitted and refused.
 
@@ -183,11 +182,12 @@ def main():
         args.duration = 62 if args.quick else 75
     if args.duration < WINDOW + 1:
         fail("--duration must be at least 61 s")
-    exe = os.path.join(args.build_dir, "spindle")
-    fake = os.path.join(args.build_dir, "tests", "spindle_fake_upstream")
+    exe = os.path.abspath(os.path.join(args.build_dir, "spindle"))
+    fake = os.path.abspath(os.path.join(args.build_dir, "tests",
+                                        "spindle_fake_upstream"))
     for p in (exe, fake):
         if not os.access(p, os.X_OK):
-            fail(f"{p} is missing: build first (.ci/build)")
+            fail(f"{p} not found: build first (.ci/build)")
 
     with contextlib.ExitStack() as stack:
         tmp = stack.enter_context(tempfile.TemporaryDirectory(
