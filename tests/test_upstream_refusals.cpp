@@ -203,6 +203,33 @@ TEST_CASE("upstream refusals: an upstream answering 429 Retry-After 2 for "
   CHECK(g.refused >= 3);
 }
 
+TEST_CASE("upstream refusals: a refused call whose wait behind the gate "
+          "outlasts the queue timeout is 429 upstream_busy, its user turn "
+          "kept, and is never sent again",
+          "[limits][upstream][gate]") {
+  test::fake_openai fake;
+  auto ro = through(fake);
+  ro.conversation.queue_timeout = 300ms;
+  test::served_runtime s{std::move(ro)};
+  fake.refuse_until(steady::now() + 30s, 429, "5");
+  auto a = post(s.port(), "/v1/threads/w1/messages", {{"content", "wait"}});
+  INFO(a.body);
+  CHECK(a.status == 429);
+  CHECK(a.body.find("upstream_busy") != std::string::npos);
+  REQUIRE_FALSE(a.retry_after.empty());
+  CHECK(std::stoll(a.retry_after) >= 4);
+  // Refused once, then withdrawn from behind the gate: one call reached
+  // the upstream.
+  CHECK(fake.arrivals().size() == 1);
+  httplib::Client cli{"127.0.0.1", s.port()};
+  auto h = cli.Get("/v1/threads/w1/history");
+  REQUIRE(h);
+  auto turns = json::parse(h->body)["turns"];
+  REQUIRE(turns.size() == 1);
+  CHECK(turns[0]["role"] == "user");
+  CHECK(s.rt().upstream()->counts().waiting == 0);
+}
+
 TEST_CASE("upstream refusals: the upstream's x-ratelimit-remaining-requests "
           "of 0 holds the next call until its reset, without a refusal",
           "[limits][upstream][gate]") {
